@@ -1,0 +1,21 @@
+//! r2ccl-core: the shared vocabulary of r2ccl.
+//!
+//! What it does: defines the ids every other crate speaks in (rank, node, rail, NIC),
+//! the [`HealthView`] with its epoch, the data types and reduce operations of
+//! collectives, fast CPU reduction kernels, and the logging subsystem names.
+//!
+//! What it does not do: no IO, no clocks, no threads, no configuration loading and no
+//! logging setup. It is small and slow-moving on purpose so that single crates can be
+//! picked into other systems without pulling anything heavy.
+
+mod dtype;
+mod error;
+mod health;
+mod ids;
+pub mod kernels;
+pub mod subsys;
+
+pub use dtype::{DType, ParseNameError, ReduceOp};
+pub use error::{HealthError, KernelError};
+pub use health::{HealthEpoch, HealthView, NicHealth, NodeHealth};
+pub use ids::{NicId, NodeId, RailId, Rank};

@@ -1,0 +1,2 @@
+//! xtask: project automation (placeholder while the foundation lands).
+fn main() {}
