@@ -140,7 +140,13 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     /// Every reduce op.
-    pub const ALL: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg];
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ];
 
     /// The name nccl-tests prints (`sum`, `prod`, `min`, `max`, `avg`).
     pub const fn name(self) -> &'static str {

@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// A health epoch: bumped on every agreed change of the health view.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct HealthEpoch(pub u64);
 
@@ -41,7 +43,10 @@ pub struct NicHealth {
 impl NicHealth {
     /// A healthy NIC at `mbps`.
     pub const fn healthy(mbps: u64) -> Self {
-        Self { nominal_mbps: mbps, usable_mbps: mbps }
+        Self {
+            nominal_mbps: mbps,
+            usable_mbps: mbps,
+        }
     }
 
     /// Whether the NIC carries no traffic.
@@ -109,7 +114,12 @@ impl HealthView {
     pub fn uniform(nodes: usize, nics: usize, mbps: u64) -> Self {
         Self {
             epoch: HealthEpoch(0),
-            nodes: vec![NodeHealth { nics: vec![NicHealth::healthy(mbps); nics] }; nodes],
+            nodes: vec![
+                NodeHealth {
+                    nics: vec![NicHealth::healthy(mbps); nics]
+                };
+                nodes
+            ],
         }
     }
 
@@ -140,12 +150,17 @@ impl HealthView {
 
     /// One node's health.
     pub fn node(&self, node: NodeId) -> Result<&NodeHealth, HealthError> {
-        self.nodes.get(node.index()).ok_or(HealthError::UnknownNode(node))
+        self.nodes
+            .get(node.index())
+            .ok_or(HealthError::UnknownNode(node))
     }
 
     /// One NIC's health.
     pub fn nic(&self, nic: NicId) -> Result<&NicHealth, HealthError> {
-        self.node(nic.node)?.nics.get(nic.rail.index()).ok_or(HealthError::UnknownNic(nic))
+        self.node(nic.node)?
+            .nics
+            .get(nic.rail.index())
+            .ok_or(HealthError::UnknownNic(nic))
     }
 
     fn nic_mut(&mut self, nic: NicId) -> Result<&mut NicHealth, HealthError> {
@@ -203,7 +218,10 @@ impl HealthView {
 
     /// Whether any NIC is failed or degraded.
     pub fn is_degraded(&self) -> bool {
-        self.nodes.iter().flat_map(|n| &n.nics).any(|n| n.usable_mbps < n.nominal_mbps)
+        self.nodes
+            .iter()
+            .flat_map(|n| &n.nics)
+            .any(|n| n.usable_mbps < n.nominal_mbps)
     }
 
     /// Merge another rank's view into this one: union of failures, minimum of usable
@@ -211,9 +229,16 @@ impl HealthView {
     /// every rank that merges the same set of views gets the same result.
     pub fn merge_from(&mut self, other: &HealthView) -> Result<(), HealthError> {
         let same_shape = self.nodes.len() == other.nodes.len()
-            && self.nodes.iter().zip(&other.nodes).all(|(a, b)| a.nics.len() == b.nics.len());
+            && self
+                .nodes
+                .iter()
+                .zip(&other.nodes)
+                .all(|(a, b)| a.nics.len() == b.nics.len());
         if !same_shape {
-            return Err(HealthError::ShapeMismatch { ours: self.nodes.len(), theirs: other.nodes.len() });
+            return Err(HealthError::ShapeMismatch {
+                ours: self.nodes.len(),
+                theirs: other.nodes.len(),
+            });
         }
         for (a, b) in self.nodes.iter_mut().zip(&other.nodes) {
             for (x, y) in a.nics.iter_mut().zip(&b.nics) {
@@ -274,10 +299,16 @@ mod tests {
     #[test]
     fn unknown_nic_and_shape_mismatch_are_errors() {
         let mut a = HealthView::uniform(2, 2, 1000);
-        assert_eq!(a.set_failed(NicId::new(0, 5)), Err(HealthError::UnknownNic(NicId::new(0, 5))));
+        assert_eq!(
+            a.set_failed(NicId::new(0, 5)),
+            Err(HealthError::UnknownNic(NicId::new(0, 5)))
+        );
         assert!(a.is_failed(NicId::new(9, 0)).is_err());
         let b = HealthView::uniform(3, 2, 1000);
-        assert!(matches!(a.merge_from(&b), Err(HealthError::ShapeMismatch { .. })));
+        assert!(matches!(
+            a.merge_from(&b),
+            Err(HealthError::ShapeMismatch { .. })
+        ));
     }
 
     #[test]

@@ -63,7 +63,7 @@ macro_rules! float_min {
     ($a:expr, $b:expr) => {{
         let (a, b) = ($a, $b);
         let m = if b < a { b } else { a };
-        if a != a || b != b {
+        if a.is_nan() || b.is_nan() {
             a + b
         } else {
             m
@@ -75,7 +75,7 @@ macro_rules! float_max {
     ($a:expr, $b:expr) => {{
         let (a, b) = ($a, $b);
         let m = if b > a { b } else { a };
-        if a != a || b != b {
+        if a.is_nan() || b.is_nan() {
             a + b
         } else {
             m
@@ -121,7 +121,7 @@ fn f32_to_bf16(x: f32) -> bf16 {
     let lsb = (bits >> 16) & 1;
     let rounded = (bits.wrapping_add(0x7fff + lsb) >> 16) as u16;
     let nan = ((bits >> 16) as u16) | 0x0040;
-    bf16::from_bits(if x != x { nan } else { rounded })
+    bf16::from_bits(if x.is_nan() { nan } else { rounded })
 }
 
 macro_rules! half_element {
@@ -132,7 +132,9 @@ macro_rules! half_element {
                 let to = $to;
                 let from = $from;
                 match op {
-                    ReduceOp::Sum | ReduceOp::Avg => zip_apply(dst, src, |a, b| from(to(a) + to(b))),
+                    ReduceOp::Sum | ReduceOp::Avg => {
+                        zip_apply(dst, src, |a, b| from(to(a) + to(b)))
+                    }
                     ReduceOp::Prod => zip_apply(dst, src, |a, b| from(to(a) * to(b))),
                     ReduceOp::Min => zip_apply(dst, src, |a, b| from(float_min!(to(a), to(b)))),
                     ReduceOp::Max => zip_apply(dst, src, |a, b| from(float_max!(to(a), to(b)))),
@@ -169,7 +171,10 @@ pub fn reduce<T: Element>(op: ReduceOp, dst: &mut [T], src: &[T]) -> Result<(), 
 const BLOCK: usize = 512;
 
 fn reduce_bytes_typed<T: Element>(op: ReduceOp, dst: &mut [u8], src: &[u8]) {
-    if let (Ok(d), Ok(s)) = (bytemuck::try_cast_slice_mut::<u8, T>(dst), bytemuck::try_cast_slice::<u8, T>(src)) {
+    if let (Ok(d), Ok(s)) = (
+        bytemuck::try_cast_slice_mut::<u8, T>(dst),
+        bytemuck::try_cast_slice::<u8, T>(src),
+    ) {
         T::reduce_slice(op, d, s);
         return;
     }
@@ -206,7 +211,11 @@ fn check_lengths(dtype: DType, dst: usize, src: usize) -> Result<(), KernelError
         return Err(KernelError::LengthMismatch { dst, src });
     }
     if dst % dtype.size() != 0 {
-        return Err(KernelError::PartialElement { len: dst, dtype, size: dtype.size() });
+        return Err(KernelError::PartialElement {
+            len: dst,
+            dtype,
+            size: dtype.size(),
+        });
     }
     Ok(())
 }
@@ -230,7 +239,12 @@ macro_rules! dispatch {
 
 /// `dst = dst op src` over byte buffers holding `dtype` elements. Any alignment works;
 /// aligned buffers take the vectorized path directly.
-pub fn reduce_bytes(dtype: DType, op: ReduceOp, dst: &mut [u8], src: &[u8]) -> Result<(), KernelError> {
+pub fn reduce_bytes(
+    dtype: DType,
+    op: ReduceOp,
+    dst: &mut [u8],
+    src: &[u8],
+) -> Result<(), KernelError> {
     check_lengths(dtype, dst.len(), src.len())?;
     dispatch!(dtype, reduce_bytes_typed, op, dst, src);
     Ok(())
@@ -253,8 +267,19 @@ mod tests {
     #[test]
     fn bf16_rounding_matches_half() {
         let samples = [
-            0.0f32, -0.0, 1.0, 1.00390625, 1.005859375, 3.4e38, -3.4e38, f32::INFINITY,
-            f32::NEG_INFINITY, 1e-40, f32::MIN_POSITIVE, 65504.0, 0.1,
+            0.0f32,
+            -0.0,
+            1.0,
+            f32::from_bits(0x3f80_8000),
+            f32::from_bits(0x3f81_8000),
+            3.4e38,
+            -3.4e38,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e-40,
+            f32::MIN_POSITIVE,
+            65504.0,
+            0.1,
         ];
         for &x in &samples {
             assert_eq!(f32_to_bf16(x).to_bits(), bf16::from_f32(x).to_bits(), "{x}");
@@ -264,7 +289,11 @@ mod tests {
             if x.is_nan() {
                 assert!(bf16_to_f32(f32_to_bf16(x)).is_nan());
             } else {
-                assert_eq!(f32_to_bf16(x).to_bits(), bf16::from_f32(x).to_bits(), "{bits:#x}");
+                assert_eq!(
+                    f32_to_bf16(x).to_bits(),
+                    bf16::from_f32(x).to_bits(),
+                    "{bits:#x}"
+                );
             }
         }
     }
@@ -280,6 +309,9 @@ mod tests {
             reduce_bytes(DType::F64, ReduceOp::Sum, &mut d[..6], &[0u8; 6]),
             Err(KernelError::PartialElement { len: 6, .. })
         ));
-        assert_eq!(finalize_avg_bytes(DType::U8, &mut d, 0), Err(KernelError::ZeroDivisor));
+        assert_eq!(
+            finalize_avg_bytes(DType::U8, &mut d, 0),
+            Err(KernelError::ZeroDivisor)
+        );
     }
 }
