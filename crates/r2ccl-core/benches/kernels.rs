@@ -31,10 +31,7 @@ fn gbps(bytes: usize, d: Duration) -> f64 {
 }
 
 fn main() {
-    let reps = std::env::var("R2CCL_BENCH_REPS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
+    let reps = std::env::var("R2CCL_BENCH_REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
     let n32 = BYTES / 4;
     let src32: Vec<f32> = (0..n32).map(|i| (i % 1024) as f32 * 0.5).collect();
     let mut dst32: Vec<f32> = vec![1.0; n32];
@@ -49,53 +46,20 @@ fn main() {
         black_box(&mut copy_dst);
     });
     let t_f32 = best_of(reps, || {
-        let _ = reduce(
-            ReduceOp::Sum,
-            black_box(&mut dst32[..]),
-            black_box(&src32[..]),
-        );
+        let _ = reduce(ReduceOp::Sum, black_box(&mut dst32[..]), black_box(&src32[..]));
     });
     let t_bf16 = best_of(reps, || {
-        let _ = reduce(
-            ReduceOp::Sum,
-            black_box(&mut dst16[..]),
-            black_box(&src16[..]),
-        );
+        let _ = reduce(ReduceOp::Sum, black_box(&mut dst16[..]), black_box(&src16[..]));
     });
 
     let bw_copy = gbps(2 * BYTES, t_copy);
     let bw_f32 = gbps(3 * BYTES, t_f32);
     let bw_bf16 = gbps(3 * BYTES, t_bf16);
     println!("# r2ccl-core reduction kernels, 64 MiB buffers, best of {reps}");
-    println!(
-        "{:<22} {:>10} {:>12} {:>14}",
-        "kernel", "time(ms)", "eff GB/s", "ratio-memcpy"
-    );
-    println!(
-        "{:<22} {:>10.2} {:>12.2} {:>14.3}",
-        "memcpy (copy_from_slice)",
-        t_copy.as_secs_f64() * 1e3,
-        bw_copy,
-        1.0
-    );
-    println!(
-        "{:<22} {:>10.2} {:>12.2} {:>14.3}",
-        "f32 sum",
-        t_f32.as_secs_f64() * 1e3,
-        bw_f32,
-        bw_f32 / bw_copy
-    );
-    println!(
-        "{:<22} {:>10.2} {:>12.2} {:>14.3}",
-        "bf16 sum",
-        t_bf16.as_secs_f64() * 1e3,
-        bw_bf16,
-        bw_bf16 / bw_copy
-    );
+    println!("{:<22} {:>10} {:>12} {:>14}", "kernel", "time(ms)", "eff GB/s", "ratio-memcpy");
+    println!("{:<22} {:>10.2} {:>12.2} {:>14.3}", "memcpy (copy_from_slice)", t_copy.as_secs_f64() * 1e3, bw_copy, 1.0);
+    println!("{:<22} {:>10.2} {:>12.2} {:>14.3}", "f32 sum", t_f32.as_secs_f64() * 1e3, bw_f32, bw_f32 / bw_copy);
+    println!("{:<22} {:>10.2} {:>12.2} {:>14.3}", "bf16 sum", t_bf16.as_secs_f64() * 1e3, bw_bf16, bw_bf16 / bw_copy);
     let ok = bw_f32 / bw_copy >= 0.8;
-    println!(
-        "# f32 sum / memcpy = {:.3} (target >= 0.8): {}",
-        bw_f32 / bw_copy,
-        if ok { "MET" } else { "MISSED" }
-    );
+    println!("# f32 sum / memcpy = {:.3} (target >= 0.8): {}", bw_f32 / bw_copy, if ok { "MET" } else { "MISSED" });
 }

@@ -140,13 +140,7 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     /// Every reduce op.
-    pub const ALL: [ReduceOp; 5] = [
-        ReduceOp::Sum,
-        ReduceOp::Prod,
-        ReduceOp::Min,
-        ReduceOp::Max,
-        ReduceOp::Avg,
-    ];
+    pub const ALL: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg];
 
     /// The name nccl-tests prints (`sum`, `prod`, `min`, `max`, `avg`).
     pub const fn name(self) -> &'static str {
@@ -175,13 +169,7 @@ impl FromStr for ReduceOp {
             "min" => ReduceOp::Min,
             "max" => ReduceOp::Max,
             "avg" => ReduceOp::Avg,
-            _ => {
-                return Err(ParseNameError {
-                    what: "reduce op",
-                    name: s.to_owned(),
-                    allowed: "sum prod min max avg",
-                })
-            }
+            _ => return Err(ParseNameError { what: "reduce op", name: s.to_owned(), allowed: "sum prod min max avg" }),
         })
     }
 }

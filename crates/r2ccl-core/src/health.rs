@@ -10,9 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// A health epoch: bumped on every agreed change of the health view.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct HealthEpoch(pub u64);
 
@@ -43,10 +41,7 @@ pub struct NicHealth {
 impl NicHealth {
     /// A healthy NIC at `mbps`.
     pub const fn healthy(mbps: u64) -> Self {
-        Self {
-            nominal_mbps: mbps,
-            usable_mbps: mbps,
-        }
+        Self { nominal_mbps: mbps, usable_mbps: mbps }
     }
 
     /// Whether the NIC carries no traffic.
@@ -89,11 +84,7 @@ impl NodeHealth {
 
     /// Rails whose NIC still carries traffic, in rail order.
     pub fn healthy_rails(&self) -> impl Iterator<Item = RailId> + '_ {
-        self.nics
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| !n.is_failed())
-            .map(|(r, _)| RailId(r as u16))
+        self.nics.iter().enumerate().filter(|(_, n)| !n.is_failed()).map(|(r, _)| RailId(r as u16))
     }
 
     /// Whether at least one NIC carries traffic.
@@ -112,15 +103,7 @@ pub struct HealthView {
 impl HealthView {
     /// A view of `nodes` nodes with `nics` healthy NICs of `mbps` each, at epoch 0.
     pub fn uniform(nodes: usize, nics: usize, mbps: u64) -> Self {
-        Self {
-            epoch: HealthEpoch(0),
-            nodes: vec![
-                NodeHealth {
-                    nics: vec![NicHealth::healthy(mbps); nics]
-                };
-                nodes
-            ],
-        }
+        Self { epoch: HealthEpoch(0), nodes: vec![NodeHealth { nics: vec![NicHealth::healthy(mbps); nics] }; nodes] }
     }
 
     /// A view from explicit per-node health, at `epoch`.
@@ -150,17 +133,12 @@ impl HealthView {
 
     /// One node's health.
     pub fn node(&self, node: NodeId) -> Result<&NodeHealth, HealthError> {
-        self.nodes
-            .get(node.index())
-            .ok_or(HealthError::UnknownNode(node))
+        self.nodes.get(node.index()).ok_or(HealthError::UnknownNode(node))
     }
 
     /// One NIC's health.
     pub fn nic(&self, nic: NicId) -> Result<&NicHealth, HealthError> {
-        self.node(nic.node)?
-            .nics
-            .get(nic.rail.index())
-            .ok_or(HealthError::UnknownNic(nic))
+        self.node(nic.node)?.nics.get(nic.rail.index()).ok_or(HealthError::UnknownNic(nic))
     }
 
     fn nic_mut(&mut self, nic: NicId) -> Result<&mut NicHealth, HealthError> {
@@ -210,18 +188,12 @@ impl HealthView {
 
     /// Nodes that have no usable NIC left.
     pub fn disconnected_nodes(&self) -> Vec<NodeId> {
-        (0..self.nodes.len())
-            .filter(|&i| !self.nodes[i].is_connected())
-            .map(|i| NodeId(i as u32))
-            .collect()
+        (0..self.nodes.len()).filter(|&i| !self.nodes[i].is_connected()).map(|i| NodeId(i as u32)).collect()
     }
 
     /// Whether any NIC is failed or degraded.
     pub fn is_degraded(&self) -> bool {
-        self.nodes
-            .iter()
-            .flat_map(|n| &n.nics)
-            .any(|n| n.usable_mbps < n.nominal_mbps)
+        self.nodes.iter().flat_map(|n| &n.nics).any(|n| n.usable_mbps < n.nominal_mbps)
     }
 
     /// Merge another rank's view into this one: union of failures, minimum of usable
@@ -229,16 +201,9 @@ impl HealthView {
     /// every rank that merges the same set of views gets the same result.
     pub fn merge_from(&mut self, other: &HealthView) -> Result<(), HealthError> {
         let same_shape = self.nodes.len() == other.nodes.len()
-            && self
-                .nodes
-                .iter()
-                .zip(&other.nodes)
-                .all(|(a, b)| a.nics.len() == b.nics.len());
+            && self.nodes.iter().zip(&other.nodes).all(|(a, b)| a.nics.len() == b.nics.len());
         if !same_shape {
-            return Err(HealthError::ShapeMismatch {
-                ours: self.nodes.len(),
-                theirs: other.nodes.len(),
-            });
+            return Err(HealthError::ShapeMismatch { ours: self.nodes.len(), theirs: other.nodes.len() });
         }
         for (a, b) in self.nodes.iter_mut().zip(&other.nodes) {
             for (x, y) in a.nics.iter_mut().zip(&b.nics) {
@@ -299,16 +264,10 @@ mod tests {
     #[test]
     fn unknown_nic_and_shape_mismatch_are_errors() {
         let mut a = HealthView::uniform(2, 2, 1000);
-        assert_eq!(
-            a.set_failed(NicId::new(0, 5)),
-            Err(HealthError::UnknownNic(NicId::new(0, 5)))
-        );
+        assert_eq!(a.set_failed(NicId::new(0, 5)), Err(HealthError::UnknownNic(NicId::new(0, 5))));
         assert!(a.is_failed(NicId::new(9, 0)).is_err());
         let b = HealthView::uniform(3, 2, 1000);
-        assert!(matches!(
-            a.merge_from(&b),
-            Err(HealthError::ShapeMismatch { .. })
-        ));
+        assert!(matches!(a.merge_from(&b), Err(HealthError::ShapeMismatch { .. })));
     }
 
     #[test]

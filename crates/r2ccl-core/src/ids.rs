@@ -31,10 +31,7 @@ pub struct NicId {
 impl NicId {
     /// The NIC on rail `rail` of node `node`.
     pub const fn new(node: u32, rail: u16) -> Self {
-        Self {
-            node: NodeId(node),
-            rail: RailId(rail),
-        }
+        Self { node: NodeId(node), rail: RailId(rail) }
     }
 }
 

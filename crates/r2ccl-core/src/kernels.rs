@@ -132,9 +132,7 @@ macro_rules! half_element {
                 let to = $to;
                 let from = $from;
                 match op {
-                    ReduceOp::Sum | ReduceOp::Avg => {
-                        zip_apply(dst, src, |a, b| from(to(a) + to(b)))
-                    }
+                    ReduceOp::Sum | ReduceOp::Avg => zip_apply(dst, src, |a, b| from(to(a) + to(b))),
                     ReduceOp::Prod => zip_apply(dst, src, |a, b| from(to(a) * to(b))),
                     ReduceOp::Min => zip_apply(dst, src, |a, b| from(float_min!(to(a), to(b)))),
                     ReduceOp::Max => zip_apply(dst, src, |a, b| from(float_max!(to(a), to(b)))),
@@ -158,10 +156,7 @@ half_element!(f16, DType::F16, f16::to_f32, f16::from_f32);
 /// `dst[i] = dst[i] op src[i]` on typed slices.
 pub fn reduce<T: Element>(op: ReduceOp, dst: &mut [T], src: &[T]) -> Result<(), KernelError> {
     if dst.len() != src.len() {
-        return Err(KernelError::LengthMismatch {
-            dst: std::mem::size_of_val(dst),
-            src: std::mem::size_of_val(src),
-        });
+        return Err(KernelError::LengthMismatch { dst: std::mem::size_of_val(dst), src: std::mem::size_of_val(src) });
     }
     T::reduce_slice(op, dst, src);
     Ok(())
@@ -171,10 +166,7 @@ pub fn reduce<T: Element>(op: ReduceOp, dst: &mut [T], src: &[T]) -> Result<(), 
 const BLOCK: usize = 512;
 
 fn reduce_bytes_typed<T: Element>(op: ReduceOp, dst: &mut [u8], src: &[u8]) {
-    if let (Ok(d), Ok(s)) = (
-        bytemuck::try_cast_slice_mut::<u8, T>(dst),
-        bytemuck::try_cast_slice::<u8, T>(src),
-    ) {
+    if let (Ok(d), Ok(s)) = (bytemuck::try_cast_slice_mut::<u8, T>(dst), bytemuck::try_cast_slice::<u8, T>(src)) {
         T::reduce_slice(op, d, s);
         return;
     }
@@ -211,11 +203,7 @@ fn check_lengths(dtype: DType, dst: usize, src: usize) -> Result<(), KernelError
         return Err(KernelError::LengthMismatch { dst, src });
     }
     if dst % dtype.size() != 0 {
-        return Err(KernelError::PartialElement {
-            len: dst,
-            dtype,
-            size: dtype.size(),
-        });
+        return Err(KernelError::PartialElement { len: dst, dtype, size: dtype.size() });
     }
     Ok(())
 }
@@ -239,12 +227,7 @@ macro_rules! dispatch {
 
 /// `dst = dst op src` over byte buffers holding `dtype` elements. Any alignment works;
 /// aligned buffers take the vectorized path directly.
-pub fn reduce_bytes(
-    dtype: DType,
-    op: ReduceOp,
-    dst: &mut [u8],
-    src: &[u8],
-) -> Result<(), KernelError> {
+pub fn reduce_bytes(dtype: DType, op: ReduceOp, dst: &mut [u8], src: &[u8]) -> Result<(), KernelError> {
     check_lengths(dtype, dst.len(), src.len())?;
     dispatch!(dtype, reduce_bytes_typed, op, dst, src);
     Ok(())
@@ -289,11 +272,7 @@ mod tests {
             if x.is_nan() {
                 assert!(bf16_to_f32(f32_to_bf16(x)).is_nan());
             } else {
-                assert_eq!(
-                    f32_to_bf16(x).to_bits(),
-                    bf16::from_f32(x).to_bits(),
-                    "{bits:#x}"
-                );
+                assert_eq!(f32_to_bf16(x).to_bits(), bf16::from_f32(x).to_bits(), "{bits:#x}");
             }
         }
     }
@@ -309,9 +288,6 @@ mod tests {
             reduce_bytes(DType::F64, ReduceOp::Sum, &mut d[..6], &[0u8; 6]),
             Err(KernelError::PartialElement { len: 6, .. })
         ));
-        assert_eq!(
-            finalize_avg_bytes(DType::U8, &mut d, 0),
-            Err(KernelError::ZeroDivisor)
-        );
+        assert_eq!(finalize_avg_bytes(DType::U8, &mut d, 0), Err(KernelError::ZeroDivisor));
     }
 }

@@ -44,7 +44,5 @@ pub const ALL: &[(&str, &str)] = &[
 
 /// The tracing target of a user-facing subsystem name (case-insensitive), if known.
 pub fn target_of(name: &str) -> Option<&'static str> {
-    ALL.iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(name))
-        .map(|(_, t)| *t)
+    ALL.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, t)| *t)
 }

@@ -3,10 +3,7 @@
 //! The reference computes each element in a wider type (f64 for floats, i128 for
 //! integers) and rounds or wraps once; double rounding is innocuous at these widths, so
 //! float results must match bit for bit (NaN matches NaN; +0 matches -0 only for min/max).
-#![allow(
-    clippy::unwrap_used,
-    reason = "test helpers panic on broken invariants; that is a test failure"
-)]
+#![allow(clippy::unwrap_used, reason = "test helpers panic on broken invariants; that is a test failure")]
 
 use half::{bf16, f16};
 use proptest::prelude::*;
@@ -84,79 +81,47 @@ fn reference(d: DType, op: ReduceOp, dst: &[u8], src: &[u8]) -> Vec<u8> {
 
 fn same(d: DType, op: ReduceOp, got: &[u8], want: &[u8]) -> bool {
     let s = d.size();
-    got.chunks(s)
-        .zip(want.chunks(s))
-        .all(|(g, w)| match (load(d, g), load(d, w)) {
-            (Val::I(x), Val::I(y)) => x == y,
-            (Val::F(x), Val::F(y)) => {
-                if x.is_nan() || y.is_nan() {
-                    x.is_nan() && y.is_nan()
-                } else if x == 0.0 && y == 0.0 && matches!(op, ReduceOp::Min | ReduceOp::Max) {
-                    true
-                } else {
-                    g == w
-                }
+    got.chunks(s).zip(want.chunks(s)).all(|(g, w)| match (load(d, g), load(d, w)) {
+        (Val::I(x), Val::I(y)) => x == y,
+        (Val::F(x), Val::F(y)) => {
+            if x.is_nan() || y.is_nan() {
+                x.is_nan() && y.is_nan()
+            } else if x == 0.0 && y == 0.0 && matches!(op, ReduceOp::Min | ReduceOp::Max) {
+                true
+            } else {
+                g == w
             }
-            _ => false,
-        })
+        }
+        _ => false,
+    })
 }
 
 fn special_bytes(d: DType) -> Vec<Vec<u8>> {
     match d {
-        DType::F32 => [
-            f32::NAN,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::MAX,
-            -0.0,
-            1e-45,
-        ]
-        .iter()
-        .map(|x| x.to_le_bytes().to_vec())
-        .collect(),
-        DType::F64 => [
-            f64::NAN,
-            f64::INFINITY,
-            f64::NEG_INFINITY,
-            f64::MAX,
-            -0.0,
-            5e-324,
-        ]
-        .iter()
-        .map(|x| x.to_le_bytes().to_vec())
-        .collect(),
-        DType::F16 => [
-            f16::NAN,
-            f16::INFINITY,
-            f16::NEG_INFINITY,
-            f16::MAX,
-            f16::NEG_ZERO,
-        ]
-        .iter()
-        .map(|x| x.to_le_bytes().to_vec())
-        .collect(),
-        DType::Bf16 => [
-            bf16::NAN,
-            bf16::INFINITY,
-            bf16::NEG_INFINITY,
-            bf16::MAX,
-            bf16::NEG_ZERO,
-        ]
-        .iter()
-        .map(|x| x.to_le_bytes().to_vec())
-        .collect(),
+        DType::F32 => [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, -0.0, 1e-45]
+            .iter()
+            .map(|x| x.to_le_bytes().to_vec())
+            .collect(),
+        DType::F64 => [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, f64::MAX, -0.0, 5e-324]
+            .iter()
+            .map(|x| x.to_le_bytes().to_vec())
+            .collect(),
+        DType::F16 => [f16::NAN, f16::INFINITY, f16::NEG_INFINITY, f16::MAX, f16::NEG_ZERO]
+            .iter()
+            .map(|x| x.to_le_bytes().to_vec())
+            .collect(),
+        DType::Bf16 => [bf16::NAN, bf16::INFINITY, bf16::NEG_INFINITY, bf16::MAX, bf16::NEG_ZERO]
+            .iter()
+            .map(|x| x.to_le_bytes().to_vec())
+            .collect(),
         DType::I8 => vec![vec![0x7f], vec![0x80]],
         DType::U8 => vec![vec![0xff], vec![0]],
-        DType::I32 | DType::U32 => vec![
-            i32::MAX.to_le_bytes().to_vec(),
-            i32::MIN.to_le_bytes().to_vec(),
-            vec![0xff; 4],
-        ],
-        DType::I64 | DType::U64 => vec![
-            i64::MAX.to_le_bytes().to_vec(),
-            i64::MIN.to_le_bytes().to_vec(),
-            vec![0xff; 8],
-        ],
+        DType::I32 | DType::U32 => {
+            vec![i32::MAX.to_le_bytes().to_vec(), i32::MIN.to_le_bytes().to_vec(), vec![0xff; 4]]
+        }
+        DType::I64 | DType::U64 => {
+            vec![i64::MAX.to_le_bytes().to_vec(), i64::MIN.to_le_bytes().to_vec(), vec![0xff; 8]]
+        }
     }
 }
 
@@ -223,12 +188,8 @@ fn lengths_zero_one_and_odd() {
     for d in DType::ALL {
         for op in ReduceOp::ALL {
             for n in [0usize, 1, 3, 17, 1023] {
-                let a: Vec<u8> = (0..n * d.size())
-                    .map(|i| (i * 37 % 251) as u8 & 0x3f)
-                    .collect();
-                let b: Vec<u8> = (0..n * d.size())
-                    .map(|i| (i * 11 % 241) as u8 & 0x3f)
-                    .collect();
+                let a: Vec<u8> = (0..n * d.size()).map(|i| (i * 37 % 251) as u8 & 0x3f).collect();
+                let b: Vec<u8> = (0..n * d.size()).map(|i| (i * 11 % 241) as u8 & 0x3f).collect();
                 let want = reference(d, op, &a, &b);
                 let mut got = a.clone();
                 reduce_bytes(d, op, &mut got, &b).unwrap();
@@ -250,11 +211,7 @@ fn integer_overflow_wraps() {
     assert_eq!(i64::from_le_bytes(x), i64::MIN);
     let mut avg = (-7i32).to_le_bytes();
     finalize_avg_bytes(DType::I32, &mut avg, 2).unwrap();
-    assert_eq!(
-        i32::from_le_bytes(avg),
-        -3,
-        "integer avg truncates toward zero"
-    );
+    assert_eq!(i32::from_le_bytes(avg), -3, "integer avg truncates toward zero");
 }
 
 #[test]
@@ -267,13 +224,7 @@ fn nan_and_infinity_semantics() {
     assert_eq!(a[2], f32::NEG_INFINITY);
     assert_eq!(a[3], 1.0);
     let mut s = [f32::INFINITY];
-    reduce_bytes(
-        DType::F32,
-        ReduceOp::Sum,
-        bytemuck_cast(&mut s),
-        bytemuck_cast_ref(&[f32::NEG_INFINITY]),
-    )
-    .unwrap();
+    reduce_bytes(DType::F32, ReduceOp::Sum, bytemuck_cast(&mut s), bytemuck_cast_ref(&[f32::NEG_INFINITY])).unwrap();
     assert!(s[0].is_nan(), "inf + -inf is NaN");
 }
 
