@@ -1,0 +1,47 @@
+//! The `R2CCL_*` environment: aliases for common keys, generic `R2CCL_<SECTION>__<KEY>`,
+//! and the identity variables that other parts of r2ccl read.
+
+use crate::ConfigError;
+
+/// Short environment names for common keys, as NCCL users expect them.
+pub const ENV_ALIASES: &[(&str, &str)] = &[
+    ("R2CCL_DEBUG", "log.level"),
+    ("R2CCL_DEBUG_SUBSYS", "log.subsys"),
+    ("R2CCL_DEBUG_FILE", "log.file"),
+    ("R2CCL_OOB_IFACE", "bootstrap.oob_iface"),
+    ("R2CCL_NODE", "bootstrap.node"),
+    ("R2CCL_NICS", "transport.nics"),
+    ("R2CCL_TOPO_FILE", "topo.file"),
+    ("R2CCL_TOPO_DUMP_FILE", "topo.dump_file"),
+    ("R2CCL_METRICS_ADDR", "metrics.addr"),
+];
+
+/// Variables that are not configuration keys but are read elsewhere (launch identity,
+/// fault injection, the config file path, benchmark knobs). Documented in
+/// `docs/configuration.md`.
+pub const IDENTITY_VARS: &[&str] = &[
+    "R2CCL_CONFIG",
+    "R2CCL_RANK",
+    "R2CCL_WORLD_SIZE",
+    "R2CCL_ROOT",
+    "R2CCL_SECRET",
+    "R2CCL_UNIQUE_ID",
+    "R2CCL_FAULT",
+    "R2CCL_BENCH_REPS",
+];
+
+/// Map one `R2CCL_*` variable to a dotted key path, `Ok(None)` for identity variables.
+pub(crate) fn key_of(var: &str) -> Result<Option<String>, ConfigError> {
+    if let Some((_, key)) = ENV_ALIASES.iter().find(|(v, _)| *v == var) {
+        return Ok(Some((*key).to_owned()));
+    }
+    if IDENTITY_VARS.contains(&var) {
+        return Ok(None);
+    }
+    let rest = var.strip_prefix("R2CCL_").unwrap_or(var);
+    if rest.contains("__") {
+        let key = rest.split("__").map(str::to_ascii_lowercase).collect::<Vec<_>>().join(".");
+        return Ok(Some(key));
+    }
+    Err(ConfigError::UnknownEnv { var: var.to_owned() })
+}

@@ -1,0 +1,239 @@
+//! The typed configuration: one struct per section, defaults, and range validation.
+
+use crate::ConfigError;
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration. Defaults need no file and no environment.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Logging (`[log]`).
+    pub log: LogConfig,
+    /// Bootstrap and out-of-band channel (`[bootstrap]`).
+    pub bootstrap: BootstrapConfig,
+    /// Data transport (`[transport]`).
+    pub transport: TransportConfig,
+    /// Failure detection and recovery (`[detect]`).
+    pub detect: DetectConfig,
+    /// Planning (`[policy]`).
+    pub policy: PolicyConfig,
+    /// Topology sources (`[topo]`).
+    pub topo: TopoConfig,
+    /// Metrics export (`[metrics]`).
+    pub metrics: MetricsConfig,
+}
+
+/// `[log]`: what is logged and where (as `NCCL_DEBUG*`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `ERROR`, `WARN`, `INFO`, `DEBUG` or `TRACE` (`R2CCL_DEBUG`).
+    pub level: String,
+    /// Comma-separated subsystems, `ALL`, or `^A,B` for all but A and B (`R2CCL_DEBUG_SUBSYS`).
+    pub subsys: String,
+    /// Log file path with `%h` (host) and `%p` (pid); empty for stderr (`R2CCL_DEBUG_FILE`).
+    pub file: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { level: "WARN".into(), subsys: "ALL".into(), file: String::new() }
+    }
+}
+
+/// `[bootstrap]`: rendezvous, OOB control channel and peer liveness.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BootstrapConfig {
+    /// Interface for bootstrap and OOB traffic; empty picks a non-data interface (`R2CCL_OOB_IFACE`).
+    pub oob_iface: String,
+    /// Node identity; empty uses the host name (`R2CCL_NODE`).
+    pub node: String,
+    /// Deadline for rendezvous and connection setup, ms.
+    pub connect_timeout_ms: u64,
+    /// A peer silent on the OOB channel for this long is declared dead, ms.
+    pub peer_timeout_ms: u64,
+}
+
+impl Default for BootstrapConfig {
+    fn default() -> Self {
+        Self { oob_iface: String::new(), node: String::new(), connect_timeout_ms: 30_000, peer_timeout_ms: 10_000 }
+    }
+}
+
+/// `[transport]`: data NICs and chunking.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TransportConfig {
+    /// Data NIC interface names; empty discovers them (`R2CCL_NICS=if0,if1`).
+    pub nics: Vec<String>,
+    /// Chunk size: the unit of transfer, striping and replay, bytes.
+    pub chunk_bytes: u64,
+    /// Chunks in flight per path.
+    pub max_inflight_chunks: u32,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        Self { nics: Vec::new(), chunk_bytes: 1 << 20, max_inflight_chunks: 8 }
+    }
+}
+
+/// `[detect]`: detection, localization and recovery timing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DetectConfig {
+    /// Margin over a transfer's expected time before its path is suspected, ms.
+    pub progress_margin_ms: u64,
+    /// Heartbeat period on idle paths, ms.
+    pub heartbeat_interval_ms: u64,
+    /// Missed heartbeats before an idle path is suspected.
+    pub heartbeat_misses: u32,
+    /// Probe timeout during localization, ms.
+    pub probe_timeout_ms: u64,
+    /// Re-probe period of failed components, ms.
+    pub reprobe_interval_ms: u64,
+    /// Consecutive good probes before a component is healthy again.
+    pub recovery_good_probes: u32,
+    /// First flap hold-down, ms (doubles per flap).
+    pub flap_holddown_ms: u64,
+    /// Longest flap hold-down, ms.
+    pub flap_holddown_max_ms: u64,
+    /// FAILOVER_HINT resend period until a REQ arrives, ms.
+    pub hint_resend_ms: u64,
+}
+
+impl Default for DetectConfig {
+    fn default() -> Self {
+        Self {
+            progress_margin_ms: 50,
+            heartbeat_interval_ms: 100,
+            heartbeat_misses: 3,
+            probe_timeout_ms: 50,
+            reprobe_interval_ms: 500,
+            recovery_good_probes: 3,
+            flap_holddown_ms: 1_000,
+            flap_holddown_max_ms: 60_000,
+            hint_resend_ms: 500,
+        }
+    }
+}
+
+/// `[policy]`: strategy choice.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// `auto` (the cost model chooses) or a forced strategy: `ring`, `single_backup`,
+    /// `balance`, `r2ccl_allreduce`, `recursive`, `four_stage`.
+    pub strategy: String,
+    /// Allow the planner to reorder nodes in rings after failures.
+    pub rerank: bool,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self { strategy: "auto".into(), rerank: true }
+    }
+}
+
+/// Strategy names accepted by `policy.strategy`.
+pub(crate) const STRATEGIES: &[&str] =
+    &["auto", "ring", "single_backup", "balance", "r2ccl_allreduce", "recursive", "four_stage"];
+
+/// `[topo]`: topology description files.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TopoConfig {
+    /// Static topology TOML that overrides discovery; empty for none (`R2CCL_TOPO_FILE`).
+    pub file: String,
+    /// Where a communicator writes the merged cluster view at init; empty for nowhere (`R2CCL_TOPO_DUMP_FILE`).
+    pub dump_file: String,
+}
+
+/// `[metrics]`: Prometheus export.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `host:port` for the Prometheus exporter; empty disables it (`R2CCL_METRICS_ADDR`).
+    pub addr: String,
+}
+
+fn range<T: PartialOrd + std::fmt::Display>(key: &str, v: T, lo: T, hi: T, unit: &str) -> Result<(), ConfigError> {
+    if v < lo || v > hi {
+        return Err(ConfigError::OutOfRange {
+            key: key.into(),
+            value: v.to_string(),
+            allowed: format!("{lo}..={hi}{unit}"),
+        });
+    }
+    Ok(())
+}
+
+impl Config {
+    /// The defaults with every list non-empty, so that walking its serialized form finds
+    /// every key (empty lists vanish when serialized into `config` values).
+    pub(crate) fn key_probe() -> Self {
+        let mut c = Self::default();
+        c.transport.nics.push(String::new());
+        c
+    }
+
+    /// Check every value's range and syntax; the first problem is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        r2ccl_log::LogSpec::parse(&self.log.level, &self.log.subsys, &self.log.file).map_err(|e| {
+            let (key, value) = match &e {
+                r2ccl_log::LogError::Level(v) => ("log.level", v.clone()),
+                r2ccl_log::LogError::Subsys(v) => ("log.subsys", v.clone()),
+                _ => ("log.file", self.log.file.clone()),
+            };
+            ConfigError::OutOfRange { key: key.into(), value: format!("{value:?}"), allowed: e.allowed().into() }
+        })?;
+        let b = &self.bootstrap;
+        range("bootstrap.connect_timeout_ms", b.connect_timeout_ms, 100, 3_600_000, " ms")?;
+        range("bootstrap.peer_timeout_ms", b.peer_timeout_ms, 100, 600_000, " ms")?;
+        let t = &self.transport;
+        range("transport.chunk_bytes", t.chunk_bytes, 4096, 1 << 30, " bytes")?;
+        if !t.chunk_bytes.is_power_of_two() {
+            return Err(ConfigError::OutOfRange {
+                key: "transport.chunk_bytes".into(),
+                value: t.chunk_bytes.to_string(),
+                allowed: "a power of two".into(),
+            });
+        }
+        range("transport.max_inflight_chunks", t.max_inflight_chunks, 1, 1024, "")?;
+        for (i, nic) in t.nics.iter().enumerate() {
+            if nic.is_empty() || nic.len() > 15 || nic.contains(['/', ' ', ':']) {
+                return Err(ConfigError::OutOfRange {
+                    key: format!("transport.nics[{i}]"),
+                    value: format!("{nic:?}"),
+                    allowed: "a Linux interface name (1-15 characters, no '/', ':' or space)".into(),
+                });
+            }
+        }
+        let d = &self.detect;
+        range("detect.progress_margin_ms", d.progress_margin_ms, 1, 60_000, " ms")?;
+        range("detect.heartbeat_interval_ms", d.heartbeat_interval_ms, 1, 60_000, " ms")?;
+        range("detect.heartbeat_misses", d.heartbeat_misses, 1, 100, "")?;
+        range("detect.probe_timeout_ms", d.probe_timeout_ms, 1, 60_000, " ms")?;
+        range("detect.reprobe_interval_ms", d.reprobe_interval_ms, 1, 3_600_000, " ms")?;
+        range("detect.recovery_good_probes", d.recovery_good_probes, 1, 1000, "")?;
+        range("detect.flap_holddown_ms", d.flap_holddown_ms, 1, 3_600_000, " ms")?;
+        range("detect.flap_holddown_max_ms", d.flap_holddown_max_ms, d.flap_holddown_ms, 86_400_000, " ms")?;
+        range("detect.hint_resend_ms", d.hint_resend_ms, 1, 60_000, " ms")?;
+        if !STRATEGIES.contains(&self.policy.strategy.as_str()) {
+            return Err(ConfigError::OutOfRange {
+                key: "policy.strategy".into(),
+                value: format!("{:?}", self.policy.strategy),
+                allowed: STRATEGIES.join(", "),
+            });
+        }
+        if !self.metrics.addr.is_empty() && self.metrics.addr.parse::<std::net::SocketAddr>().is_err() {
+            return Err(ConfigError::OutOfRange {
+                key: "metrics.addr".into(),
+                value: format!("{:?}", self.metrics.addr),
+                allowed: "empty, or ip:port such as 127.0.0.1:9400".into(),
+            });
+        }
+        Ok(())
+    }
+}
