@@ -1,0 +1,43 @@
+//! `cargo xtask ci`: every check CI runs, in order, stopping at the first failure.
+
+use crate::{cmd, setup, tidy};
+use anyhow::{bail, Result};
+use std::path::Path;
+use std::time::Instant;
+
+fn step(name: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    println!("\n=== ci: {name}");
+    let t = Instant::now();
+    f()?;
+    println!("=== ci: {name}: ok ({:.1} s)", t.elapsed().as_secs_f64());
+    Ok(())
+}
+
+pub(crate) fn run(root: &Path) -> Result<()> {
+    let t = Instant::now();
+    step("setup", setup::run)?;
+    step("fmt", || cmd("cargo", &["fmt", "--all", "--", "--check"]))?;
+    step("clippy", || cmd("cargo", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    step("build", || cmd("cargo", &["build", "--workspace", "--all-targets"]))?;
+    step("test", || cmd("cargo", &["test", "--workspace"]))?;
+    step("each crate alone with default features", || {
+        for krate in tidy::member_crates(root) {
+            cmd("cargo", &["check", "--quiet", "-p", &krate])?;
+        }
+        Ok(())
+    })?;
+    step("tidy", || {
+        let problems = tidy::check(root);
+        for p in &problems {
+            println!("tidy: {p}");
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            bail!("tidy found {} problem(s)", problems.len())
+        }
+    })?;
+    step("cargo deny", || cmd("cargo", &["deny", "check", "licenses", "bans", "sources"]))?;
+    println!("\nci: all checks passed in {:.0} s", t.elapsed().as_secs_f64());
+    Ok(())
+}
