@@ -1,0 +1,1 @@
+//! r2ccl-ucx-sys (being written).
