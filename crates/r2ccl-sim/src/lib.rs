@@ -1,0 +1,1 @@
+//! r2ccl-sim (being written).
