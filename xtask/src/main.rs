@@ -7,6 +7,7 @@
 
 mod ci;
 mod setup;
+mod testbed;
 mod tidy;
 
 use anyhow::{bail, Result};
@@ -19,6 +20,7 @@ commands:
   setup   install the Debian packages and cargo tools the project needs (idempotent; needs root)
   ci      setup, then fmt check, clippy -D warnings, build, tests, per-crate builds, tidy, cargo deny
   tidy    check repository conventions (also runs as a test)
+  testbed up|down|status|check|fault   multi-NIC cluster from network namespaces (root)
   bench   run every benchmark (kernel/memcpy ratio, planner and schedule timings, ...)
   demo    the main job: multi-rank benchmark with a NIC failure (arrives with the facade, issue 6)";
 
@@ -48,6 +50,7 @@ fn run() -> Result<()> {
                 bail!("tidy found {} problem(s)", problems.len())
             }
         }
+        Some("testbed") => testbed::main(&args[1..]),
         Some("bench") => cmd("cargo", &["bench", "--workspace"]),
         Some("demo") => {
             bail!(
@@ -67,6 +70,11 @@ fn run() -> Result<()> {
 /// The workspace root: the parent of this crate's manifest directory.
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Print a report line for the user.
+fn say(text: &str) {
+    println!("{}", text.trim_end());
 }
 
 /// Run a command, echoing it, and fail if it fails.
