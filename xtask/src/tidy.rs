@@ -171,8 +171,13 @@ pub(crate) fn check(root: &Path) -> Vec<String> {
         }
     }
     let root_manifest = fs::read_to_string(root.join("Cargo.toml")).unwrap_or_default();
+    let internal: Vec<&str> = root_manifest
+        .lines()
+        .filter(|l| l.contains("path = \"crates/"))
+        .filter_map(|l| l.split('=').next().map(str::trim))
+        .collect();
     for dep in uncommented_deps(&root_manifest) {
-        if !dep.starts_with("r2ccl-") {
+        if !internal.contains(&dep.as_str()) {
             problems.push(format!("Cargo.toml: workspace dependency `{dep}` has no `#` comment above it"));
         }
     }

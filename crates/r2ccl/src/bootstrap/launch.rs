@@ -1,0 +1,217 @@
+//! Rank, world size, rendezvous address and secret from a launcher's environment.
+//!
+//! Precedence: `R2CCL_UNIQUE_ID` (address and secret) over `R2CCL_ROOT`/`R2CCL_SECRET`
+//! over torchrun's `MASTER_ADDR`/`MASTER_PORT`; rank and size from `R2CCL_RANK`/
+//! `R2CCL_WORLD_SIZE`, then OpenMPI (`OMPI_COMM_WORLD_RANK`/`_SIZE`), then Slurm
+//! (`SLURM_PROCID`/`SLURM_NTASKS`), then torchrun (`RANK`/`WORLD_SIZE`). Without a secret
+//! one is derived from the job id the launcher exports, and [`LaunchInfo::secret_is_derived`]
+//! says so (the caller logs a warning: set `R2CCL_SECRET` for real authentication).
+
+use super::{Secret, UniqueId};
+use std::collections::BTreeMap;
+
+/// Which launcher convention supplied the rank and size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaunchSource {
+    /// `R2CCL_RANK` / `R2CCL_WORLD_SIZE`.
+    R2ccl,
+    /// OpenMPI / PMIx (`OMPI_COMM_WORLD_*`).
+    OpenMpi,
+    /// Slurm `srun` (`SLURM_PROCID`, `SLURM_NTASKS`).
+    Slurm,
+    /// torchrun (`RANK`, `WORLD_SIZE`).
+    Torchrun,
+}
+
+/// Everything a rank needs to join the rendezvous.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchInfo {
+    /// This process's rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world_size: u32,
+    /// `host:port` of rank 0's rendezvous listener.
+    pub root: String,
+    /// The job secret.
+    pub secret: Secret,
+    /// Where rank and size came from.
+    pub source: LaunchSource,
+    /// True when no secret was given and one was derived from the job id.
+    pub secret_is_derived: bool,
+}
+
+/// Why the environment does not describe a launch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LaunchError {
+    /// No launcher variables for rank and size.
+    #[error(
+        "no rank/world size in the environment: set R2CCL_RANK and R2CCL_WORLD_SIZE, or launch with mpirun, srun or torchrun"
+    )]
+    NoRank,
+    /// No rendezvous address.
+    #[error("no rendezvous address: set R2CCL_UNIQUE_ID, R2CCL_ROOT=host:port, or MASTER_ADDR and MASTER_PORT")]
+    NoRoot,
+    /// A variable that is present but unusable.
+    #[error("environment variable {var}={value:?}: {why}")]
+    Bad {
+        /// The variable.
+        var: String,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+fn bad(var: &str, value: &str, why: impl Into<String>) -> LaunchError {
+    LaunchError::Bad { var: var.into(), value: value.into(), why: why.into() }
+}
+
+fn number(env: &BTreeMap<String, String>, var: &str) -> Result<Option<u32>, LaunchError> {
+    env.get(var).map(|v| v.trim().parse::<u32>().map_err(|_| bad(var, v, "not a non-negative integer"))).transpose()
+}
+
+impl LaunchInfo {
+    /// Read the launch description from this process's environment.
+    pub fn from_process_env() -> Result<Self, LaunchError> {
+        Self::from_env(&std::env::vars().collect())
+    }
+
+    /// Read the launch description from `env`.
+    pub fn from_env(env: &BTreeMap<String, String>) -> Result<Self, LaunchError> {
+        let conventions = [
+            ("R2CCL_RANK", "R2CCL_WORLD_SIZE", LaunchSource::R2ccl),
+            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", LaunchSource::OpenMpi),
+            ("SLURM_PROCID", "SLURM_NTASKS", LaunchSource::Slurm),
+            ("RANK", "WORLD_SIZE", LaunchSource::Torchrun),
+        ];
+        let mut found = None;
+        for (rv, sv, source) in conventions {
+            if let (Some(rank), Some(size)) = (number(env, rv)?, number(env, sv)?) {
+                if size == 0 {
+                    return Err(bad(sv, "0", "world size must be at least 1"));
+                }
+                if rank >= size {
+                    return Err(bad(rv, &rank.to_string(), format!("rank must be below {sv}={size}")));
+                }
+                found = Some((rank, size, source));
+                break;
+            }
+        }
+        let (rank, world_size, source) = found.ok_or(LaunchError::NoRank)?;
+
+        let uid = env
+            .get("R2CCL_UNIQUE_ID")
+            .map(|v| v.parse::<UniqueId>().map_err(|e| bad("R2CCL_UNIQUE_ID", v, e.to_string())))
+            .transpose()?;
+        let root = match (&uid, env.get("R2CCL_ROOT"), env.get("MASTER_ADDR"), env.get("MASTER_PORT")) {
+            (Some(u), ..) => u.root.to_string(),
+            (None, Some(r), ..) => {
+                if !r.contains(':') {
+                    return Err(bad("R2CCL_ROOT", r, "expected host:port"));
+                }
+                r.clone()
+            }
+            (None, None, Some(a), Some(p)) => {
+                p.parse::<u16>().map_err(|_| bad("MASTER_PORT", p, "not a port number"))?;
+                if a.contains(':') {
+                    format!("[{a}]:{p}")
+                } else {
+                    format!("{a}:{p}")
+                }
+            }
+            _ => return Err(LaunchError::NoRoot),
+        };
+        let (secret, secret_is_derived) = match (uid, env.get("R2CCL_SECRET")) {
+            (Some(u), _) => (u.secret, false),
+            (None, Some(s)) => {
+                (Secret::from_hex(s).map_err(|e| bad("R2CCL_SECRET", "(hidden)", e.to_string()))?, false)
+            }
+            (None, None) => {
+                let job = ["TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"]
+                    .iter()
+                    .find_map(|v| env.get(*v).map(|j| format!("{v}={j}")))
+                    .unwrap_or_default();
+                (Secret::derive(&format!("{job}|{root}|{world_size}")), true)
+            }
+        };
+        Ok(Self { rank, world_size, root, secret, source, secret_is_derived })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()
+    }
+
+    #[test]
+    fn unique_id_wins_over_everything() {
+        let uid = "r2ccl1:127.0.0.1:4000:000102030405060708090a0b0c0d0e0f";
+        let e = env(&[
+            ("R2CCL_UNIQUE_ID", uid),
+            ("R2CCL_ROOT", "10.0.0.1:1"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "2"),
+            ("R2CCL_RANK", "1"),
+            ("R2CCL_WORLD_SIZE", "4"),
+            ("RANK", "3"),
+            ("WORLD_SIZE", "8"),
+        ]);
+        let l = LaunchInfo::from_env(&e).unwrap();
+        assert_eq!((l.rank, l.world_size, l.root.as_str(), l.source), (1, 4, "127.0.0.1:4000", LaunchSource::R2ccl));
+        assert!(!l.secret_is_derived);
+        assert_eq!(l.secret.to_hex(), "000102030405060708090a0b0c0d0e0f");
+    }
+
+    #[test]
+    fn launcher_conventions_in_order() {
+        let ompi = env(&[("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "3"), ("R2CCL_ROOT", "h:1")]);
+        assert_eq!(LaunchInfo::from_env(&ompi).unwrap().source, LaunchSource::OpenMpi);
+        let slurm = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("R2CCL_ROOT", "h:1"), ("SLURM_JOB_ID", "77")]);
+        let l = LaunchInfo::from_env(&slurm).unwrap();
+        assert_eq!(l.source, LaunchSource::Slurm);
+        assert!(l.secret_is_derived);
+        let torch = env(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "::1"), ("MASTER_PORT", "29500")]);
+        let l = LaunchInfo::from_env(&torch).unwrap();
+        assert_eq!((l.source, l.root.as_str()), (LaunchSource::Torchrun, "[::1]:29500"));
+        let both = env(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("R2CCL_ROOT", "h:1"),
+        ]);
+        assert_eq!(LaunchInfo::from_env(&both).unwrap().source, LaunchSource::Slurm);
+    }
+
+    #[test]
+    fn bad_environments_name_the_variable() {
+        assert_eq!(LaunchInfo::from_env(&env(&[])), Err(LaunchError::NoRank));
+        let e = LaunchInfo::from_env(&env(&[("R2CCL_RANK", "4"), ("R2CCL_WORLD_SIZE", "4"), ("R2CCL_ROOT", "h:1")]));
+        assert!(e.unwrap_err().to_string().contains("R2CCL_RANK"));
+        let e = LaunchInfo::from_env(&env(&[("R2CCL_RANK", "x"), ("R2CCL_WORLD_SIZE", "4")]));
+        assert!(e.unwrap_err().to_string().contains("R2CCL_RANK=\"x\""));
+        assert_eq!(
+            LaunchInfo::from_env(&env(&[("R2CCL_RANK", "0"), ("R2CCL_WORLD_SIZE", "1")])),
+            Err(LaunchError::NoRoot)
+        );
+        let e = LaunchInfo::from_env(&env(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "x"),
+        ]));
+        assert!(e.unwrap_err().to_string().contains("MASTER_PORT"));
+        let e = LaunchInfo::from_env(&env(&[
+            ("R2CCL_RANK", "0"),
+            ("R2CCL_WORLD_SIZE", "1"),
+            ("R2CCL_ROOT", "h:1"),
+            ("R2CCL_SECRET", "12"),
+        ]));
+        let msg = e.unwrap_err().to_string();
+        assert!(msg.contains("R2CCL_SECRET") && msg.contains("hidden"), "{msg}");
+    }
+}

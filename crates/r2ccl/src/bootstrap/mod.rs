@@ -1,0 +1,11 @@
+//! Bootstrap: unique ids, launcher environments, and the authenticated rendezvous at rank 0.
+
+mod launch;
+mod mac;
+mod rendezvous;
+mod uid;
+mod wire;
+
+pub use launch::{LaunchError, LaunchInfo, LaunchSource};
+pub use rendezvous::{join, BootstrapError, PeerInfo, RendezvousStats, Root};
+pub use uid::{Secret, UniqueId, UniqueIdError};

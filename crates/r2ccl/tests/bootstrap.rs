@@ -1,0 +1,124 @@
+//! Rendezvous over loopback: agreement on the table, strangers dropped and counted,
+//! wrong secrets and missing ranks turned into bounded, precise errors.
+#![allow(clippy::unwrap_used, reason = "a panic here is a test failure with a message")]
+
+use r2ccl::bootstrap::{join, BootstrapError, PeerInfo, Root, Secret};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::thread;
+use std::time::{Duration, Instant};
+
+fn info(rank: u32) -> PeerInfo {
+    PeerInfo {
+        rank,
+        node: format!("node{}", rank / 2),
+        oob_addr: format!("127.0.0.1:{}", 7000 + rank),
+        blob: vec![rank as u8; rank as usize],
+    }
+}
+
+/// The root's result: the table and the number of rejected connections.
+type RootResult = Result<(Vec<PeerInfo>, u64), BootstrapError>;
+
+fn start_root(world: u32, timeout: Duration) -> (String, Secret, thread::JoinHandle<RootResult>) {
+    let secret = Secret::generate().unwrap();
+    let root = Root::bind("127.0.0.1:0".parse().unwrap(), secret.clone()).unwrap();
+    let id = root.unique_id().unwrap();
+    let deadline = Instant::now() + timeout;
+    let h = thread::spawn(move || root.run(world, info(0), deadline).map(|(t, s)| (t, s.rejected)));
+    (id.root.to_string(), id.secret, h)
+}
+
+#[test]
+fn all_ranks_get_the_same_table() {
+    let world = 6;
+    let (addr, secret, root) = start_root(world, Duration::from_secs(10));
+    let joiners: Vec<_> = (1..world)
+        .map(|r| {
+            let (addr, secret) = (addr.clone(), secret.clone());
+            thread::spawn(move || join(&addr, &secret, world, info(r), Instant::now() + Duration::from_secs(10)))
+        })
+        .collect();
+    let (table, rejected) = root.join().unwrap().unwrap();
+    assert_eq!(rejected, 0);
+    assert_eq!(table, (0..world).map(info).collect::<Vec<_>>());
+    for j in joiners {
+        assert_eq!(j.join().unwrap().unwrap(), table);
+    }
+}
+
+#[test]
+fn strangers_are_dropped_and_counted_while_ranks_join() {
+    let world = 3;
+    let (addr, secret, root) = start_root(world, Duration::from_secs(10));
+    // A stranger that sends garbage, one that claims a rank with a wrong tag, one that says nothing.
+    let mut garbage = TcpStream::connect(&addr).unwrap();
+    garbage.write_all(&[0xff; 64]).unwrap();
+    let wrong = Secret::from_bytes([9; 16]);
+    let (a2, w2) = (addr.clone(), wrong.clone());
+    let impostor = thread::spawn(move || join(&a2, &w2, world, info(1), Instant::now() + Duration::from_secs(5)));
+    let mut silent = TcpStream::connect(&addr).unwrap();
+    let joiners: Vec<_> = (1..world)
+        .map(|r| {
+            let (addr, secret) = (addr.clone(), secret.clone());
+            thread::spawn(move || join(&addr, &secret, world, info(r), Instant::now() + Duration::from_secs(10)))
+        })
+        .collect();
+    for j in joiners {
+        assert_eq!(j.join().unwrap().unwrap().len(), world as usize);
+    }
+    let (_, rejected) = root.join().unwrap().unwrap();
+    assert!(rejected >= 2, "garbage and impostor rejected (silent one may still be pending): {rejected}");
+    let err = impostor.join().unwrap().unwrap_err();
+    assert!(matches!(err, BootstrapError::RootNotAuthentic(_)), "{err}");
+    let mut buf = [0u8; 1];
+    silent.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let _ = silent.read(&mut buf);
+}
+
+#[test]
+fn missing_rank_is_a_bounded_error_naming_it() {
+    let world = 4;
+    let (addr, secret, root) = start_root(world, Duration::from_millis(700));
+    let start = Instant::now();
+    let joiners: Vec<_> = [1u32, 3]
+        .into_iter()
+        .map(|r| {
+            let (addr, secret) = (addr.clone(), secret.clone());
+            thread::spawn(move || join(&addr, &secret, world, info(r), Instant::now() + Duration::from_secs(5)))
+        })
+        .collect();
+    let err = root.join().unwrap().unwrap_err();
+    assert!(matches!(&err, BootstrapError::Timeout { missing, .. } if missing == &vec![2]), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(3), "bounded: {:?}", start.elapsed());
+    for j in joiners {
+        let e = j.join().unwrap().unwrap_err();
+        assert!(matches!(&e, BootstrapError::Aborted(why) if why.contains("[2]")), "{e}");
+    }
+}
+
+#[test]
+fn no_root_is_a_bounded_timeout() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    let start = Instant::now();
+    let err =
+        join(&addr, &Secret::from_bytes([1; 16]), 2, info(1), Instant::now() + Duration::from_millis(400)).unwrap_err();
+    assert!(matches!(err, BootstrapError::Timeout { ref missing, .. } if missing == &vec![0]), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn mismatched_world_size_aborts_everyone_with_the_reason() {
+    let (addr, secret, root) = start_root(3, Duration::from_secs(5));
+    let (a, s) = (addr.clone(), secret.clone());
+    let good = thread::spawn(move || join(&a, &s, 3, info(1), Instant::now() + Duration::from_secs(5)));
+    thread::sleep(Duration::from_millis(200));
+    let bad = join(&addr, &secret, 4, info(2), Instant::now() + Duration::from_secs(5)).unwrap_err();
+    assert!(matches!(&bad, BootstrapError::Aborted(why) if why.contains("4 ranks")), "{bad}");
+    let err = root.join().unwrap().unwrap_err();
+    assert!(matches!(err, BootstrapError::WorldMismatch { rank: 2, theirs: 4, ours: 3 }), "{err}");
+    let e = good.join().unwrap().unwrap_err();
+    assert!(matches!(e, BootstrapError::Aborted(_)), "{e}");
+}
