@@ -1,1 +1,82 @@
-//! r2ccl-topo (being written).
+//! r2ccl-topo: the topology of an r2ccl cluster, and how to find it.
+//!
+//! # What it does
+//!
+//! - **Model** ([`ClusterTopology`], [`NodeTopology`], [`Nic`], [`Gpu`],
+//!   [`RankPlacement`]): nodes with NUMA nodes, GPUs and NICs (rail, speed, NUMA node,
+//!   PCI address, PCIe host bridge and switch chain), NVLink between GPUs, and where
+//!   every rank runs. Distances between devices use the classes NCCL users know
+//!   ([`PathClass`]: NVL, PIX, PXB, PHB, NODE, SYS). A `ClusterTopology` is always
+//!   valid: [`ClusterTopology::new`] rejects duplicate NICs, unknown or missing rails,
+//!   zero speeds, ranks without a node, and the like with a [`ValidationError`]
+//!   naming the field (`nodes[0].nics[2].speed_mbps`).
+//! - **Discovery** ([`discover::discover_local`]), every source optional and failing
+//!   cleanly into a [`discover::SourceNote`]: Linux sysfs/netdev (interfaces, link
+//!   state, speed, NUMA node, PCI placement; root path injectable), hwloc (feature
+//!   `hwloc`, default: cores, threads, NUMA nodes, PCI tree, NIC locality) and NVML
+//!   (feature `nvml`: GPUs, NVLink; no driver = "no GPUs").
+//! - **Static descriptions** ([`TopologyDescription`], TOML or JSON, schema in
+//!   [`description`]): presets in `configs/topo/` and site files that override or
+//!   fill in what discovery cannot see (veth NICs have no PCI device, virtio reports
+//!   no speed).
+//! - **NIC selection** ([`ClusterTopology::select_nics`]): each rank's primary NICs
+//!   and its ordered backup chain by locality (same PCIe switch, same host bridge,
+//!   same NUMA node, then the rest).
+//! - **Cluster view** ([`ClusterTopology::merge`]) from every rank's [`LocalView`],
+//!   the starting [`r2ccl_core::HealthView`] ([`ClusterTopology::health_view`]), and
+//!   dumps ([`write_cluster_view`]) that load back as descriptions. The binary
+//!   `r2ccl-topo dump [--format toml|json] [--file PRESET]` prints them.
+//!
+//! # What it does not do
+//!
+//! No health tracking (that is the [`r2ccl_core::HealthView`] and `r2ccl-detect`), no
+//! planning or weights (`r2ccl-policy`), no communication: the facade gathers the
+//! local views. It never reads the environment: `R2CCL_TOPO_DUMP_FILE` is read by the
+//! facade, which then calls [`write_cluster_view`]. Only discovery does IO (sysfs,
+//! hwloc, NVML, the description and dump files); the model, validation, selection
+//! and merging are pure.
+//!
+//! # Why `hwlocality` and not `hwloc2`
+//!
+//! The design card named the `hwloc2` crate. Its 2.2.0 release panics on NUMA and PCI
+//! queries and segfaults in `name()` against Debian's hwloc 2.9, so it cannot list
+//! NICs at all. `hwlocality` (1.0.0-alpha.13, feature `hwloc-2_8_0`, linked to the
+//! system hwloc through pkg-config; building it needs `libhwloc-dev` and
+//! `libudev-dev`) works against the same library: it lists NUMA nodes, cores, PCI
+//! devices with their bridges, and network devices with their CPU locality. It is
+//! still an alpha, which is why it sits behind the `hwloc` feature and why sysfs
+//! alone gives a usable topology when the feature is off or hwloc fails.
+//!
+//! # Features
+//!
+//! - `hwloc` (default): hwloc discovery; needs `libhwloc-dev`, `libudev-dev`,
+//!   `pkg-config` to build.
+//! - `nvml`: NVML discovery; loads `libnvidia-ml.so` at run time, so it builds and
+//!   runs (reporting no GPUs) without a driver.
+
+pub mod description;
+pub mod discover;
+mod dump;
+mod error;
+mod merge;
+mod model;
+mod pci;
+mod select;
+mod validate;
+
+pub use description::{GpuSpec, NicSpec, NodeSpec, RankSpec, TopologyDescription};
+pub use dump::{render_cluster, render_description, write_cluster_view, DumpFormat};
+pub use error::{DumpError, LoadError, MergeError, SysfsError, ValidationError};
+pub use merge::LocalView;
+pub use model::{ClusterTopology, Gpu, Nic, NodeTopology, NumaNode, RankPlacement};
+pub use pci::{host_bridge_label, switches_from_bridges, Locality, PathClass, PciAddr, PciAddrError};
+pub use select::{NicSelection, RankedNic};
+
+use std::path::Path;
+
+/// Read a description file (TOML, or JSON for `*.json`) and resolve it on its own
+/// into a validated cluster view.
+pub fn load_cluster_file(path: &Path) -> Result<ClusterTopology, LoadError> {
+    let desc = TopologyDescription::from_file(path)?;
+    desc.resolve().map_err(|source| LoadError::Invalid { path: Some(path.into()), source })
+}
