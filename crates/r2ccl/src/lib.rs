@@ -11,3 +11,6 @@
 //! those decisions live in the sans-IO crates it drives.
 
 pub mod bootstrap;
+pub mod oob;
+
+pub(crate) use bootstrap::mac as bootstrap_mac;

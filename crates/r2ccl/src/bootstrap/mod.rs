@@ -1,7 +1,7 @@
 //! Bootstrap: unique ids, launcher environments, and the authenticated rendezvous at rank 0.
 
 mod launch;
-mod mac;
+pub(crate) mod mac;
 mod rendezvous;
 mod uid;
 mod wire;
