@@ -12,6 +12,7 @@ pub(crate) const PACKAGES: &[(&str, &str)] = &[
     ("libhwloc-dev", "hwloc topology discovery (r2ccl-topo)"),
     ("libudev-dev", "needed by hwloc's PCI discovery through hwlocality"),
     ("iproute2", "network namespaces, veth and tc for the multi-NIC testbed"),
+    ("prometheus", "a real Prometheus server scrapes a rank in the metrics test"),
 ];
 
 fn is_installed(pkg: &str) -> bool {

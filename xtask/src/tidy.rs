@@ -4,7 +4,8 @@
 //! - library code prints nothing (`println!` and friends only in binaries, benches, tests);
 //! - every crate is in the codemap of `docs/ARCHITECTURE.md`, uses the workspace lints,
 //!   and has a `#` comment on the line above each dependency saying why it exists;
-//! - every `R2CCL_*` variable named in product code (not tests) is documented in `docs/configuration.md`;
+//! - every `R2CCL_*` variable named in product code (not tests) is documented in `docs/configuration.md`,
+//!   and every metric name (string constants in `metrics.rs` files) in `docs/metrics.md`;
 //! - every runtime config in `configs/` loads and validates; every topology preset in
 //!   `configs/topo/` is loaded by r2ccl-topo's tests.
 
@@ -147,6 +148,17 @@ pub(crate) fn check(root: &Path) -> Vec<String> {
             if !config_doc.contains(&var) && !undocumented.contains(&var) {
                 problems.push(format!("{r}: environment variable {var} is not documented in docs/configuration.md"));
                 undocumented.push(var);
+            }
+        }
+    }
+
+    // Metric names are string constants in files called metrics.rs; each must be in docs/metrics.md.
+    let metrics_doc = fs::read_to_string(root.join("docs/metrics.md")).unwrap_or_default();
+    for f in files.iter().filter(|f| f.file_name().is_some_and(|n| n == "metrics.rs")) {
+        let text = fs::read_to_string(f).unwrap_or_default();
+        for name in text.split('"').skip(1).step_by(2).filter(|s| s.starts_with("r2ccl_")) {
+            if !metrics_doc.contains(&format!("`{name}`")) {
+                problems.push(format!("{}: metric {name} is not documented in docs/metrics.md", rel(root, f)));
             }
         }
     }

@@ -11,6 +11,7 @@
 //! those decisions live in the sans-IO crates it drives.
 
 pub mod bootstrap;
+pub mod metrics;
 pub mod oob;
 
 pub(crate) use bootstrap::mac as bootstrap_mac;

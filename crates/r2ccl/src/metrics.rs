@@ -1,0 +1,152 @@
+//! Metrics: every name and label r2ccl records, in one place, and the Prometheus exporter.
+//!
+//! Recording goes through the `metrics` facade, so nothing is exported unless the
+//! process installs a recorder. [`install_prometheus`] does that when
+//! `R2CCL_METRICS_ADDR` (config key `metrics.addr`) is set: it renders with
+//! `metrics-exporter-prometheus` and serves `GET /metrics` from a small std HTTP thread
+//! (no async runtime). Names and labels are documented in `docs/metrics.md`.
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use r2ccl_core::subsys;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+
+/// `r2ccl_nic_up{node,nic}`: 1 while a NIC carries traffic, 0 while failed.
+pub const NIC_UP: &str = "r2ccl_nic_up";
+/// `r2ccl_nic_bytes_total{node,nic,direction}`: payload bytes through a NIC (`tx` or `rx`).
+pub const NIC_BYTES: &str = "r2ccl_nic_bytes_total";
+/// `r2ccl_failovers_total{cause,verdict}`: path migrations.
+pub const FAILOVERS: &str = "r2ccl_failovers_total";
+/// `r2ccl_detection_to_repair_seconds`: from the first failure signal to data flowing on the backup.
+pub const DETECT_TO_REPAIR: &str = "r2ccl_detection_to_repair_seconds";
+/// `r2ccl_replayed_bytes_total`: bytes sent again after a migration.
+pub const REPLAYED_BYTES: &str = "r2ccl_replayed_bytes_total";
+/// `r2ccl_collective_duration_seconds{collective,strategy}`: wall time of a collective call.
+pub const COLLECTIVE_DURATION: &str = "r2ccl_collective_duration_seconds";
+/// `r2ccl_health_epoch`: the agreed health epoch.
+pub const HEALTH_EPOCH: &str = "r2ccl_health_epoch";
+/// `r2ccl_replans_total`: plans derived again after a health change.
+pub const REPLANS: &str = "r2ccl_replans_total";
+/// `r2ccl_rejected_connections_total{listener}`: connections dropped for not proving the secret.
+pub const REJECTED_CONNECTIONS: &str = "r2ccl_rejected_connections_total";
+/// `r2ccl_malformed_messages_total{source}`: malformed or unexpected messages from peers, dropped.
+pub const MALFORMED_MESSAGES: &str = "r2ccl_malformed_messages_total";
+
+/// Every metric name, for documentation checks.
+pub const ALL: &[&str] = &[
+    NIC_UP,
+    NIC_BYTES,
+    FAILOVERS,
+    DETECT_TO_REPAIR,
+    REPLAYED_BYTES,
+    COLLECTIVE_DURATION,
+    HEALTH_EPOCH,
+    REPLANS,
+    REJECTED_CONNECTIONS,
+    MALFORMED_MESSAGES,
+];
+
+/// Record a NIC's state.
+pub fn set_nic_up(node: &str, nic: &str, up: bool) {
+    metrics::gauge!(NIC_UP, "node" => node.to_owned(), "nic" => nic.to_owned()).set(if up { 1.0 } else { 0.0 });
+}
+
+/// Count payload bytes through a NIC; `tx` is true for sent bytes.
+pub fn add_nic_bytes(node: &str, nic: &str, tx: bool, bytes: u64) {
+    let direction = if tx { "tx" } else { "rx" };
+    metrics::counter!(NIC_BYTES, "node" => node.to_owned(), "nic" => nic.to_owned(), "direction" => direction)
+        .increment(bytes);
+}
+
+/// Count a failover with its cause (e.g. `link_down`, `stall`, `peer_notice`) and verdict.
+pub fn count_failover(cause: &'static str, verdict: &'static str, detect_to_repair_s: f64, replayed_bytes: u64) {
+    metrics::counter!(FAILOVERS, "cause" => cause, "verdict" => verdict).increment(1);
+    metrics::histogram!(DETECT_TO_REPAIR).record(detect_to_repair_s);
+    metrics::counter!(REPLAYED_BYTES).increment(replayed_bytes);
+}
+
+/// Record a finished collective.
+pub fn record_collective(collective: &'static str, strategy: &'static str, seconds: f64) {
+    metrics::histogram!(COLLECTIVE_DURATION, "collective" => collective, "strategy" => strategy).record(seconds);
+}
+
+/// Record a new agreed health epoch and the re-plan it causes.
+pub fn record_epoch(epoch: u64) {
+    metrics::gauge!(HEALTH_EPOCH).set(epoch as f64);
+    metrics::counter!(REPLANS).increment(1);
+}
+
+/// Count rejected connections on a listener (`bootstrap`, `oob`, `data`).
+pub fn count_rejected(listener: &'static str, n: u64) {
+    metrics::counter!(REJECTED_CONNECTIONS, "listener" => listener).increment(n);
+}
+
+/// Count malformed messages from a source (`oob`, `chunk_header`, ...).
+pub fn count_malformed(source: &'static str, n: u64) {
+    metrics::counter!(MALFORMED_MESSAGES, "source" => source).increment(n);
+}
+
+/// Why the exporter could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The address could not be bound.
+    #[error("metrics.addr {addr}: cannot listen: {source}")]
+    Bind {
+        /// The configured address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Another recorder is already installed in this process.
+    #[error("a metrics recorder is already installed in this process")]
+    AlreadyInstalled,
+}
+
+/// Install the Prometheus recorder and serve `/metrics` on `addr` from a background
+/// thread. Returns the bound address (useful with port 0) and the render handle.
+pub fn install_prometheus(addr: SocketAddr) -> Result<(SocketAddr, PrometheusHandle), MetricsError> {
+    let listener = TcpListener::bind(addr).map_err(|source| MetricsError::Bind { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| MetricsError::Bind { addr, source })?;
+    let recorder = PrometheusBuilder::new()
+        .set_buckets(&[1e-4, 1e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0])
+        .map_err(|_| MetricsError::AlreadyInstalled)?
+        .build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).map_err(|_| MetricsError::AlreadyInstalled)?;
+    let served = handle.clone();
+    std::thread::Builder::new()
+        .name("r2ccl-metrics".into())
+        .spawn(move || serve(&listener, &served))
+        .map_err(|source| MetricsError::Bind { addr, source })?;
+    tracing::info!(target: subsys::METRICS, %bound, "Prometheus exporter listening");
+    Ok((bound, handle))
+}
+
+fn serve(listener: &TcpListener, handle: &PrometheusHandle) {
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+        let mut first = String::new();
+        let mut reader = BufReader::new(&stream);
+        if reader.read_line(&mut first).is_err() {
+            continue;
+        }
+        // Drain the request headers.
+        let mut line = String::new();
+        while reader.read_line(&mut line).map(|n| n > 2).unwrap_or(false) {
+            line.clear();
+        }
+        let (status, body) = if first.starts_with("GET /metrics") || first.starts_with("GET / ") {
+            ("200 OK", handle.render())
+        } else {
+            ("404 Not Found", String::from("try /metrics\n"))
+        };
+        let reply = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        // A scraper that went away is not our problem; the next scrape gets a fresh answer.
+        let _ = stream.write_all(reply.as_bytes());
+        handle.run_upkeep();
+    }
+}
