@@ -79,7 +79,7 @@ impl Default for TransportConfig {
     }
 }
 
-/// `[detect]`: detection, localization and recovery timing.
+/// `[detect]`: detection, localization and recovery timing (mirrors `r2ccl_detect::DetectConfig`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DetectConfig {
@@ -89,32 +89,44 @@ pub struct DetectConfig {
     pub heartbeat_interval_ms: u64,
     /// Missed heartbeats before an idle path is suspected.
     pub heartbeat_misses: u32,
-    /// Probe timeout during localization, ms.
+    /// Probe timeout (one probe round), ms.
     pub probe_timeout_ms: u64,
-    /// Re-probe period of failed components, ms.
-    pub reprobe_interval_ms: u64,
-    /// Consecutive good probes before a component is healthy again.
-    pub recovery_good_probes: u32,
-    /// First flap hold-down, ms (doubles per flap).
-    pub flap_holddown_ms: u64,
-    /// Longest flap hold-down, ms.
-    pub flap_holddown_max_ms: u64,
+    /// How long localization waits for the probe reports of all three points, ms.
+    pub localize_timeout_ms: u64,
+    /// Resend period of unacknowledged OOB protocol messages, ms.
+    pub oob_retry_ms: u64,
+    /// Resends of one OOB message before its peer is reported unreachable.
+    pub oob_max_retries: u32,
     /// FAILOVER_HINT resend period until a REQ arrives, ms.
-    pub hint_resend_ms: u64,
+    pub hint_interval_ms: u64,
+    /// Re-probe period of failed components, ms.
+    pub probe_interval_ms: u64,
+    /// Consecutive good probes before a component is healthy again.
+    pub good_probes: u32,
+    /// First hold-down of a flapping component, ms (doubles per flap).
+    pub holddown_base_ms: u64,
+    /// Longest hold-down, ms.
+    pub holddown_max_ms: u64,
+    /// Window over which failures count as flaps, ms.
+    pub flap_window_ms: u64,
 }
 
 impl Default for DetectConfig {
     fn default() -> Self {
         Self {
-            progress_margin_ms: 50,
-            heartbeat_interval_ms: 100,
-            heartbeat_misses: 3,
-            probe_timeout_ms: 50,
-            reprobe_interval_ms: 500,
-            recovery_good_probes: 3,
-            flap_holddown_ms: 1_000,
-            flap_holddown_max_ms: 60_000,
-            hint_resend_ms: 500,
+            progress_margin_ms: 20,
+            heartbeat_interval_ms: 25,
+            heartbeat_misses: 4,
+            probe_timeout_ms: 10,
+            localize_timeout_ms: 50,
+            oob_retry_ms: 20,
+            oob_max_retries: 50,
+            hint_interval_ms: 500,
+            probe_interval_ms: 100,
+            good_probes: 3,
+            holddown_base_ms: 200,
+            holddown_max_ms: 5_000,
+            flap_window_ms: 10_000,
         }
     }
 }
@@ -215,11 +227,15 @@ impl Config {
         range("detect.heartbeat_interval_ms", d.heartbeat_interval_ms, 1, 60_000, " ms")?;
         range("detect.heartbeat_misses", d.heartbeat_misses, 1, 100, "")?;
         range("detect.probe_timeout_ms", d.probe_timeout_ms, 1, 60_000, " ms")?;
-        range("detect.reprobe_interval_ms", d.reprobe_interval_ms, 1, 3_600_000, " ms")?;
-        range("detect.recovery_good_probes", d.recovery_good_probes, 1, 1000, "")?;
-        range("detect.flap_holddown_ms", d.flap_holddown_ms, 1, 3_600_000, " ms")?;
-        range("detect.flap_holddown_max_ms", d.flap_holddown_max_ms, d.flap_holddown_ms, 86_400_000, " ms")?;
-        range("detect.hint_resend_ms", d.hint_resend_ms, 1, 60_000, " ms")?;
+        range("detect.localize_timeout_ms", d.localize_timeout_ms, d.probe_timeout_ms, 600_000, " ms")?;
+        range("detect.oob_retry_ms", d.oob_retry_ms, 1, 60_000, " ms")?;
+        range("detect.oob_max_retries", d.oob_max_retries, 1, 10_000, "")?;
+        range("detect.hint_interval_ms", d.hint_interval_ms, 1, 60_000, " ms")?;
+        range("detect.probe_interval_ms", d.probe_interval_ms, 1, 3_600_000, " ms")?;
+        range("detect.good_probes", d.good_probes, 1, 1000, "")?;
+        range("detect.holddown_base_ms", d.holddown_base_ms, 1, 3_600_000, " ms")?;
+        range("detect.holddown_max_ms", d.holddown_max_ms, d.holddown_base_ms, 86_400_000, " ms")?;
+        range("detect.flap_window_ms", d.flap_window_ms, 1, 86_400_000, " ms")?;
         if !STRATEGIES.contains(&self.policy.strategy.as_str()) {
             return Err(ConfigError::OutOfRange {
                 key: "policy.strategy".into(),

@@ -25,18 +25,18 @@ fn defaults_need_nothing() {
 #[test]
 fn env_overrides_file_overrides_defaults() {
     let file =
-        temp_file("prec", "[detect]\nprobe_timeout_ms = 70\nreprobe_interval_ms = 900\n[log]\nlevel = \"INFO\"\n");
+        temp_file("prec", "[detect]\nprobe_timeout_ms = 30\nprobe_interval_ms = 900\n[log]\nlevel = \"INFO\"\n");
     let c = load_from(env(&[
         ("R2CCL_CONFIG", &file),
-        ("R2CCL_DETECT__PROBE_TIMEOUT_MS", "80"),
+        ("R2CCL_DETECT__PROBE_TIMEOUT_MS", "40"),
         ("R2CCL_DEBUG", "TRACE"),
         ("R2CCL_NICS", "rail0, rail1"),
         ("R2CCL_RANK", "3"),
         ("HOME", "/root"),
     ]))
     .unwrap();
-    assert_eq!(c.detect.probe_timeout_ms, 80, "env beats file");
-    assert_eq!(c.detect.reprobe_interval_ms, 900, "file beats defaults");
+    assert_eq!(c.detect.probe_timeout_ms, 40, "env beats file");
+    assert_eq!(c.detect.probe_interval_ms, 900, "file beats defaults");
     assert_eq!(c.log.level, "TRACE", "alias R2CCL_DEBUG");
     assert_eq!(c.transport.nics, vec!["rail0", "rail1"]);
     std::fs::remove_file(file).unwrap();
@@ -82,9 +82,9 @@ fn wrong_type_names_key_value_and_expectation() {
 
 #[test]
 fn out_of_range_names_key_value_and_range() {
-    let msg = load_str("[detect]\nrecovery_good_probes = 0\n", "f").unwrap_err().to_string();
+    let msg = load_str("[detect]\ngood_probes = 0\n", "f").unwrap_err().to_string();
     assert!(
-        msg.contains("detect.recovery_good_probes") && msg.contains("value 0") && msg.contains("1..=1000"),
+        msg.contains("detect.good_probes") && msg.contains("value 0") && msg.contains("1..=1000"),
         "{msg}"
     );
     let msg = load_from(env(&[("R2CCL_TRANSPORT__CHUNK_BYTES", "3000000")])).unwrap_err().to_string();
@@ -95,8 +95,8 @@ fn out_of_range_names_key_value_and_range() {
     assert!(msg.contains("policy.strategy") && msg.contains("four_stage"), "{msg}");
     let msg = load_from(env(&[("R2CCL_METRICS_ADDR", "localhost")])).unwrap_err().to_string();
     assert!(msg.contains("metrics.addr"), "{msg}");
-    let msg = load_str("[detect]\nflap_holddown_ms = 5000\nflap_holddown_max_ms = 10\n", "f").unwrap_err().to_string();
-    assert!(msg.contains("detect.flap_holddown_max_ms"), "{msg}");
+    let msg = load_str("[detect]\nholddown_base_ms = 5000\nholddown_max_ms = 10\n", "f").unwrap_err().to_string();
+    assert!(msg.contains("detect.holddown_max_ms"), "{msg}");
 }
 
 #[test]

@@ -1,0 +1,1143 @@
+//! The per-rank detector: path health machines, localization rounds, the bilateral
+//! failover protocol and recovery, driven by `handle_*` inputs and drained with `poll_*`.
+
+use crate::config::{ConfigError, DetectConfig};
+use crate::health::{step, FailureCause, IllegalTransition, PathEvent, PathState, StateKind, SuspicionCause};
+use crate::ids::{ConnId, FailoverEpoch, PathId, PathPair, ProbeId};
+use crate::output::{Command, DetectEvent, ReplanReason, Role};
+use crate::triangulate::{localize, Observation, Observations, Verdict};
+use crate::wire::{MigrationReason, OobMessage, WireError};
+use r2ccl_core::{NicId, NodeId, Rank};
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+/// A rank of the cluster and the node it runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Member {
+    /// The rank.
+    pub rank: Rank,
+    /// Its node.
+    pub node: NodeId,
+}
+
+/// What a driver-run probe reported (a probe without a report times out inside the detector).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProbeResult {
+    /// The probe was answered.
+    Answered,
+    /// The local NIC failed the probe at once.
+    LocalError,
+}
+
+/// Why the detector refused an input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DetectError {
+    /// The configuration is invalid.
+    #[error("invalid detector configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// This rank is not in the member list.
+    #[error("{0} is not in the member list")]
+    UnknownMember(Rank),
+    /// The connection was never added.
+    #[error("connection {0} is not known to this detector")]
+    UnknownConn(ConnId),
+    /// The connection was added twice.
+    #[error("connection {0} is already registered")]
+    DuplicateConn(ConnId),
+    /// This rank is not exactly one end of the connection.
+    #[error("{me} is not exactly one end of connection {conn}")]
+    NotAnEnd {
+        /// The connection.
+        conn: ConnId,
+        /// This rank.
+        me: Rank,
+    },
+    /// The connection has no path, or more than `u16::MAX`.
+    #[error("connection {conn} has {len} paths; it needs 1 to 65535")]
+    ChainLength {
+        /// The connection.
+        conn: ConnId,
+        /// Number of paths given.
+        len: usize,
+    },
+    /// A path's NIC is not on the node of the rank that must own it.
+    #[error("path {path} of connection {conn}: NIC {nic} is not on {expected}")]
+    WrongNode {
+        /// The connection.
+        conn: ConnId,
+        /// The path.
+        path: PathPair,
+        /// The misplaced NIC.
+        nic: NicId,
+        /// The node it should be on.
+        expected: NodeId,
+    },
+    /// A NIC that is not on this rank's node.
+    #[error("NIC {nic} is not on this detector's node {node}")]
+    ForeignNic {
+        /// The NIC.
+        nic: NicId,
+        /// This rank's node.
+        node: NodeId,
+    },
+    /// A path that no connection uses.
+    #[error("path {0} is not known to this detector")]
+    UnknownPath(PathId),
+    /// An OOB frame that does not decode.
+    #[error("OOB frame from {from}: {source}")]
+    Wire {
+        /// The sender.
+        from: Rank,
+        /// The decoding error.
+        source: WireError,
+    },
+    /// An internal transition the table forbids (a bug in this crate).
+    #[error(transparent)]
+    Illegal(#[from] IllegalTransition),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum RetxKey {
+    Req(ConnId),
+    Hint(ConnId),
+    ProbeReq(u64),
+    Repair(u64, Rank),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Retx {
+    to: Rank,
+    msg: OobMessage,
+    ask: bool,
+    next_at: Duration,
+    interval: Duration,
+    left: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Ba,
+    AuxA,
+    AuxB,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum ProbeOwner {
+    Localize(PathId),
+    Reprobe(PathId),
+    Serve { rank: Rank, id: u64 },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ProbeEntry {
+    owner: ProbeOwner,
+    deadline: Duration,
+}
+
+#[derive(Clone, Debug)]
+struct Localization {
+    ab: Option<Observation>,
+    ba: Option<Observation>,
+    aux: Option<(Option<Observation>, Option<Observation>)>,
+    deadline: Duration,
+    probe: Option<ProbeId>,
+    requests: Vec<u64>,
+}
+
+#[derive(Clone, Debug)]
+struct PathEntry {
+    state: PathState,
+    progress_deadline: Option<Duration>,
+    last_alive: Duration,
+    next_heartbeat: Duration,
+    reprobe_at: Option<Duration>,
+    loc: Option<Localization>,
+    holddown_until: Duration,
+    flaps: u32,
+    recovered_at: Option<Duration>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    epoch: FailoverEpoch,
+    sender_done: u64,
+    index: usize,
+    reason: MigrationReason,
+}
+
+#[derive(Clone, Debug)]
+struct ConnEntry {
+    role: Role,
+    chain: Vec<PathPair>,
+    current: usize,
+    done: u64,
+    epoch: FailoverEpoch,
+    hint_seen: FailoverEpoch,
+    pending: Option<Pending>,
+    applied: Option<(FailoverEpoch, u64)>,
+    hint: Option<FailoverEpoch>,
+    stuck: bool,
+}
+
+impl ConnEntry {
+    fn path_id(&self, conn: ConnId, index: usize) -> Option<PathId> {
+        let p = self.chain.get(index)?;
+        Some(match self.role {
+            Role::Sender => PathId { local: p.src_nic, peer: conn.dst, remote: p.dst_nic },
+            Role::Receiver => PathId { local: p.dst_nic, peer: conn.src, remote: p.src_nic },
+        })
+    }
+}
+
+/// The failure detector of one rank. See the crate docs for the driving loop.
+#[derive(Clone, Debug)]
+pub struct Detector {
+    cfg: DetectConfig,
+    me: Rank,
+    node: NodeId,
+    members: Vec<Member>,
+    paths: BTreeMap<PathId, PathEntry>,
+    conns: BTreeMap<ConnId, ConnEntry>,
+    probes: BTreeMap<ProbeId, ProbeEntry>,
+    requests: BTreeMap<u64, (PathId, Slot)>,
+    served: BTreeMap<(Rank, u64), (Option<Observation>, Duration)>,
+    repairs_seen: BTreeMap<(Rank, u64), Duration>,
+    retx: BTreeMap<RetxKey, Retx>,
+    next_id: u64,
+    commands: VecDeque<Command>,
+    events: VecDeque<DetectEvent>,
+}
+
+/// How long answered probe requests and seen hot-repair ids are remembered for duplicates.
+const REMEMBER: Duration = Duration::from_secs(10);
+
+impl Detector {
+    /// A detector for rank `me` in a cluster of `members` (every rank with its node).
+    pub fn new(cfg: DetectConfig, me: Rank, members: &[Member]) -> Result<Self, DetectError> {
+        cfg.validate()?;
+        let mut members = members.to_vec();
+        members.sort();
+        members.dedup();
+        let node = members.iter().find(|m| m.rank == me).map(|m| m.node).ok_or(DetectError::UnknownMember(me))?;
+        Ok(Self {
+            cfg,
+            me,
+            node,
+            members,
+            paths: BTreeMap::new(),
+            conns: BTreeMap::new(),
+            probes: BTreeMap::new(),
+            requests: BTreeMap::new(),
+            served: BTreeMap::new(),
+            repairs_seen: BTreeMap::new(),
+            retx: BTreeMap::new(),
+            next_id: 1,
+            commands: VecDeque::new(),
+            events: VecDeque::new(),
+        })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &DetectConfig {
+        &self.cfg
+    }
+
+    /// This detector's rank.
+    pub fn rank(&self) -> Rank {
+        self.me
+    }
+
+    fn node_of(&self, rank: Rank) -> Result<NodeId, DetectError> {
+        self.members.iter().find(|m| m.rank == rank).map(|m| m.node).ok_or(DetectError::UnknownMember(rank))
+    }
+
+    /// Register connection `conn` with its path chain (index 0 preferred, then the backups
+    /// in order). Both ends must register the same chain.
+    pub fn add_connection(&mut self, now: Duration, conn: ConnId, chain: Vec<PathPair>) -> Result<(), DetectError> {
+        let role = match (conn.src == self.me, conn.dst == self.me) {
+            (true, false) => Role::Sender,
+            (false, true) => Role::Receiver,
+            _ => return Err(DetectError::NotAnEnd { conn, me: self.me }),
+        };
+        if self.conns.contains_key(&conn) {
+            return Err(DetectError::DuplicateConn(conn));
+        }
+        if chain.is_empty() || chain.len() > usize::from(u16::MAX) {
+            return Err(DetectError::ChainLength { conn, len: chain.len() });
+        }
+        let (src_node, dst_node) = (self.node_of(conn.src)?, self.node_of(conn.dst)?);
+        for p in &chain {
+            for (nic, expected) in [(p.src_nic, src_node), (p.dst_nic, dst_node)] {
+                if nic.node != expected {
+                    return Err(DetectError::WrongNode { conn, path: *p, nic, expected });
+                }
+            }
+        }
+        let entry = ConnEntry {
+            role,
+            chain,
+            current: 0,
+            done: 0,
+            epoch: FailoverEpoch(0),
+            hint_seen: FailoverEpoch(0),
+            pending: None,
+            applied: None,
+            hint: None,
+            stuck: false,
+        };
+        for i in 0..entry.chain.len() {
+            if let Some(pid) = entry.path_id(conn, i) {
+                self.paths.entry(pid).or_insert(PathEntry {
+                    state: PathState::Healthy,
+                    progress_deadline: None,
+                    last_alive: now,
+                    next_heartbeat: now,
+                    reprobe_at: None,
+                    loc: None,
+                    holddown_until: now,
+                    flaps: 0,
+                    recovered_at: None,
+                });
+            }
+        }
+        self.conns.insert(conn, entry);
+        Ok(())
+    }
+
+    /// The health of `path`, if known.
+    pub fn path_state(&self, path: &PathId) -> Option<PathState> {
+        self.paths.get(path).map(|p| p.state)
+    }
+
+    /// Every path this detector tracks, with its state.
+    pub fn paths(&self) -> impl Iterator<Item = (&PathId, PathState)> + '_ {
+        self.paths.iter().map(|(k, v)| (k, v.state))
+    }
+
+    /// `conn`'s current chain index and path.
+    pub fn current_path(&self, conn: &ConnId) -> Option<(usize, PathPair)> {
+        let c = self.conns.get(conn)?;
+        Some((c.current, *c.chain.get(c.current)?))
+    }
+
+    /// `conn`'s failover epoch.
+    pub fn epoch(&self, conn: &ConnId) -> Option<FailoverEpoch> {
+        self.conns.get(conn).map(|c| c.epoch)
+    }
+
+    /// Whether a failover of `conn` is waiting for its acknowledgement (sender side).
+    pub fn is_failing_over(&self, conn: &ConnId) -> bool {
+        self.conns.get(conn).is_some_and(|c| c.pending.is_some())
+    }
+
+    /// The next command for the driver.
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.commands.pop_front()
+    }
+
+    /// The next event for logs and metrics.
+    pub fn poll_event(&mut self) -> Option<DetectEvent> {
+        self.events.pop_front()
+    }
+
+    fn current_pid(&self, conn: ConnId) -> Result<PathId, DetectError> {
+        let c = self.conns.get(&conn).ok_or(DetectError::UnknownConn(conn))?;
+        c.path_id(conn, c.current).ok_or(DetectError::UnknownConn(conn))
+    }
+
+    // ---------------------------------------------------------------- inputs
+
+    /// An immediate error completion on a local data endpoint of `conn`'s current path.
+    pub fn handle_local_error(&mut self, now: Duration, conn: ConnId) -> Result<(), DetectError> {
+        let pid = self.current_pid(conn)?;
+        self.fail_hard(now, pid, FailureCause::LocalError, Some(Observation::LocalError))
+    }
+
+    /// A remote timeout or endpoint error on `conn`'s current path.
+    pub fn handle_remote_error(&mut self, now: Duration, conn: ConnId) -> Result<(), DetectError> {
+        let pid = self.current_pid(conn)?;
+        self.fail_hard(now, pid, FailureCause::RemoteError, None)
+    }
+
+    /// The kernel reported `nic` (a NIC of this node) down.
+    pub fn handle_link_down(&mut self, now: Duration, nic: NicId) -> Result<(), DetectError> {
+        self.check_local(nic)?;
+        let pids: Vec<PathId> = self.paths.keys().filter(|p| p.local == nic).copied().collect();
+        for pid in pids {
+            self.fail_hard(now, pid, FailureCause::LinkDown, Some(Observation::LocalError))?;
+        }
+        Ok(())
+    }
+
+    /// The kernel reported `nic` (a NIC of this node) up again.
+    pub fn handle_link_up(&mut self, now: Duration, nic: NicId) -> Result<(), DetectError> {
+        self.check_local(nic)?;
+        let pids: Vec<PathId> = self.paths.keys().filter(|p| p.local == nic).copied().collect();
+        for pid in pids {
+            self.drive(now, pid, PathEvent::LinkUp)?;
+            if let Some(e) = self.paths.get_mut(&pid) {
+                if e.state == PathState::Failed && now >= e.holddown_until {
+                    e.reprobe_at = Some(now);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_local(&self, nic: NicId) -> Result<(), DetectError> {
+        if nic.node == self.node {
+            Ok(())
+        } else {
+            Err(DetectError::ForeignNic { nic, node: self.node })
+        }
+    }
+
+    /// Data was posted on `conn` (or a receive is expected) that should complete within
+    /// `expected`; the progress deadline becomes at least `now + expected + progress_margin`.
+    pub fn handle_transfer(&mut self, now: Duration, conn: ConnId, expected: Duration) -> Result<(), DetectError> {
+        let pid = self.current_pid(conn)?;
+        let margin = self.cfg.progress_margin;
+        let e = self.paths.get_mut(&pid).ok_or(DetectError::UnknownPath(pid))?;
+        let d = now + expected + margin;
+        e.progress_deadline = Some(e.progress_deadline.map_or(d, |old| old.max(d)));
+        Ok(())
+    }
+
+    /// Progress on `conn`: `done` chunks are complete (sender: sends completed; receiver:
+    /// contiguous chunks held), and what is still outstanding should take `remaining`
+    /// (`None`: nothing outstanding, the path is idle).
+    pub fn handle_progress(
+        &mut self,
+        now: Duration,
+        conn: ConnId,
+        done: u64,
+        remaining: Option<Duration>,
+    ) -> Result<(), DetectError> {
+        let pid = self.current_pid(conn)?;
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.done = done;
+        }
+        let margin = self.cfg.progress_margin;
+        let e = self.paths.get_mut(&pid).ok_or(DetectError::UnknownPath(pid))?;
+        e.last_alive = now;
+        e.progress_deadline = remaining.map(|r| now + r + margin);
+        self.drive(now, pid, PathEvent::Progress)
+    }
+
+    /// A heartbeat arrived over `path` (this rank's view of it).
+    pub fn handle_heartbeat(&mut self, now: Duration, path: PathId) -> Result<(), DetectError> {
+        let e = self.paths.get_mut(&path).ok_or(DetectError::UnknownPath(path))?;
+        e.last_alive = now;
+        Ok(())
+    }
+
+    /// The driver's report of a probe started with [`Command::StartProbe`]. Reports of
+    /// probes that already timed out are ignored.
+    pub fn handle_probe_result(
+        &mut self,
+        now: Duration,
+        probe: ProbeId,
+        result: ProbeResult,
+    ) -> Result<(), DetectError> {
+        let obs = match result {
+            ProbeResult::Answered => Observation::Ok,
+            ProbeResult::LocalError => Observation::LocalError,
+        };
+        self.probe_done(now, probe, obs)
+    }
+
+    /// An OOB frame from `from`.
+    pub fn handle_oob(&mut self, now: Duration, from: Rank, bytes: &[u8]) -> Result<(), DetectError> {
+        let msg = OobMessage::decode(bytes).map_err(|source| DetectError::Wire { from, source })?;
+        self.handle_message(now, from, msg)
+    }
+
+    /// A decoded OOB message from `from`.
+    pub fn handle_message(&mut self, now: Duration, from: Rank, msg: OobMessage) -> Result<(), DetectError> {
+        match msg {
+            OobMessage::FailoverReq { conn, epoch, sender_done, reason, index, path } => {
+                self.on_req(now, from, msg, conn, epoch, sender_done, reason, usize::from(index), path)
+            }
+            OobMessage::FailoverAck { conn, epoch, applied } => self.on_ack(now, from, msg, conn, epoch, applied),
+            OobMessage::FailoverHint { conn, epoch_hint, .. } => self.on_hint(now, from, msg, conn, epoch_hint),
+            OobMessage::ProbeRequest { id, from: nic, to } => {
+                self.on_probe_request(now, from, msg, id, nic, to);
+                Ok(())
+            }
+            OobMessage::ProbeReport { id, outcome } => self.on_probe_report(now, from, msg, id, outcome),
+            OobMessage::HotRepair { id, conn, epoch, .. } => {
+                self.send(from, OobMessage::HotRepairAck { id }, false);
+                if self.repairs_seen.insert((from, id), now).is_none() {
+                    self.events.push_back(DetectEvent::HotRepairReceived { at: now, origin: from, conn, epoch });
+                    self.commands
+                        .push_back(Command::RequestReplan { reason: ReplanReason::HotRepair { origin: from, conn } });
+                }
+                Ok(())
+            }
+            OobMessage::HotRepairAck { id } => {
+                if self.retx.remove(&RetxKey::Repair(id, from)).is_none() {
+                    self.events.push_back(DetectEvent::StaleIgnored { at: now, from, msg });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The earliest time at which [`Detector::handle_timeout`] has work to do.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        let hb_timeout = self.cfg.heartbeat_timeout();
+        let retx = self.retx.values().map(|r| r.next_at);
+        let probes = self.probes.values().map(|p| p.deadline);
+        let locs = self.paths.values().filter_map(|p| p.loc.as_ref().map(|l| l.deadline));
+        let paths = self.paths.values().flat_map(|p| {
+            let mut t = [None, None, None];
+            match p.state {
+                PathState::Healthy => match p.progress_deadline {
+                    Some(d) => t[0] = Some(d),
+                    None => {
+                        t[0] = Some(p.last_alive + hb_timeout);
+                        t[1] = Some(p.next_heartbeat);
+                    }
+                },
+                PathState::Failed | PathState::Recovering { .. } => t[2] = p.reprobe_at,
+                PathState::Suspect | PathState::Probing { .. } => {}
+            }
+            t.into_iter().flatten()
+        });
+        retx.chain(probes).chain(locs).chain(paths).min()
+    }
+
+    /// Run every timer that is due at `now`.
+    pub fn handle_timeout(&mut self, now: Duration) -> Result<(), DetectError> {
+        // Retransmissions.
+        let due: Vec<RetxKey> = self.retx.iter().filter(|(_, r)| r.next_at <= now).map(|(k, _)| *k).collect();
+        for key in due {
+            let Some(r) = self.retx.get_mut(&key) else { continue };
+            if r.left == 0 {
+                let (to, msg) = (r.to, r.msg);
+                self.retx.remove(&key);
+                self.events.push_back(DetectEvent::OobGaveUp { at: now, to, msg });
+                continue;
+            }
+            r.left -= 1;
+            r.next_at = now + r.interval;
+            let (to, msg, ask) = (r.to, r.msg, r.ask);
+            self.send(to, msg, ask);
+        }
+        // Probe timeouts.
+        let due: Vec<ProbeId> = self.probes.iter().filter(|(_, p)| p.deadline <= now).map(|(k, _)| *k).collect();
+        for probe in due {
+            self.probe_done(now, probe, Observation::Timeout)?;
+        }
+        // Localization deadlines.
+        let due: Vec<PathId> = self
+            .paths
+            .iter()
+            .filter(|(_, p)| p.loc.as_ref().is_some_and(|l| l.deadline <= now))
+            .map(|(k, _)| *k)
+            .collect();
+        for pid in due {
+            self.finish_localization(now, pid)?;
+        }
+        // Path timers.
+        let hb_timeout = self.cfg.heartbeat_timeout();
+        let pids: Vec<PathId> = self.paths.keys().copied().collect();
+        for pid in pids {
+            let Some(p) = self.paths.get(&pid) else { continue };
+            match p.state {
+                PathState::Healthy => match p.progress_deadline {
+                    Some(d) if d <= now => {
+                        self.drive(now, pid, PathEvent::Suspicion(SuspicionCause::ProgressDeadline))?;
+                    }
+                    Some(_) => {}
+                    None => {
+                        if p.last_alive + hb_timeout <= now {
+                            self.drive(now, pid, PathEvent::Suspicion(SuspicionCause::HeartbeatDeadline))?;
+                        } else if p.next_heartbeat <= now {
+                            let interval = self.cfg.heartbeat_interval;
+                            if let Some(p) = self.paths.get_mut(&pid) {
+                                p.next_heartbeat = now + interval;
+                            }
+                            self.commands.push_back(Command::SendHeartbeat { path: pid });
+                        }
+                    }
+                },
+                PathState::Failed | PathState::Recovering { .. } => {
+                    if p.reprobe_at.is_some_and(|t| t <= now) {
+                        self.drive(now, pid, PathEvent::ReprobeDue)?;
+                    }
+                }
+                PathState::Suspect | PathState::Probing { .. } => {}
+            }
+        }
+        self.served.retain(|_, (_, at)| *at + REMEMBER > now);
+        self.repairs_seen.retain(|_, at| *at + REMEMBER > now);
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- path machine
+
+    fn drive(&mut self, now: Duration, pid: PathId, event: PathEvent) -> Result<(), DetectError> {
+        let good_needed = self.cfg.good_probes;
+        let e = self.paths.get_mut(&pid).ok_or(DetectError::UnknownPath(pid))?;
+        let old = e.state;
+        let new = step(old, &event, good_needed)?;
+        e.state = new;
+        if old.kind() == new.kind() {
+            return Ok(());
+        }
+        self.events.push_back(DetectEvent::PathTransition {
+            at: now,
+            path: pid,
+            from: old.kind(),
+            to: new.kind(),
+            event: event.kind(),
+        });
+        match (old.kind(), new.kind()) {
+            (StateKind::Healthy, StateKind::Suspect) => self.start_localization(now, pid, None),
+            (StateKind::Suspect, StateKind::Healthy) => {
+                self.cancel_localization(pid);
+                let margin = self.cfg.progress_margin;
+                if let Some(e) = self.paths.get_mut(&pid) {
+                    if e.progress_deadline.is_some_and(|d| d <= now) {
+                        e.progress_deadline = Some(now + margin);
+                    }
+                    e.last_alive = e.last_alive.max(now);
+                }
+                Ok(())
+            }
+            (StateKind::Healthy | StateKind::Suspect, StateKind::Failed) => self.on_failed(now, pid),
+            (StateKind::Probing | StateKind::Recovering, StateKind::Failed) => {
+                let interval = self.cfg.probe_interval;
+                if let Some(e) = self.paths.get_mut(&pid) {
+                    e.reprobe_at = Some(now + interval);
+                }
+                self.probes.retain(|_, p| !matches!(p.owner, ProbeOwner::Reprobe(x) if x == pid));
+                Ok(())
+            }
+            (_, StateKind::Probing) => {
+                let probe = self.new_probe(now, ProbeOwner::Reprobe(pid));
+                if let Some(e) = self.paths.get_mut(&pid) {
+                    e.reprobe_at = None;
+                }
+                self.commands.push_back(Command::StartProbe { probe, from: pid.local, to: pid.remote });
+                Ok(())
+            }
+            (StateKind::Probing, StateKind::Recovering) => {
+                let interval = self.cfg.probe_interval;
+                if let Some(e) = self.paths.get_mut(&pid) {
+                    e.reprobe_at = Some(now + interval);
+                }
+                Ok(())
+            }
+            (StateKind::Probing, StateKind::Healthy) => self.on_recovered(now, pid),
+            _ => Ok(()),
+        }
+    }
+
+    fn fail_hard(
+        &mut self,
+        now: Duration,
+        pid: PathId,
+        cause: FailureCause,
+        seed_ab: Option<Observation>,
+    ) -> Result<(), DetectError> {
+        let was_usable = self.paths.get(&pid).ok_or(DetectError::UnknownPath(pid))?.state.is_usable();
+        self.drive(now, pid, PathEvent::HardFailure(cause))?;
+        if !was_usable {
+            return Ok(());
+        }
+        let running = self.paths.get(&pid).is_some_and(|e| e.loc.is_some());
+        if running {
+            if let (Some(seed), Some(loc)) = (seed_ab, self.paths.get_mut(&pid).and_then(|e| e.loc.as_mut())) {
+                loc.ab = Some(seed);
+            }
+            self.check_localization(now, pid)
+        } else {
+            self.start_localization(now, pid, seed_ab)
+        }
+    }
+
+    fn on_failed(&mut self, now: Duration, pid: PathId) -> Result<(), DetectError> {
+        let window = self.cfg.flap_window;
+        let e = self.paths.get_mut(&pid).ok_or(DetectError::UnknownPath(pid))?;
+        e.flaps = match e.recovered_at {
+            Some(t) if now.saturating_sub(t) <= window => e.flaps.saturating_add(1),
+            _ => 0,
+        };
+        let flaps = e.flaps;
+        let holddown = self.cfg.holddown(flaps);
+        e.holddown_until = now + holddown;
+        e.reprobe_at = Some(now + holddown);
+        e.progress_deadline = None;
+        self.events.push_back(DetectEvent::HeldDown { at: now, path: pid, holddown, flaps });
+        let affected: Vec<(ConnId, Role)> = self
+            .conns
+            .iter()
+            .filter(|(id, c)| {
+                c.path_id(**id, c.current) == Some(pid)
+                    || c.pending.is_some_and(|p| c.path_id(**id, p.index) == Some(pid))
+            })
+            .map(|(id, c)| (*id, c.role))
+            .collect();
+        for (conn, role) in affected {
+            match role {
+                Role::Sender => self.start_failover(now, conn, MigrationReason::Failover, None)?,
+                Role::Receiver => self.start_hint(now, conn),
+            }
+        }
+        Ok(())
+    }
+
+    fn on_recovered(&mut self, now: Duration, pid: PathId) -> Result<(), DetectError> {
+        if let Some(e) = self.paths.get_mut(&pid) {
+            e.recovered_at = Some(now);
+            e.reprobe_at = None;
+            e.last_alive = now;
+            e.next_heartbeat = now;
+            e.progress_deadline = None;
+        }
+        self.cancel_localization(pid);
+        self.commands.push_back(Command::DeclareRecovered { path: pid });
+        self.commands.push_back(Command::RequestReplan { reason: ReplanReason::Recovered { path: pid } });
+        let candidates: Vec<(ConnId, usize)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.role == Role::Sender && c.pending.is_none())
+            .filter_map(|(id, c)| {
+                let best = (0..c.current).find(|&i| {
+                    c.path_id(*id, i).and_then(|p| self.paths.get(&p)).is_some_and(|p| p.state.is_usable())
+                })?;
+                Some((*id, best))
+            })
+            .collect();
+        for (conn, index) in candidates {
+            self.start_failover(now, conn, MigrationReason::FailBack, Some(index))?;
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- localization
+
+    fn new_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    fn new_probe(&mut self, now: Duration, owner: ProbeOwner) -> ProbeId {
+        let probe = ProbeId(self.new_id());
+        self.probes.insert(probe, ProbeEntry { owner, deadline: now + self.cfg.probe_timeout });
+        probe
+    }
+
+    fn aux_for(&self, remote: NicId) -> Option<Member> {
+        self.members.iter().find(|m| m.node != self.node && m.node != remote.node).copied()
+    }
+
+    fn start_localization(
+        &mut self,
+        now: Duration,
+        pid: PathId,
+        seed_ab: Option<Observation>,
+    ) -> Result<(), DetectError> {
+        let mut loc = Localization {
+            ab: seed_ab,
+            ba: None,
+            aux: None,
+            deadline: now + self.cfg.localize_timeout,
+            probe: None,
+            requests: Vec::new(),
+        };
+        if seed_ab != Some(Observation::LocalError) {
+            if seed_ab.is_none() {
+                let probe = self.new_probe(now, ProbeOwner::Localize(pid));
+                loc.probe = Some(probe);
+                self.commands.push_back(Command::StartProbe { probe, from: pid.local, to: pid.remote });
+            }
+            let mut asks = vec![(pid.peer, pid.remote, pid.local, Slot::Ba)];
+            if let Some(aux) = self.aux_for(pid.remote) {
+                loc.aux = Some((None, None));
+                asks.push((aux.rank, NicId { node: aux.node, rail: pid.local.rail }, pid.local, Slot::AuxA));
+                asks.push((aux.rank, NicId { node: aux.node, rail: pid.remote.rail }, pid.remote, Slot::AuxB));
+            }
+            for (rank, from, to, slot) in asks {
+                let id = self.new_id();
+                self.requests.insert(id, (pid, slot));
+                loc.requests.push(id);
+                let msg = OobMessage::ProbeRequest { id, from, to };
+                self.send_reliable(now, RetxKey::ProbeReq(id), rank, msg, true, self.cfg.oob_retry);
+            }
+        }
+        if let Some(e) = self.paths.get_mut(&pid) {
+            e.loc = Some(loc);
+        }
+        self.check_localization(now, pid)
+    }
+
+    fn cancel_localization(&mut self, pid: PathId) {
+        let Some(loc) = self.paths.get_mut(&pid).and_then(|e| e.loc.take()) else { return };
+        if let Some(p) = loc.probe {
+            self.probes.remove(&p);
+        }
+        for id in loc.requests {
+            self.requests.remove(&id);
+            self.retx.remove(&RetxKey::ProbeReq(id));
+        }
+    }
+
+    fn check_localization(&mut self, now: Duration, pid: PathId) -> Result<(), DetectError> {
+        let Some(loc) = self.paths.get(&pid).and_then(|e| e.loc.as_ref()) else { return Ok(()) };
+        let decisive = loc.ab == Some(Observation::LocalError) || loc.ba == Some(Observation::LocalError);
+        let complete = loc.ab.is_some() && loc.ba.is_some() && loc.aux.is_none_or(|(x, y)| x.is_some() && y.is_some());
+        if decisive || complete {
+            self.finish_localization(now, pid)?;
+        }
+        Ok(())
+    }
+
+    fn finish_localization(&mut self, now: Duration, pid: PathId) -> Result<(), DetectError> {
+        let Some(loc) = self.paths.get(&pid).and_then(|e| e.loc.clone()) else { return Ok(()) };
+        self.cancel_localization(pid);
+        let unknown = |o: Option<Observation>| o.unwrap_or(Observation::Unknown);
+        let observations = Observations {
+            ab: unknown(loc.ab),
+            ba: unknown(loc.ba),
+            aux: loc.aux.map(|(x, y)| (unknown(x), unknown(y))),
+        };
+        let (verdict, method) = localize(pid.local, pid.remote, &observations);
+        self.events.push_back(DetectEvent::Localized { at: now, path: pid, verdict, method, observations });
+        if verdict != Verdict::Transient {
+            self.commands.push_back(Command::DeclareFailed { path: pid, verdict, method });
+        }
+        self.drive(now, pid, PathEvent::Localized(verdict))?;
+        // A blamed NIC fails every other usable path through it, with the same verdict.
+        let blamed: Vec<PathId> = self
+            .paths
+            .iter()
+            .filter(|(p, e)| {
+                **p != pid
+                    && e.state.is_usable()
+                    && match verdict {
+                        Verdict::LocalNic(n) => p.local == n,
+                        Verdict::RemoteNic(n) => p.remote == n,
+                        Verdict::Link { .. } | Verdict::Transient => false,
+                    }
+            })
+            .map(|(p, _)| *p)
+            .collect();
+        for other in blamed {
+            self.cancel_localization(other);
+            self.commands.push_back(Command::DeclareFailed { path: other, verdict, method });
+            self.drive(now, other, PathEvent::HardFailure(FailureCause::NicBlamed))?;
+        }
+        Ok(())
+    }
+
+    fn probe_done(&mut self, now: Duration, probe: ProbeId, obs: Observation) -> Result<(), DetectError> {
+        let Some(entry) = self.probes.remove(&probe) else { return Ok(()) };
+        match entry.owner {
+            ProbeOwner::Localize(pid) => {
+                if let Some(loc) = self.paths.get_mut(&pid).and_then(|e| e.loc.as_mut()) {
+                    if loc.probe == Some(probe) {
+                        loc.ab = Some(obs);
+                    }
+                }
+                self.check_localization(now, pid)
+            }
+            ProbeOwner::Reprobe(pid) => {
+                let probing = self.paths.get(&pid).is_some_and(|e| matches!(e.state, PathState::Probing { .. }));
+                if !probing {
+                    return Ok(());
+                }
+                let ev = if obs == Observation::Ok { PathEvent::ProbeOk } else { PathEvent::ProbeFailed };
+                self.drive(now, pid, ev)
+            }
+            ProbeOwner::Serve { rank, id } => {
+                if let Some(s) = self.served.get_mut(&(rank, id)) {
+                    s.0 = Some(obs);
+                }
+                self.send(rank, OobMessage::ProbeReport { id, outcome: obs }, false);
+                Ok(())
+            }
+        }
+    }
+
+    fn on_probe_request(&mut self, now: Duration, from: Rank, msg: OobMessage, id: u64, nic: NicId, to: NicId) {
+        if nic.node != self.node {
+            self.events.push_back(DetectEvent::Rejected {
+                at: now,
+                from,
+                msg,
+                why: "probe source NIC not on this node",
+            });
+            return;
+        }
+        match self.served.get(&(from, id)) {
+            Some((Some(outcome), _)) => {
+                let outcome = *outcome;
+                self.send(from, OobMessage::ProbeReport { id, outcome }, false);
+            }
+            Some((None, _)) => {}
+            None => {
+                self.served.insert((from, id), (None, now));
+                let probe = self.new_probe(now, ProbeOwner::Serve { rank: from, id });
+                self.commands.push_back(Command::StartProbe { probe, from: nic, to });
+            }
+        }
+    }
+
+    fn on_probe_report(
+        &mut self,
+        now: Duration,
+        from: Rank,
+        msg: OobMessage,
+        id: u64,
+        outcome: Observation,
+    ) -> Result<(), DetectError> {
+        let Some((pid, slot)) = self.requests.remove(&id) else {
+            self.events.push_back(DetectEvent::StaleIgnored { at: now, from, msg });
+            return Ok(());
+        };
+        self.retx.remove(&RetxKey::ProbeReq(id));
+        if let Some(loc) = self.paths.get_mut(&pid).and_then(|e| e.loc.as_mut()) {
+            // An auxiliary node whose own NIC fails cannot tell anything about a or b.
+            let aux_obs = if outcome == Observation::LocalError { Observation::Unknown } else { outcome };
+            match (slot, loc.aux.as_mut()) {
+                (Slot::Ba, _) => loc.ba = Some(outcome),
+                (Slot::AuxA, Some(aux)) => aux.0 = Some(aux_obs),
+                (Slot::AuxB, Some(aux)) => aux.1 = Some(aux_obs),
+                (_, None) => {}
+            }
+        }
+        self.check_localization(now, pid)
+    }
+
+    // ---------------------------------------------------------------- bilateral protocol
+
+    fn send(&mut self, to: Rank, msg: OobMessage, ask: bool) {
+        self.commands.push_back(if ask { Command::AskProbe { to, msg } } else { Command::SendOob { to, msg } });
+    }
+
+    fn send_reliable(&mut self, now: Duration, key: RetxKey, to: Rank, msg: OobMessage, ask: bool, interval: Duration) {
+        self.send(to, msg, ask);
+        let left = self.cfg.oob_max_retries;
+        self.retx.insert(key, Retx { to, msg, ask, next_at: now + interval, interval, left });
+    }
+
+    fn start_failover(
+        &mut self,
+        now: Duration,
+        conn: ConnId,
+        reason: MigrationReason,
+        target: Option<usize>,
+    ) -> Result<(), DetectError> {
+        let c = self.conns.get(&conn).ok_or(DetectError::UnknownConn(conn))?;
+        let usable =
+            |i: usize| c.path_id(conn, i).and_then(|p| self.paths.get(&p)).is_some_and(|p| p.state.is_usable());
+        let index = match target {
+            Some(i) => Some(i),
+            None => (0..c.chain.len()).find(|&i| i != c.current && usable(i)),
+        };
+        let Some(index) = index else {
+            let c = self.conns.get_mut(&conn).ok_or(DetectError::UnknownConn(conn))?;
+            if !c.stuck {
+                c.stuck = true;
+                self.events.push_back(DetectEvent::NoBackup { at: now, conn });
+                self.commands.push_back(Command::RequestReplan { reason: ReplanReason::NoBackup { conn } });
+            }
+            return Ok(());
+        };
+        let c = self.conns.get_mut(&conn).ok_or(DetectError::UnknownConn(conn))?;
+        c.stuck = false;
+        let epoch = c.epoch.next().max(c.hint_seen);
+        c.epoch = epoch;
+        let first = c.pending.is_none();
+        let sender_done = c.pending.map_or(c.done, |p| p.sender_done.min(c.done));
+        c.pending = Some(Pending { epoch, sender_done, index, reason });
+        let (old, path) = (c.chain.get(c.current).copied(), c.chain.get(index).copied());
+        let (Some(old), Some(path)) = (old, path) else { return Err(DetectError::UnknownConn(conn)) };
+        if first {
+            self.commands.push_back(Command::Quiesce { conn, path: old });
+        }
+        self.events.push_back(DetectEvent::FailoverStarted { at: now, conn, epoch, index, sender_done, reason });
+        let msg = OobMessage::FailoverReq { conn, epoch, sender_done, reason, index: index as u16, path };
+        self.send_reliable(now, RetxKey::Req(conn), conn.dst, msg, false, self.cfg.oob_retry);
+        Ok(())
+    }
+
+    fn start_hint(&mut self, now: Duration, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        if c.hint.is_some_and(|h| h > c.epoch) {
+            return;
+        }
+        let epoch_hint = c.epoch.next();
+        c.hint = Some(epoch_hint);
+        let msg = OobMessage::FailoverHint { conn, epoch_hint, receiver_seen: c.done };
+        self.events.push_back(DetectEvent::HintStarted { at: now, conn, epoch: epoch_hint });
+        self.send_reliable(now, RetxKey::Hint(conn), conn.src, msg, false, self.cfg.hint_interval);
+    }
+
+    #[allow(clippy::too_many_arguments, reason = "the fields of one FAILOVER_REQ, destructured by the caller")]
+    fn on_req(
+        &mut self,
+        now: Duration,
+        from: Rank,
+        msg: OobMessage,
+        conn: ConnId,
+        epoch: FailoverEpoch,
+        sender_done: u64,
+        reason: MigrationReason,
+        index: usize,
+        path: PathPair,
+    ) -> Result<(), DetectError> {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            self.events.push_back(DetectEvent::Rejected { at: now, from, msg, why: "unknown connection" });
+            return Ok(());
+        };
+        if c.role != Role::Receiver || from != conn.src || c.chain.get(index) != Some(&path) {
+            self.events.push_back(DetectEvent::Rejected { at: now, from, msg, why: "not the receiver of this chain" });
+            return Ok(());
+        }
+        if let Some((e, applied)) = c.applied.filter(|(e, _)| *e == epoch) {
+            self.events.push_back(DetectEvent::DuplicateReq { at: now, conn, epoch });
+            self.send(from, OobMessage::FailoverAck { conn, epoch: e, applied }, false);
+            return Ok(());
+        }
+        if epoch <= c.epoch {
+            self.events.push_back(DetectEvent::StaleIgnored { at: now, from, msg });
+            return Ok(());
+        }
+        let applied = sender_done.min(c.done);
+        let old_index = c.current;
+        let old_pid = c.path_id(conn, old_index);
+        let from_path = c.chain.get(old_index).copied().unwrap_or(path);
+        c.epoch = epoch;
+        c.applied = Some((epoch, applied));
+        c.current = index;
+        c.done = applied;
+        if c.hint.is_some_and(|h| h <= epoch) {
+            c.hint = None;
+            self.retx.remove(&RetxKey::Hint(conn));
+        }
+        let cmd = match reason {
+            MigrationReason::Failover => {
+                Command::MigratePath { conn, epoch, from_path, to: path, index, boundary: applied }
+            }
+            MigrationReason::FailBack => {
+                Command::FailBack { conn, epoch, from_path, to: path, index, boundary: applied }
+            }
+        };
+        self.commands.push_back(Command::Quiesce { conn, path: from_path });
+        self.commands.push_back(cmd);
+        self.events.push_back(DetectEvent::FailoverAgreed {
+            at: now,
+            conn,
+            epoch,
+            boundary: applied,
+            role: Role::Receiver,
+        });
+        self.send(from, OobMessage::FailoverAck { conn, epoch, applied }, false);
+        self.fresh_path(now, conn, index);
+        if reason == MigrationReason::Failover {
+            if let Some(old) = old_pid {
+                self.fail_hard(now, old, FailureCause::PeerNotice, None)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn fresh_path(&mut self, now: Duration, conn: ConnId, index: usize) {
+        let Some(pid) = self.conns.get(&conn).and_then(|c| c.path_id(conn, index)) else { return };
+        if let Some(e) = self.paths.get_mut(&pid) {
+            e.last_alive = e.last_alive.max(now);
+        }
+    }
+
+    fn on_ack(
+        &mut self,
+        now: Duration,
+        from: Rank,
+        msg: OobMessage,
+        conn: ConnId,
+        epoch: FailoverEpoch,
+        applied: u64,
+    ) -> Result<(), DetectError> {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            self.events.push_back(DetectEvent::Rejected { at: now, from, msg, why: "unknown connection" });
+            return Ok(());
+        };
+        let Some(p) = c.pending.filter(|p| p.epoch == epoch && c.role == Role::Sender && from == conn.dst) else {
+            self.events.push_back(DetectEvent::StaleIgnored { at: now, from, msg });
+            return Ok(());
+        };
+        let from_path = c.chain.get(c.current).copied();
+        let to = c.chain.get(p.index).copied();
+        let (Some(from_path), Some(to)) = (from_path, to) else { return Err(DetectError::UnknownConn(conn)) };
+        c.pending = None;
+        c.current = p.index;
+        c.done = applied;
+        self.retx.remove(&RetxKey::Req(conn));
+        let (index, boundary) = (p.index, applied);
+        self.commands.push_back(match p.reason {
+            MigrationReason::Failover => Command::MigratePath { conn, epoch, from_path, to, index, boundary },
+            MigrationReason::FailBack => Command::FailBack { conn, epoch, from_path, to, index, boundary },
+        });
+        self.events.push_back(DetectEvent::FailoverAgreed { at: now, conn, epoch, boundary, role: Role::Sender });
+        self.commands.push_back(Command::RequestReplan { reason: ReplanReason::Migrated { conn } });
+        self.fresh_path(now, conn, index);
+        let id = self.new_id();
+        let others: Vec<Rank> = self.members.iter().map(|m| m.rank).filter(|r| *r != self.me).collect();
+        let notice = OobMessage::HotRepair { id, conn, epoch, failed: from_path, reason: p.reason };
+        for rank in others {
+            self.send_reliable(now, RetxKey::Repair(id, rank), rank, notice, false, self.cfg.oob_retry);
+        }
+        Ok(())
+    }
+
+    fn on_hint(
+        &mut self,
+        now: Duration,
+        from: Rank,
+        msg: OobMessage,
+        conn: ConnId,
+        hint: FailoverEpoch,
+    ) -> Result<(), DetectError> {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            self.events.push_back(DetectEvent::Rejected { at: now, from, msg, why: "unknown connection" });
+            return Ok(());
+        };
+        if c.role != Role::Sender || from != conn.dst {
+            self.events.push_back(DetectEvent::Rejected {
+                at: now,
+                from,
+                msg,
+                why: "not the sender of this connection",
+            });
+            return Ok(());
+        }
+        if let Some(p) = c.pending {
+            if hint <= p.epoch {
+                // The receiver has not seen our REQ yet: resend it now.
+                if let Some(r) = self.retx.get_mut(&RetxKey::Req(conn)) {
+                    r.next_at = now + r.interval;
+                    let (to, req) = (r.to, r.msg);
+                    self.send(to, req, false);
+                }
+                return Ok(());
+            }
+        }
+        if hint <= c.epoch {
+            self.events.push_back(DetectEvent::StaleIgnored { at: now, from, msg });
+            return Ok(());
+        }
+        c.hint_seen = c.hint_seen.max(hint);
+        let pid = c.path_id(conn, c.current).ok_or(DetectError::UnknownConn(conn))?;
+        self.fail_hard(now, pid, FailureCause::PeerNotice, None)?;
+        let still_here = self.conns.get(&conn).is_some_and(|c| c.pending.is_none() && c.epoch < hint);
+        if still_here {
+            self.start_failover(now, conn, MigrationReason::Failover, None)?;
+        }
+        Ok(())
+    }
+}

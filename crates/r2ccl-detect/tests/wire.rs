@@ -1,0 +1,98 @@
+//! Property tests of the OOB wire format: any byte string decodes to a value or an error
+//! without panicking, and every message round-trips.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
+
+use proptest::prelude::*;
+use r2ccl_core::{NicId, Rank};
+use r2ccl_detect::wire::{HEADER_LEN, WIRE_VERSION};
+use r2ccl_detect::{ConnId, FailoverEpoch, MigrationReason, Observation, OobMessage, PathPair};
+
+fn nic() -> impl Strategy<Value = NicId> {
+    (any::<u32>(), any::<u16>()).prop_map(|(n, r)| NicId::new(n, r))
+}
+
+fn conn() -> impl Strategy<Value = ConnId> {
+    (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(s, d, c)| ConnId { src: Rank(s), dst: Rank(d), chan: c })
+}
+
+fn path() -> impl Strategy<Value = PathPair> {
+    (nic(), nic()).prop_map(|(src_nic, dst_nic)| PathPair { src_nic, dst_nic })
+}
+
+fn reason() -> impl Strategy<Value = MigrationReason> {
+    prop_oneof![Just(MigrationReason::Failover), Just(MigrationReason::FailBack)]
+}
+
+fn message() -> impl Strategy<Value = OobMessage> {
+    let obs = prop_oneof![
+        Just(Observation::Ok),
+        Just(Observation::Timeout),
+        Just(Observation::LocalError),
+        Just(Observation::Unknown)
+    ];
+    prop_oneof![
+        (conn(), any::<u64>(), any::<u64>(), reason(), any::<u16>(), path()).prop_map(
+            |(conn, e, sender_done, reason, index, path)| OobMessage::FailoverReq {
+                conn,
+                epoch: FailoverEpoch(e),
+                sender_done,
+                reason,
+                index,
+                path
+            }
+        ),
+        (conn(), any::<u64>(), any::<u64>()).prop_map(|(conn, e, applied)| OobMessage::FailoverAck {
+            conn,
+            epoch: FailoverEpoch(e),
+            applied
+        }),
+        (conn(), any::<u64>(), any::<u64>()).prop_map(|(conn, e, receiver_seen)| OobMessage::FailoverHint {
+            conn,
+            epoch_hint: FailoverEpoch(e),
+            receiver_seen
+        }),
+        (any::<u64>(), nic(), nic()).prop_map(|(id, from, to)| OobMessage::ProbeRequest { id, from, to }),
+        (any::<u64>(), obs).prop_map(|(id, outcome)| OobMessage::ProbeReport { id, outcome }),
+        (any::<u64>(), conn(), any::<u64>(), path(), reason()).prop_map(|(id, conn, e, failed, reason)| {
+            OobMessage::HotRepair { id, conn, epoch: FailoverEpoch(e), failed, reason }
+        }),
+        any::<u64>().prop_map(|id| OobMessage::HotRepairAck { id }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
+        let _ = OobMessage::decode(&bytes);
+        let _ = OobMessage::decode_prefix(&bytes);
+    }
+
+    #[test]
+    fn plausible_headers_with_random_payloads_never_panic(
+        kind in 0u8..10,
+        len in 0u16..64,
+        payload in proptest::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let mut bytes = vec![WIRE_VERSION, kind];
+        bytes.extend_from_slice(&len.to_le_bytes());
+        bytes.extend_from_slice(&payload);
+        if let Ok((msg, used)) = OobMessage::decode_prefix(&bytes) {
+            prop_assert_eq!(used, HEADER_LEN + usize::from(len));
+            prop_assert_eq!(&msg.encode()[..], &bytes[..used]);
+        }
+    }
+
+    #[test]
+    fn every_message_round_trips(msg in message(), extra in proptest::collection::vec(any::<u8>(), 0..8)) {
+        let bytes = msg.encode();
+        prop_assert_eq!(OobMessage::decode(&bytes), Ok(msg));
+        let mut stream = bytes.clone();
+        stream.extend_from_slice(&extra);
+        prop_assert_eq!(OobMessage::decode_prefix(&stream), Ok((msg, bytes.len())));
+        for cut in 0..bytes.len() {
+            prop_assert!(OobMessage::decode(&bytes[..cut]).is_err());
+        }
+    }
+}
