@@ -1,11 +1,13 @@
 //! xtask: the project's automation, run as `cargo xtask <command>`.
 //!
 //! Commands: `setup` (install system packages and tools), `ci` (everything CI checks),
+//! `codegen` (regenerate the UCX bindings), `testbed` (namespaces multi-NIC cluster),
 //! `tidy` (repository conventions), `bench` (all benchmarks), `demo` (the main job;
 //! arrives with the facade). Kept lean: std, anyhow and the config loader only.
 #![allow(clippy::print_stdout, clippy::print_stderr, reason = "a command-line tool reports on the terminal")]
 
 mod ci;
+mod codegen;
 mod setup;
 mod testbed;
 mod tidy;
@@ -21,6 +23,7 @@ commands:
   ci      setup, then fmt check, clippy -D warnings, build, tests, per-crate builds, tidy, cargo deny
   tidy    check repository conventions (also runs as a test)
   testbed up|down|status|check|fault   multi-NIC cluster from network namespaces (root)
+  codegen regenerate crates/r2ccl-ucx-sys/src/bindings.rs with bindgen (needs libclang-dev)
   bench   run every benchmark (kernel/memcpy ratio, planner and schedule timings, ...)
   demo    the main job: multi-rank benchmark with a NIC failure (arrives with the facade, issue 6)";
 
@@ -50,6 +53,7 @@ fn run() -> Result<()> {
                 bail!("tidy found {} problem(s)", problems.len())
             }
         }
+        Some("codegen") => codegen::run(&root),
         Some("testbed") => testbed::main(&args[1..]),
         Some("bench") => cmd("cargo", &["bench", "--workspace"]),
         Some("demo") => {

@@ -1,0 +1,209 @@
+//! One UCP context per NIC: configured through `ucp_config_modify` (never the process environment).
+
+use crate::error::{Status, UcxError};
+use r2ccl_ucx_sys as sys;
+use std::ffi::CString;
+use std::ptr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// TCP keepalive tuning for idle connections (`UCX_TCP_KEEPIDLE`, `UCX_TCP_KEEPINTVL`, `UCX_TCP_KEEPCNT`;
+/// whole seconds, rounded up).
+///
+/// Measured on UCX 1.13 (TESTBED.md): 1 s / 1 s / 3 turns a dead idle peer into an endpoint error after
+/// about 3.2 s. It does nothing while data is unacknowledged; that is what request deadlines are for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeepAlive {
+    /// Idle time before the first probe.
+    pub idle: Duration,
+    /// Time between probes.
+    pub interval: Duration,
+    /// Unanswered probes before the connection is declared dead.
+    pub count: u32,
+}
+
+impl Default for KeepAlive {
+    fn default() -> Self {
+        Self { idle: Duration::from_secs(1), interval: Duration::from_secs(1), count: 3 }
+    }
+}
+
+/// How one NIC's context is set up. The library sets everything UCX needs here; users do not have to
+/// export `UCX_*` variables (any they do export are read first and then overridden by these values).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContextConfig {
+    /// The network interface this context may use (`UCX_NET_DEVICES`), e.g. `eth0`, `rail1`, `lo`.
+    pub device: String,
+    /// Transports (`UCX_TLS`). `tcp` for rails: with shared-memory transports allowed, processes of one
+    /// host (even in different network namespaces) would bypass the NICs.
+    pub transports: String,
+    /// TCP keepalive of idle connections; `None` leaves UCX's defaults.
+    pub keepalive: Option<KeepAlive>,
+    /// Further `(key, value)` settings passed to `ucp_config_modify` verbatim (keys without `UCX_`).
+    pub extra: Vec<(String, String)>,
+}
+
+impl ContextConfig {
+    /// TCP only, restricted to `device`, with the default keepalive tuning.
+    pub fn tcp(device: impl Into<String>) -> Self {
+        Self {
+            device: device.into(),
+            transports: "tcp".into(),
+            keepalive: Some(KeepAlive::default()),
+            extra: Vec::new(),
+        }
+    }
+
+    /// Every `(key, value)` this config sets, in the order they are applied.
+    pub fn settings(&self) -> Vec<(String, String)> {
+        let mut out =
+            vec![("TLS".to_owned(), self.transports.clone()), ("NET_DEVICES".to_owned(), self.device.clone())];
+        if let Some(k) = self.keepalive {
+            // UCT-level keys go through ucp_config_modify without their table prefix (`KEEPIDLE`, not
+            // `TCP_KEEPIDLE`: UCX 1.13 warns "invalid configuration" for the prefixed form and ignores it).
+            // The kernel takes whole seconds, so round up.
+            out.push(("KEEPIDLE".into(), format!("{}s", whole_seconds(k.idle))));
+            out.push(("KEEPINTVL".into(), format!("{}s", whole_seconds(k.interval))));
+            out.push(("KEEPCNT".into(), k.count.to_string()));
+        }
+        out.extend(self.extra.iter().cloned());
+        out
+    }
+}
+
+/// `d` in whole seconds, rounded up, at least 1.
+fn whole_seconds(d: Duration) -> u64 {
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    s.max(1)
+}
+
+/// Frees a `ucp_config_t` on every path out of [`Context::new`].
+struct ConfigGuard(*mut sys::ucp_config_t);
+
+impl Drop for ConfigGuard {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from a successful ucp_config_read and is released exactly once.
+        unsafe { sys::ucp_config_release(self.0) }
+    }
+}
+
+fn c_string(key: &str, value: &str) -> Result<CString, UcxError> {
+    CString::new(value).map_err(|_| UcxError::InvalidConfig {
+        key: key.to_owned(),
+        value: value.to_owned(),
+        why: "contains a NUL byte",
+    })
+}
+
+/// A UCP context (`ucp_context_h`) restricted to one NIC, with the TAG feature.
+///
+/// Shared (`Arc`) by the NIC's worker and by every memory region mapped in it, so it is cleaned up last.
+#[derive(Debug)]
+pub struct Context {
+    handle: sys::ucp_context_h,
+    config: ContextConfig,
+}
+
+// SAFETY: the context is created with `mt_workers_shared = 1`, so UCX serializes context-level calls
+// (ucp_mem_map/unmap, worker creation) internally; the handle itself is an opaque pointer.
+unsafe impl Send for Context {}
+// SAFETY: as above; no method takes `&mut self` state that is not protected by UCX's context lock.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Create a context as `config` says.
+    pub fn new(config: ContextConfig) -> Result<Arc<Self>, UcxError> {
+        if config.device.is_empty() {
+            return Err(UcxError::InvalidConfig {
+                key: "NET_DEVICES".into(),
+                value: String::new(),
+                why: "a context must be restricted to one NIC",
+            });
+        }
+        let mut raw_config: *mut sys::ucp_config_t = ptr::null_mut();
+        // SAFETY: null prefix and file mean "UCX_ prefix, no file"; raw_config is a valid out pointer.
+        let status = Status(unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut raw_config) });
+        status.check("ucp_config_read")?;
+        let guard = ConfigGuard(raw_config);
+        for (key, value) in config.settings() {
+            let k = c_string(&key, &key)?;
+            let v = c_string(&key, &value)?;
+            // SAFETY: guard.0 is a live config; k and v are NUL-terminated and outlive the call.
+            let status = Status(unsafe { sys::ucp_config_modify(guard.0, k.as_ptr(), v.as_ptr()) });
+            if !status.is_ok() {
+                return Err(UcxError::Status {
+                    op: "ucp_config_modify",
+                    status,
+                    message: format!("{} (setting {key}={value})", status.message()),
+                });
+            }
+        }
+        // SAFETY: ucp_params_t is a plain C struct; all-zero is its documented "no fields" state.
+        let mut params: sys::ucp_params_t = unsafe { std::mem::zeroed() };
+        params.field_mask = u64::from(sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED);
+        params.features = u64::from(sys::UCP_FEATURE_TAG);
+        params.mt_workers_shared = 1;
+        let mut handle: sys::ucp_context_h = ptr::null_mut();
+        // SAFETY: params and the config are valid for the call; handle is a valid out pointer.
+        let status = Status(unsafe { sys::ucp_init(&params, guard.0, &mut handle) });
+        drop(guard);
+        if !status.is_ok() {
+            return Err(UcxError::Status {
+                op: "ucp_init",
+                status,
+                message: format!("{} (device {}, transports {})", status.message(), config.device, config.transports),
+            });
+        }
+        tracing::debug!(target: r2ccl_core::subsys::NET, device = %config.device, "UCP context created");
+        Ok(Arc::new(Self { handle, config }))
+    }
+
+    /// The configuration this context was created with.
+    pub fn config(&self) -> &ContextConfig {
+        &self.config
+    }
+
+    /// The NIC this context is restricted to.
+    pub fn device(&self) -> &str {
+        &self.config.device
+    }
+
+    pub(crate) fn raw(&self) -> sys::ucp_context_h {
+        self.handle
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: workers and memory maps hold an Arc to this context, so none is left when it drops;
+        // the handle came from a successful ucp_init and is cleaned up once.
+        unsafe { sys::ucp_cleanup(self.handle) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_restrict_to_one_tcp_device_and_round_keepalive_up_to_whole_seconds() {
+        let mut c = ContextConfig::tcp("rail1");
+        c.keepalive = Some(KeepAlive { idle: Duration::from_millis(1500), interval: Duration::ZERO, count: 5 });
+        c.extra.push(("RNDV_THRESH".into(), "64k".into()));
+        let s = c.settings();
+        let expect: Vec<(String, String)> = [
+            ("TLS", "tcp"),
+            ("NET_DEVICES", "rail1"),
+            ("KEEPIDLE", "2s"),
+            ("KEEPINTVL", "1s"),
+            ("KEEPCNT", "5"),
+            ("RNDV_THRESH", "64k"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        assert_eq!(s, expect);
+        c.keepalive = None;
+        assert_eq!(c.settings().len(), 3);
+    }
+}
