@@ -1,0 +1,201 @@
+//! The planner's own small topology input: nodes, NICs (rails) with line rates, ranks per
+//! node, per-hop latency and intra-node bandwidth.
+//!
+//! This is the seam to the topology crate: `r2ccl-topo` (or a test, or the simulator)
+//! builds a [`Topology`] through [`Topology::new`] / [`Topology::uniform`] and the builder
+//! methods; the planner never looks at anything else about the machine.
+
+use serde::{Deserialize, Serialize};
+
+/// Why a topology description was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TopologyError {
+    /// The cluster has no node.
+    #[error("topology has zero nodes")]
+    ZeroNodes,
+    /// A node has no NIC at all.
+    #[error("node {node} has zero NICs (every node needs at least one inter-node NIC)")]
+    ZeroNics {
+        /// The node index.
+        node: usize,
+    },
+    /// Nodes have different NIC counts; rails are NIC indices and must exist on every node.
+    #[error("node {node} has {found} NICs but node 0 has {expected}; every node must have the same number of rails")]
+    RailCountMismatch {
+        /// The node index.
+        node: usize,
+        /// NIC count of node 0.
+        expected: usize,
+        /// NIC count of this node.
+        found: usize,
+    },
+    /// A NIC's line rate is zero.
+    #[error("NIC {rail} of node {node} has a line rate of 0 Mbit/s")]
+    ZeroNicRate {
+        /// The node index.
+        node: usize,
+        /// The rail index.
+        rail: usize,
+    },
+    /// Zero ranks per node.
+    #[error("ranks per node must be at least 1, got 0")]
+    ZeroRanksPerNode,
+    /// More rails than a `RailId` can name.
+    #[error("{0} NICs per node is more than the 64 rails the planner supports")]
+    TooManyRails(usize),
+    /// The per-hop latency is negative or not finite.
+    #[error("per-hop latency must be finite and >= 0 seconds, got {0}")]
+    BadAlpha(f64),
+    /// The intra-node bandwidth is not positive and finite.
+    #[error("intra-node bandwidth must be finite and > 0 Gbit/s, got {0}")]
+    BadIntraBandwidth(f64),
+    /// The spine share is outside 0..=1000 per mille.
+    #[error("cross-rail (spine) share must be within 0..=1000 per mille, got {0}")]
+    BadSpineShare(u32),
+}
+
+/// One node as the planner sees it: the line rate of each of its NICs, indexed by rail.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NodeSpec {
+    /// Line rate of NIC `r` in Mbit/s (same unit as `r2ccl_core::NicHealth`).
+    pub nic_mbps: Vec<u64>,
+}
+
+/// The cluster shape and link parameters the cost model needs.
+///
+/// Bandwidths are integers in Mbit/s so that ring re-ranking compares exact values; the
+/// cost model converts to bytes per second (1 Mbit/s = 125 000 B/s).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Topology {
+    nodes: Vec<NodeSpec>,
+    ranks_per_node: u32,
+    alpha_s: f64,
+    intra_gbps: f64,
+    spine_permille: u32,
+}
+
+/// Default per-hop latency: 5 microseconds (RDMA NIC to NIC through one switch, plus software).
+pub const DEFAULT_ALPHA_S: f64 = 5e-6;
+/// Default intra-node bandwidth per rank in Gbit/s (NVLink-class, 300 GB/s).
+pub const DEFAULT_INTRA_GBPS: f64 = 2400.0;
+/// Default capacity of cross-rail traffic through the spine, per mille of the smaller
+/// node's NIC bandwidth (an oversubscribed spine; 0 = rail-only fabric).
+pub const DEFAULT_SPINE_PERMILLE: u32 = 500;
+
+impl Topology {
+    /// A topology from explicit nodes, with one rank per node and default latency,
+    /// intra-node bandwidth and spine share.
+    pub fn new(nodes: Vec<NodeSpec>) -> Result<Self, TopologyError> {
+        let t = Self {
+            nodes,
+            ranks_per_node: 1,
+            alpha_s: DEFAULT_ALPHA_S,
+            intra_gbps: DEFAULT_INTRA_GBPS,
+            spine_permille: DEFAULT_SPINE_PERMILLE,
+        };
+        t.validate()?;
+        Ok(t)
+    }
+
+    /// `nodes` nodes with `nics` NICs of `nic_mbps` each.
+    pub fn uniform(nodes: usize, nics: usize, nic_mbps: u64) -> Result<Self, TopologyError> {
+        Self::new(vec![NodeSpec { nic_mbps: vec![nic_mbps; nics] }; nodes])
+    }
+
+    /// Set the number of ranks (GPUs or processes) per node.
+    pub fn with_ranks_per_node(mut self, ranks: u32) -> Result<Self, TopologyError> {
+        if ranks == 0 {
+            return Err(TopologyError::ZeroRanksPerNode);
+        }
+        self.ranks_per_node = ranks;
+        Ok(self)
+    }
+
+    /// Set the per-hop latency alpha in seconds (0 = pure bandwidth model).
+    pub fn with_alpha(mut self, alpha_s: f64) -> Result<Self, TopologyError> {
+        if !alpha_s.is_finite() || alpha_s < 0.0 {
+            return Err(TopologyError::BadAlpha(alpha_s));
+        }
+        self.alpha_s = alpha_s;
+        Ok(self)
+    }
+
+    /// Set the intra-node (NVLink/PCIe/shared memory) bandwidth per rank in Gbit/s.
+    pub fn with_intra_gbps(mut self, gbps: f64) -> Result<Self, TopologyError> {
+        if !gbps.is_finite() || gbps <= 0.0 {
+            return Err(TopologyError::BadIntraBandwidth(gbps));
+        }
+        self.intra_gbps = gbps;
+        Ok(self)
+    }
+
+    /// Set the spine's capacity for cross-rail traffic, per mille of the smaller node's
+    /// usable NIC bandwidth (0 = rail-only fabric: cross-rail pairs have no direct path).
+    pub fn with_spine_permille(mut self, permille: u32) -> Result<Self, TopologyError> {
+        if permille > 1000 {
+            return Err(TopologyError::BadSpineShare(permille));
+        }
+        self.spine_permille = permille;
+        Ok(self)
+    }
+
+    fn validate(&self) -> Result<(), TopologyError> {
+        let first = self.nodes.first().ok_or(TopologyError::ZeroNodes)?;
+        let k = first.nic_mbps.len();
+        if k > 64 {
+            return Err(TopologyError::TooManyRails(k));
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.nic_mbps.is_empty() {
+                return Err(TopologyError::ZeroNics { node: i });
+            }
+            if n.nic_mbps.len() != k {
+                return Err(TopologyError::RailCountMismatch { node: i, expected: k, found: n.nic_mbps.len() });
+            }
+            if let Some(r) = n.nic_mbps.iter().position(|&m| m == 0) {
+                return Err(TopologyError::ZeroNicRate { node: i, rail: r });
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of nodes.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// NICs (rails) per node.
+    pub fn rails(&self) -> usize {
+        self.nodes.first().map_or(0, |n| n.nic_mbps.len())
+    }
+
+    /// All nodes, indexed by node id.
+    pub fn nodes(&self) -> &[NodeSpec] {
+        &self.nodes
+    }
+
+    /// Ranks per node.
+    pub const fn ranks_per_node(&self) -> u32 {
+        self.ranks_per_node
+    }
+
+    /// Total ranks of the communicator.
+    pub fn rank_count(&self) -> u64 {
+        self.nodes.len() as u64 * u64::from(self.ranks_per_node)
+    }
+
+    /// Per-hop latency in seconds.
+    pub const fn alpha_s(&self) -> f64 {
+        self.alpha_s
+    }
+
+    /// Intra-node bandwidth per rank, Gbit/s.
+    pub const fn intra_gbps(&self) -> f64 {
+        self.intra_gbps
+    }
+
+    /// Spine share for cross-rail traffic, per mille.
+    pub const fn spine_permille(&self) -> u32 {
+        self.spine_permille
+    }
+}

@@ -1,0 +1,186 @@
+//! Cost-model properties: the bandwidth limit (alpha = 0) reproduces the closed forms of
+//! MECHANISMS.md sections 5 and 7, and plans are deterministic, never use a failed NIC and
+//! account for exactly the traffic the model assumes.
+#![allow(clippy::unwrap_used, reason = "tests: a failure is a test failure")]
+
+use proptest::prelude::*;
+use r2ccl_core::{HealthView, NicId, NodeId};
+use r2ccl_policy::{formulas, plan, Collective, Plan, Strategy, Topology};
+
+const GBPS: u64 = 100_000; // 100 Gbit/s per NIC, in Mbit/s
+const BPS_PER_NIC: f64 = 100e9 / 8.0;
+
+fn rel(a: f64, b: f64) -> f64 {
+    ((a - b) / b).abs()
+}
+
+/// `n` nodes x `k` NICs, node `d` loses its first `lost` NICs, alpha = 0.
+fn one_degraded(n: usize, k: usize, d: usize, lost: usize, bytes: u64) -> Plan {
+    let topo = Topology::uniform(n, k, GBPS).unwrap().with_alpha(0.0).unwrap();
+    let mut view = HealthView::uniform(n, k, GBPS);
+    for r in 0..lost {
+        view.set_failed(NicId::new(d as u32, r as u16)).unwrap();
+    }
+    plan(&topo, &view, Collective::AllReduce, bytes).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn bandwidth_limit_matches_closed_forms(n in 3usize..16, k in 2usize..9, lost_seed in 0usize..64,
+                                          d_seed in 0usize..64, bytes in 1u64..(1 << 32)) {
+        let lost = 1 + lost_seed % (k - 1);
+        let d = d_seed % n;
+        let p = one_degraded(n, k, d, lost, bytes);
+        let x = lost as f64 / k as f64;
+        let b = BPS_PER_NIC * k as f64;
+        let dd = bytes as f64;
+        let t_nf = formulas::t_nf_allreduce(n as u32, dd, b);
+        prop_assert!(rel(p.t_nf_s, t_nf) < 1e-9);
+        // Balance = T_nf / (1 - X).
+        let bal = p.candidate(Strategy::Balance).unwrap();
+        prop_assert!(rel(bal.time_s, t_nf / (1.0 - x)) < 1e-9, "balance {} vs {}", bal.time_s, t_nf / (1.0 - x));
+        // R2CCL-AllReduce = max(T1, T2) + T3 with the (1 + 1/K) pipeline term, for its own Y and K.
+        let r = p.candidate(Strategy::R2cclAllReduce).unwrap();
+        let y = r.params.tail_fraction.unwrap();
+        let kk = r.params.chunks.unwrap();
+        let closed = formulas::r2ccl_allreduce(n as u32, x, y, Some(kk), dd, b).total();
+        prop_assert!(rel(r.time_s, closed) < 1e-9, "r2ccl {} vs {}", r.time_s, closed);
+        // ...and never worse than the paper's Y = X at the same K.
+        let paper = formulas::r2ccl_allreduce(n as u32, x, x, Some(kk), dd, b).total();
+        prop_assert!(r.time_s <= paper * (1.0 + 1e-12));
+        // Lower bound and four-stage.
+        let lb = formulas::lower_bound_allreduce(n as u32, 1.0 - x, dd, b);
+        prop_assert!(rel(p.lower_bound_s, lb) < 1e-9);
+        let fs = p.candidate(Strategy::FourStage).unwrap();
+        prop_assert!(fs.time_s >= lb * (1.0 - 1e-9) && fs.time_s <= lb * 1.01, "four-stage {} vs bound {}", fs.time_s, lb);
+        let f = formulas::four_stage_fraction(n as u32, 1.0 - x);
+        prop_assert!((fs.params.ring_fraction.unwrap() - f).abs() < 1e-9, "f {:?} vs {}", fs.params.ring_fraction, f);
+        prop_assert!(rel(formulas::four_stage_allreduce(n as u32, 1.0 - x, f, dd, b), lb) < 1e-9);
+        // Every strategy is at or above the bound.
+        for c in &p.candidates {
+            prop_assert!(c.time_s >= lb * (1.0 - 1e-9), "{:?} below the bound", c.strategy);
+        }
+    }
+
+    #[test]
+    fn plans_are_deterministic_and_consistent(n in 1usize..24, k in 1usize..5, ranks in 1u32..4,
+                                             fails in proptest::collection::vec((0usize..24, 0usize..4), 0..8),
+                                             bytes in 0u64..(1 << 31), alpha_ns in 0u32..20_000) {
+        let topo = Topology::uniform(n, k, GBPS).unwrap().with_ranks_per_node(ranks).unwrap()
+            .with_alpha(f64::from(alpha_ns) * 1e-9).unwrap();
+        let mut view = HealthView::uniform(n, k, GBPS);
+        for (node, nic) in fails {
+            let (node, nic) = (node % n, nic % k);
+            // Keep at least one NIC per node.
+            if view.node(NodeId(node as u32)).unwrap().healthy_rails().count() > 1 {
+                view.set_failed(NicId::new(node as u32, nic as u16)).unwrap();
+            }
+        }
+        let a = plan(&topo, &view, Collective::AllReduce, bytes).unwrap();
+        let b = plan(&topo, &view.clone(), Collective::AllReduce, bytes).unwrap();
+        prop_assert_eq!(&a, &b);
+        prop_assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
+        prop_assert_eq!(a.time_s.to_bits(), b.time_s.to_bits());
+        // The chosen strategy is the fastest candidate.
+        let chosen = a.chosen_candidate().unwrap();
+        prop_assert!(a.candidates.iter().all(|c| c.time_s >= chosen.time_s));
+        prop_assert!(a.time_s >= a.lower_bound_s * (1.0 - 1e-9));
+        for c in &a.candidates {
+            // No traffic on failed NICs.
+            for f in view.failed_nics() {
+                let (i, r) = (f.node.index(), f.rail.index());
+                prop_assert_eq!(c.nic_bytes.tx(i, r), 0, "{:?} sends on failed {}", c.strategy, f);
+                prop_assert_eq!(c.nic_bytes.rx(i, r), 0, "{:?} receives on failed {}", c.strategy, f);
+            }
+            // Total traffic equals what the model assumes (up to rounding per NIC).
+            let slack = (n * k) as f64;
+            prop_assert!((c.nic_bytes.total_tx() as f64 - c.model_total_bytes).abs() <= slack,
+                "{:?}: tx {} vs model {}", c.strategy, c.nic_bytes.total_tx(), c.model_total_bytes);
+            prop_assert!((c.nic_bytes.total_rx() as f64 - c.model_total_bytes).abs() <= slack);
+            prop_assert!(c.time_s.is_finite() && c.time_s >= 0.0);
+        }
+    }
+}
+
+#[test]
+fn ring_allreduce_traffic_is_the_textbook_total() {
+    let p = one_degraded(6, 4, 2, 1, 6 << 20);
+    for c in &p.candidates {
+        if c.strategy != Strategy::RecursiveDoubling {
+            assert!((c.model_total_bytes - 2.0 * 5.0 * f64::from(6 << 20)).abs() < 1.0, "{:?}", c.strategy);
+        }
+    }
+    // Balance on the degraded node: its 3 NICs share its traffic equally.
+    let bal = p.candidate(Strategy::Balance).unwrap();
+    let shares: Vec<u64> = (0..4).map(|r| bal.nic_bytes.tx(2, r)).collect();
+    assert_eq!(shares[0], 0);
+    assert!(shares[1].abs_diff(shares[2]) <= 1 && shares[2].abs_diff(shares[3]) <= 1);
+    assert_eq!(p.nic_weights[2 * 4], 0.0);
+    assert!((p.nic_weights[2 * 4 + 1] - 1.0 / 3.0).abs() < 1e-12);
+}
+
+#[test]
+fn section7_table_to_three_decimals() {
+    // (n, NICs, lost, balance, r2ccl K->inf, bound)
+    let rows = [
+        (4usize, 4usize, 1usize, 1.333, 1.222, 1.067),
+        (4, 2, 1, 2.000, 1.667, 1.333),
+        (8, 8, 1, 1.143, 1.082, 1.016),
+        (8, 2, 1, 2.000, 1.571, 1.143),
+    ];
+    let round3 = |x: f64| (x * 1000.0).round() / 1000.0;
+    for (n, k, lost, bal, r2, lb) in rows {
+        let p = one_degraded(n, k, 1, lost, 1 << 30);
+        let x = lost as f64 / k as f64;
+        let t_nf = p.t_nf_s;
+        assert_eq!(round3(p.candidate(Strategy::Balance).unwrap().time_s / t_nf), bal, "balance n={n} X={x}");
+        let b = BPS_PER_NIC * k as f64;
+        let r2_inf = formulas::r2ccl_allreduce(n as u32, x, x, None, f64::from(1u32 << 30), b).total();
+        assert_eq!(round3(r2_inf / t_nf), r2, "r2ccl n={n} X={x}");
+        assert_eq!(round3(p.lower_bound_s / t_nf), lb, "bound n={n} X={x}");
+        let fs = p.candidate(Strategy::FourStage).unwrap().time_s / t_nf;
+        assert!((fs - lb).abs() / lb < 0.01, "four-stage {fs} vs {lb}");
+        // The planner's R2CCL-AllReduce (finite K, Y chosen) is within 1% of or better than K -> inf with Y = X.
+        assert!(p.candidate(Strategy::R2cclAllReduce).unwrap().time_s / t_nf <= r2 * 1.01);
+    }
+}
+
+#[test]
+fn small_messages_pick_the_latency_optimal_algorithm() {
+    let topo = Topology::uniform(16, 8, 400_000).unwrap();
+    let view = HealthView::uniform(16, 8, 400_000);
+    let small = plan(&topo, &view, Collective::AllReduce, 4 << 10).unwrap();
+    assert_eq!(small.chosen, Strategy::RecursiveDoubling);
+    let large = plan(&topo, &view, Collective::AllReduce, 1 << 30).unwrap();
+    assert_eq!(large.chosen, Strategy::Ring);
+    // The crossover comes from the model: find it and check both sides.
+    let mut lo = 4u64 << 10;
+    let mut hi = 1u64 << 30;
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if plan(&topo, &view, Collective::AllReduce, mid).unwrap().chosen == Strategy::RecursiveDoubling {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let at = |b: u64, s: Strategy| plan(&topo, &view, Collective::AllReduce, b).unwrap().candidate(s).unwrap().time_s;
+    assert!(at(lo, Strategy::RecursiveDoubling) <= at(lo, Strategy::Ring));
+    assert!(at(hi, Strategy::Ring) < at(hi, Strategy::RecursiveDoubling));
+}
+
+#[test]
+fn single_backup_doubles_and_balance_spreads() {
+    // 3 nodes x 3 NICs, one NIC cut (the paper's small cluster): backup 2x, Balance 1.5x.
+    let p = one_degraded(3, 3, 0, 1, 4 << 30);
+    let sb = p.candidate(Strategy::SingleBackup).unwrap().time_s / p.t_nf_s;
+    let bal = p.candidate(Strategy::Balance).unwrap().time_s / p.t_nf_s;
+    assert!((sb - 2.0).abs() < 1e-9, "single backup {sb}");
+    assert!((bal - 1.5).abs() < 1e-9, "balance {bal}");
+    assert!(p.candidate(Strategy::Ring).is_none());
+    let sbc = p.candidate(Strategy::SingleBackup).unwrap();
+    // Rail 1 carries its own channel and the failed rail 0's.
+    assert_eq!(sbc.nic_bytes.tx(0, 1), 2 * sbc.nic_bytes.tx(0, 2));
+}
