@@ -10,6 +10,7 @@
 //! arrive with issue 6 once the transport lands. It never plans or detects by itself:
 //! those decisions live in the sans-IO crates it drives.
 
+pub mod agree;
 pub mod bootstrap;
 pub mod metrics;
 pub mod oob;
