@@ -1,0 +1,1178 @@
+//! Session logic of one rank (sans-IO): sender lanes with striping, windows and replay, the
+//! receiver's delivery record, path state, migration and fail-back.
+//!
+//! The session never decides that a path is dead on its own clock: failures come in as
+//! transport events (error completions, endpoint errors, link state) or as
+//! [`Session::handle_path_down`] from a detector. On a failure it quiesces the path (stops
+//! posting, cancels its requests) and emits [`SessionEvent::MigrationNeeded`] per lane with
+//! the sender's completed prefix; the control plane agrees on the boundary with the receiver
+//! ([`Session::held`]) and calls [`Session::handle_migrate`] (sender) and
+//! [`Session::handle_peer_migrate`] (receiver).
+
+use crate::stripe::{chunk_count, chunk_len, stripe};
+use crate::transport::{Completion, CompletionKind};
+use crate::wire::{ChunkHeader, WireError, FLAG_REPLAY, HEADER_LEN};
+use crate::{
+    ChunkId, ChunkSet, CommId, LaneId, MemHandle, PathFault, PathId, RequestId, Topology, TransferKey, Transport,
+    TransportError, TransportEvent,
+};
+use r2ccl_core::subsys::NET;
+use r2ccl_core::{NicId, NodeId, Rank};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+/// A byte range of a registered region: the source or destination of a transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Buffer {
+    /// The region.
+    pub region: MemHandle,
+    /// First byte.
+    pub offset: usize,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// Tunables of a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// Bytes per chunk (the unit of transfer and of replay); both ends must use the same value.
+    pub chunk_size: u32,
+    /// Chunks in flight per lane.
+    pub window: u32,
+    /// Receives kept posted per listened path.
+    pub recv_depth: u32,
+    /// Payload bytes of chunks that arrived before their transfer was expected, kept until it is.
+    pub max_early_bytes: usize,
+    /// How many finished receive transfers are remembered, so late replays count as duplicates.
+    pub retired_memory: usize,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self { chunk_size: 64 * 1024, window: 8, recv_depth: 8, max_early_bytes: 64 << 20, retired_memory: 4096 }
+    }
+}
+
+/// Why the session refused a call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    /// A configuration value is out of range.
+    #[error("invalid session configuration: {0} must be at least 1")]
+    InvalidConfig(&'static str),
+    /// The rank is not in the topology.
+    #[error("{0} is not in the topology")]
+    UnknownRank(Rank),
+    /// The transfer's sender (for sends) or receiver (for receives) is not this rank.
+    #[error("transfer {key} does not belong to {me} in this role")]
+    WrongRank {
+        /// The transfer.
+        key: TransferKey,
+        /// This rank.
+        me: Rank,
+    },
+    /// The communicator is not open on this session.
+    #[error("communicator {0:?} is not open")]
+    CommNotOpen(CommId),
+    /// The transfer is already active.
+    #[error("transfer {0} is already active")]
+    DuplicateTransfer(TransferKey),
+    /// One weight per local NIC is needed.
+    #[error("{got} striping weights for {nics} local NICs")]
+    WeightCount {
+        /// Weights given.
+        got: usize,
+        /// Local NICs.
+        nics: usize,
+    },
+    /// Every NIC has weight zero or is down.
+    #[error("no usable NIC to stripe transfer {0} over")]
+    NoUsableNic(TransferKey),
+    /// No path to the peer is usable for a lane.
+    #[error("no usable path for {0}")]
+    NoPath(LaneId),
+    /// The transfer is longer than 2^32 chunks.
+    #[error("transfer of {len} bytes has more than 2^32 chunks")]
+    TooLarge {
+        /// Length in bytes.
+        len: u64,
+    },
+    /// The lane does not exist.
+    #[error("{0} does not exist")]
+    UnknownLane(LaneId),
+    /// The transfer does not exist (or is no longer remembered).
+    #[error("transfer {0} is unknown")]
+    UnknownTransfer(TransferKey),
+    /// A migration was requested for a lane that is still posting.
+    #[error("{0} is not quiesced")]
+    LaneNotQuiesced(LaneId),
+    /// A move was requested for a lane that is quiesced already.
+    #[error("{0} is quiesced already")]
+    LaneNotActive(LaneId),
+    /// A chunk range outside the transfer.
+    #[error("chunk range {start}..{end} outside transfer {key} of {chunks} chunks")]
+    BadRange {
+        /// The transfer.
+        key: TransferKey,
+        /// Range start.
+        start: u32,
+        /// Range end.
+        end: u32,
+        /// Chunks in the transfer.
+        chunks: u32,
+    },
+    /// The path is marked down.
+    #[error("path {0} is down")]
+    PathDown(PathId),
+    /// The path does not start at this rank's node or does not lead to the right peer.
+    #[error("path {path} cannot serve this transfer")]
+    ForeignPath {
+        /// The path.
+        path: PathId,
+    },
+    /// The sender was asked to replay from beyond what it completed.
+    #[error("boundary {boundary} of {lane} is ahead of the sender's completed prefix {sender_done}")]
+    BoundaryAhead {
+        /// The lane.
+        lane: LaneId,
+        /// The boundary asked for.
+        boundary: u32,
+        /// The lane's completed prefix.
+        sender_done: u32,
+    },
+    /// The receiver was told a boundary beyond what it really holds.
+    #[error("boundary {boundary} of {key} is ahead of what the receiver holds ({held})")]
+    BoundaryAheadOfReceiver {
+        /// The transfer.
+        key: TransferKey,
+        /// The boundary.
+        boundary: u32,
+        /// End of the held prefix.
+        held: u32,
+    },
+    /// The backend refused a call.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
+/// Why a lane must move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoveReason {
+    /// Its path failed.
+    Failure(PathFault),
+    /// A better path (usually the primary) is usable again.
+    Failback,
+}
+
+/// A lane that stopped posting and waits for the control plane to agree on its replay boundary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MigrationRequest {
+    /// The lane.
+    pub lane: LaneId,
+    /// The path it was on.
+    pub from: PathId,
+    /// The lane's chunk range.
+    pub start: u32,
+    /// End of the lane's chunk range.
+    pub end: u32,
+    /// The sender's completed prefix: every chunk in `start..sender_done` completed.
+    pub sender_done: u32,
+    /// Why.
+    pub reason: MoveReason,
+}
+
+/// What was wrong with a received chunk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChunkProblem {
+    /// The header did not decode.
+    Malformed(WireError),
+    /// The header names other ranks than the path's.
+    Misrouted {
+        /// Sender named in the header.
+        src: Rank,
+        /// Receiver named in the header.
+        dst: Rank,
+    },
+    /// The communicator is not open here.
+    UnknownCollective(CommId),
+    /// The header disagrees with the expected transfer (length, index, chunk size).
+    Mismatch(ChunkId),
+    /// The chunk came before its transfer was expected and the early buffer is full.
+    Unexpected(ChunkId),
+}
+
+/// Something the session reports to the layer above.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// Every chunk of a send completed (reported once; the source must stay until released).
+    SendComplete(TransferKey),
+    /// Every chunk of a receive arrived and was applied.
+    RecvComplete(TransferKey),
+    /// A path was marked down (both directions).
+    PathFailed {
+        /// The path.
+        path: PathId,
+        /// Why.
+        fault: PathFault,
+    },
+    /// One of this node's NICs changed link state (to broadcast as a hot-repair notice).
+    LocalNic {
+        /// The NIC.
+        nic: NicId,
+        /// Whether it is up.
+        up: bool,
+    },
+    /// A lane is quiesced and needs a boundary and a new path.
+    MigrationNeeded(MigrationRequest),
+    /// A better path is usable for an active lane (fail-back candidate).
+    BetterPath {
+        /// The lane.
+        lane: LaneId,
+        /// The path it could use.
+        path: PathId,
+    },
+    /// A probe finished.
+    ProbeDone {
+        /// The probe request.
+        req: RequestId,
+        /// Its path.
+        path: PathId,
+        /// Whether the peer answered (false: the probe failed locally).
+        ok: bool,
+    },
+    /// A received chunk was refused (counted in the stats as well).
+    BadChunk {
+        /// The path it came on.
+        path: PathId,
+        /// What was wrong.
+        problem: ChunkProblem,
+    },
+}
+
+/// Counters of one session.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Chunk sends posted (first sends and replays).
+    pub chunks_posted: u64,
+    /// Chunk sends posted as replays.
+    pub chunks_replayed: u64,
+    /// Chunk sends completed.
+    pub chunks_sent: u64,
+    /// Chunks applied to a destination (each chunk of a transfer at most once).
+    pub chunks_applied: u64,
+    /// Payload bytes applied.
+    pub bytes_applied: u64,
+    /// Chunks received again after they were applied (not applied twice).
+    pub duplicates: u64,
+    /// Messages whose header did not decode.
+    pub malformed: u64,
+    /// Chunks whose header names other ranks than their path.
+    pub misrouted: u64,
+    /// Chunks of communicators not open here.
+    pub unknown_collective: u64,
+    /// Chunks whose header disagrees with the expected transfer.
+    pub mismatched: u64,
+    /// Chunks kept because they came before their transfer was expected.
+    pub early_stashed: u64,
+    /// Early chunks dropped because the early buffer was full.
+    pub early_dropped: u64,
+    /// Completions of requests the session no longer tracks.
+    pub stale_completions: u64,
+    /// Paths marked down.
+    pub path_failures: u64,
+    /// Lane migrations carried out.
+    pub migrations: u64,
+    /// Migrations back to a lane's primary path.
+    pub failbacks: u64,
+}
+
+/// A lane as seen from outside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneInfo {
+    /// The lane.
+    pub id: LaneId,
+    /// First chunk.
+    pub start: u32,
+    /// One past the last chunk.
+    pub end: u32,
+    /// The path striping chose.
+    pub primary: PathId,
+    /// The path in use (or last used, when quiesced).
+    pub path: PathId,
+    /// Whether the lane waits for a migration.
+    pub quiesced: bool,
+    /// Completed prefix end.
+    pub sender_done: u32,
+    /// Chunks in flight.
+    pub in_flight: u32,
+    /// Migrations so far.
+    pub migrations: u32,
+}
+
+/// Outstanding sends on a path and when it last made progress (input to a stall detector).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathActivity {
+    /// The path.
+    pub path: PathId,
+    /// Sends outstanding.
+    pub outstanding: u32,
+    /// Last completion, or when the first of the outstanding sends was posted.
+    pub since: Duration,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PathState {
+    outstanding: u32,
+    since: Duration,
+    posted_recvs: u32,
+    listen: bool,
+    down: bool,
+}
+
+impl PathState {
+    const fn new(now: Duration) -> Self {
+        Self { outstanding: 0, since: now, posted_recvs: 0, listen: false, down: false }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Pending {
+    Send { lane: LaneId, chunk: u32, path: PathId },
+    Recv { path: PathId },
+    Probe { path: PathId },
+}
+
+#[derive(Debug)]
+struct Lane {
+    start: u32,
+    end: u32,
+    primary: PathId,
+    path: PathId,
+    quiesced: bool,
+    next: u32,
+    replay_until: u32,
+    in_flight: BTreeMap<u32, RequestId>,
+    migrations: u32,
+    offered: Option<PathId>,
+}
+
+#[derive(Debug)]
+struct SendTransfer {
+    src: MemHandle,
+    offset: usize,
+    len: u64,
+    completed: ChunkSet,
+    lanes: Vec<Lane>,
+    reported: bool,
+}
+
+#[derive(Debug)]
+struct RecvTransfer {
+    dst: MemHandle,
+    offset: usize,
+    len: u64,
+    have: ChunkSet,
+    reported: bool,
+}
+
+type Early = Vec<(PathId, ChunkHeader, Vec<u8>)>;
+
+/// The transport session of one rank.
+#[derive(Debug)]
+pub struct Session {
+    rank: Rank,
+    node: NodeId,
+    cfg: SessionConfig,
+    topo: Topology,
+    comms: BTreeSet<CommId>,
+    sends: BTreeMap<TransferKey, SendTransfer>,
+    recvs: BTreeMap<TransferKey, RecvTransfer>,
+    retired: VecDeque<TransferKey>,
+    retired_set: BTreeSet<TransferKey>,
+    early: BTreeMap<TransferKey, Early>,
+    early_bytes: usize,
+    requests: BTreeMap<RequestId, Pending>,
+    paths: BTreeMap<PathId, PathState>,
+    down_nics: BTreeSet<NicId>,
+    events: VecDeque<SessionEvent>,
+    stats: SessionStats,
+}
+
+impl Session {
+    /// A session for `rank` in `topo`.
+    pub fn new(rank: Rank, cfg: SessionConfig, topo: Topology) -> Result<Self, SessionError> {
+        if cfg.chunk_size == 0 {
+            return Err(SessionError::InvalidConfig("chunk_size"));
+        }
+        if cfg.window == 0 {
+            return Err(SessionError::InvalidConfig("window"));
+        }
+        if cfg.recv_depth == 0 {
+            return Err(SessionError::InvalidConfig("recv_depth"));
+        }
+        let node = topo.node_of(rank).ok_or(SessionError::UnknownRank(rank))?;
+        Ok(Self {
+            rank,
+            node,
+            cfg,
+            topo,
+            comms: BTreeSet::new(),
+            sends: BTreeMap::new(),
+            recvs: BTreeMap::new(),
+            retired: VecDeque::new(),
+            retired_set: BTreeSet::new(),
+            early: BTreeMap::new(),
+            early_bytes: 0,
+            requests: BTreeMap::new(),
+            paths: BTreeMap::new(),
+            down_nics: BTreeSet::new(),
+            events: VecDeque::new(),
+            stats: SessionStats::default(),
+        })
+    }
+
+    /// This session's rank.
+    pub const fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// The configuration.
+    pub const fn config(&self) -> &SessionConfig {
+        &self.cfg
+    }
+
+    /// The topology.
+    pub const fn topology(&self) -> &Topology {
+        &self.topo
+    }
+
+    /// The counters.
+    pub const fn stats(&self) -> SessionStats {
+        self.stats
+    }
+
+    /// Accepts chunks of communicator `comm` from now on.
+    pub fn open_comm(&mut self, comm: CommId) {
+        self.comms.insert(comm);
+    }
+
+    /// Stops accepting chunks of `comm` (later ones count as unknown collective).
+    pub fn close_comm(&mut self, comm: CommId) {
+        self.comms.remove(&comm);
+    }
+
+    /// The next event for the layer above.
+    pub fn poll_event(&mut self) -> Option<SessionEvent> {
+        self.events.pop_front()
+    }
+
+    /// Starts sending buffer `src` as transfer `key`, striped over the
+    /// local NICs by `weights` (one per local NIC by rail; NICs marked down get nothing).
+    pub fn start_send<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &T,
+        key: TransferKey,
+        src: Buffer,
+        weights: &[u32],
+    ) -> Result<Vec<LaneId>, SessionError> {
+        let Buffer { region: src, offset, len } = src;
+        if key.src != self.rank {
+            return Err(SessionError::WrongRank { key, me: self.rank });
+        }
+        self.check_transfer(t, key, key.dst, src, offset, len)?;
+        if self.sends.contains_key(&key) {
+            return Err(SessionError::DuplicateTransfer(key));
+        }
+        let peer_node = self.topo.node_of(key.dst).ok_or(SessionError::UnknownRank(key.dst))?;
+        let locals = self.topo.nics_of(self.node);
+        let remotes = self.topo.nics_of(peer_node);
+        if weights.len() != locals.len() {
+            return Err(SessionError::WeightCount { got: weights.len(), nics: locals.len() });
+        }
+        let eff: Vec<u32> =
+            locals.iter().zip(weights).map(|(n, &w)| if self.down_nics.contains(n) { 0 } else { w }).collect();
+        if eff.iter().all(|&w| w == 0) && len > 0 {
+            return Err(SessionError::NoUsableNic(key));
+        }
+        let n = chunk_count(len, self.cfg.chunk_size);
+        let mut lanes = Vec::new();
+        let mut ids = Vec::new();
+        for (i, (start, end)) in stripe(len, self.cfg.chunk_size, &eff).into_iter().enumerate() {
+            if start == end {
+                continue;
+            }
+            let id = LaneId { transfer: key, lane: u16::try_from(lanes.len()).unwrap_or(u16::MAX) };
+            let remote = remotes[i % remotes.len()];
+            let primary = PathId::new(locals[i], key.dst, remote);
+            let path = self.choose_from(primary).ok_or(SessionError::NoPath(id))?;
+            lanes.push(Lane {
+                start,
+                end,
+                primary,
+                path,
+                quiesced: false,
+                next: start,
+                replay_until: start,
+                in_flight: BTreeMap::new(),
+                migrations: 0,
+                offered: None,
+            });
+            ids.push(id);
+        }
+        let reported = n == 0;
+        self.sends.insert(key, SendTransfer { src, offset, len, completed: ChunkSet::new(n), lanes, reported });
+        if reported {
+            self.events.push_back(SessionEvent::SendComplete(key));
+        }
+        tracing::debug!(target: NET, %key, len, lanes = ids.len(), ?now, "send started");
+        Ok(ids)
+    }
+
+    /// Expects transfer `key` into buffer `dst`; chunks that came early
+    /// are applied now. Starts listening on every path from the sender.
+    pub fn expect_recv<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        key: TransferKey,
+        dst: Buffer,
+    ) -> Result<(), SessionError> {
+        let Buffer { region: dst, offset, len } = dst;
+        if key.dst != self.rank {
+            return Err(SessionError::WrongRank { key, me: self.rank });
+        }
+        self.check_transfer(t, key, key.src, dst, offset, len)?;
+        if self.recvs.contains_key(&key) {
+            return Err(SessionError::DuplicateTransfer(key));
+        }
+        if self.retired_set.remove(&key) {
+            self.retired.retain(|k| *k != key);
+        }
+        let n = chunk_count(len, self.cfg.chunk_size);
+        self.recvs.insert(key, RecvTransfer { dst, offset, len, have: ChunkSet::new(n), reported: false });
+        if let Some(peer_node) = self.topo.node_of(key.src) {
+            for local in self.topo.nics_of(self.node) {
+                for remote in self.topo.nics_of(peer_node) {
+                    self.paths.entry(PathId::new(local, key.src, remote)).or_insert(PathState::new(now)).listen = true;
+                }
+            }
+        }
+        for (path, h, payload) in self.early.remove(&key).unwrap_or_default() {
+            self.early_bytes -= payload.len();
+            self.apply(t, path, &h, &payload);
+        }
+        self.check_recv_complete(key);
+        Ok(())
+    }
+
+    fn check_transfer<T: Transport + ?Sized>(
+        &self,
+        t: &T,
+        key: TransferKey,
+        peer: Rank,
+        region: MemHandle,
+        offset: usize,
+        len: u64,
+    ) -> Result<(), SessionError> {
+        if !self.comms.contains(&key.comm) {
+            return Err(SessionError::CommNotOpen(key.comm));
+        }
+        self.topo.node_of(peer).ok_or(SessionError::UnknownRank(peer))?;
+        let size = t.region(region)?.len();
+        let ulen = usize::try_from(len).map_err(|_| SessionError::TooLarge { len })?;
+        if offset.checked_add(ulen).is_none_or(|e| e > size) {
+            return Err(TransportError::OutOfBounds { offset, len: ulen, size }.into());
+        }
+        if u64::from(chunk_count(len, self.cfg.chunk_size)) * u64::from(self.cfg.chunk_size) < len {
+            return Err(SessionError::TooLarge { len });
+        }
+        Ok(())
+    }
+
+    /// Forgets a finished send (its source may be reused afterwards). Call it once the receiver
+    /// confirmed the transfer; before that, a late failure may still need the source for replay.
+    pub fn release_send(&mut self, key: TransferKey) {
+        if self.sends.remove(&key).is_none() {
+            return;
+        }
+        let paths = &mut self.paths;
+        self.requests.retain(|_, p| match p {
+            Pending::Send { lane, path, .. } if lane.transfer == key => {
+                if let Some(st) = paths.get_mut(path) {
+                    st.outstanding = st.outstanding.saturating_sub(1);
+                }
+                false
+            }
+            _ => true,
+        });
+    }
+
+    /// Forgets a receive (finished or abandoned); late chunks of it count as duplicates.
+    pub fn release_recv(&mut self, key: TransferKey) {
+        if self.recvs.remove(&key).is_none() {
+            return;
+        }
+        if self.retired_set.insert(key) {
+            self.retired.push_back(key);
+        }
+        while self.retired.len() > self.cfg.retired_memory {
+            if let Some(old) = self.retired.pop_front() {
+                self.retired_set.remove(&old);
+            }
+        }
+    }
+
+    /// End of the prefix of `start..end` that the receiver really holds for transfer `key`
+    /// (the receiver's side of the replay boundary). A released transfer holds everything.
+    pub fn held(&self, key: TransferKey, start: u32, end: u32) -> Result<u32, SessionError> {
+        if let Some(rt) = self.recvs.get(&key) {
+            let chunks = rt.have.capacity();
+            if start > end || end > chunks {
+                return Err(SessionError::BadRange { key, start, end, chunks });
+            }
+            return Ok(rt.have.first_missing(start, end));
+        }
+        if self.retired_set.contains(&key) {
+            return Ok(end);
+        }
+        Err(SessionError::UnknownTransfer(key))
+    }
+
+    /// Whether this session holds chunk `index` of receive `key`.
+    pub fn holds_chunk(&self, key: TransferKey, index: u32) -> bool {
+        self.recvs.get(&key).is_some_and(|rt| rt.have.contains(index))
+    }
+
+    /// The lanes of send `key`.
+    pub fn lanes(&self, key: TransferKey) -> Vec<LaneInfo> {
+        let Some(tr) = self.sends.get(&key) else { return Vec::new() };
+        tr.lanes
+            .iter()
+            .enumerate()
+            .map(|(i, l)| LaneInfo {
+                id: LaneId { transfer: key, lane: u16::try_from(i).unwrap_or(u16::MAX) },
+                start: l.start,
+                end: l.end,
+                primary: l.primary,
+                path: l.path,
+                quiesced: l.quiesced,
+                sender_done: tr.completed.first_missing(l.start, l.end),
+                in_flight: u32::try_from(l.in_flight.len()).unwrap_or(u32::MAX),
+                migrations: l.migrations,
+            })
+            .collect()
+    }
+
+    /// Paths with outstanding sends that are not marked down, for a stall detector.
+    pub fn path_activity(&self) -> Vec<PathActivity> {
+        self.paths
+            .iter()
+            .filter(|(_, s)| s.outstanding > 0 && !s.down)
+            .map(|(&path, s)| PathActivity { path, outstanding: s.outstanding, since: s.since })
+            .collect()
+    }
+
+    /// Paths marked down.
+    pub fn down_paths(&self) -> Vec<PathId> {
+        self.paths.iter().filter(|(_, s)| s.down).map(|(&p, _)| p).collect()
+    }
+
+    /// Whether `path` is marked down.
+    pub fn is_path_down(&self, path: PathId) -> bool {
+        self.paths.get(&path).is_some_and(|s| s.down)
+    }
+
+    /// Whether `nic` (local or remote) is marked down.
+    pub fn is_nic_down(&self, nic: NicId) -> bool {
+        self.down_nics.contains(&nic)
+    }
+
+    fn usable(&self, p: PathId) -> bool {
+        !self.down_nics.contains(&p.local)
+            && !self.down_nics.contains(&p.remote)
+            && !self.paths.get(&p).is_some_and(|s| s.down)
+    }
+
+    /// The best usable path starting from `primary`: the local NIC then its backup chain, each
+    /// first with the peer's NIC on the same rail, then with the peer's NIC and its chain.
+    fn choose_from(&self, primary: PathId) -> Option<PathId> {
+        let locals: Vec<NicId> =
+            std::iter::once(primary.local).chain(self.topo.chain(primary.local).iter().copied()).collect();
+        let remotes: Vec<NicId> =
+            std::iter::once(primary.remote).chain(self.topo.chain(primary.remote).iter().copied()).collect();
+        let same_rail = locals.iter().flat_map(|&l| {
+            remotes.iter().filter(move |r| r.rail == l.rail).map(move |&r| PathId::new(l, primary.peer, r))
+        });
+        let any = locals.iter().flat_map(|&l| remotes.iter().map(move |&r| PathId::new(l, primary.peer, r)));
+        same_rail.chain(any).find(|&p| self.usable(p))
+    }
+
+    /// The path a lane should use now, following its primary's backup chain (`None`: nothing usable).
+    pub fn choose_path(&self, lane: LaneId) -> Option<PathId> {
+        let l = self.sends.get(&lane.transfer)?.lanes.get(usize::from(lane.lane))?;
+        self.choose_from(l.primary)
+    }
+
+    /// Posts a zero-byte probe on `path`'s probe endpoint; the answer comes as
+    /// [`SessionEvent::ProbeDone`].
+    pub fn probe<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        path: PathId,
+    ) -> Result<RequestId, SessionError> {
+        let req = t.post_probe(now, path)?;
+        self.requests.insert(req, Pending::Probe { path });
+        Ok(req)
+    }
+
+    /// Marks `path` down (both directions): stops posting on it, cancels its requests and asks
+    /// for a migration of every lane on it. Idempotent.
+    pub fn handle_path_down<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        path: PathId,
+        fault: PathFault,
+    ) {
+        let st = self.paths.entry(path).or_insert(PathState::new(now));
+        if st.down {
+            return;
+        }
+        st.down = true;
+        st.outstanding = 0;
+        st.posted_recvs = 0;
+        self.stats.path_failures += 1;
+        t.cancel_path(now, path);
+        self.requests.retain(|_, p| match p {
+            Pending::Send { path: q, .. } | Pending::Recv { path: q } => *q != path,
+            Pending::Probe { .. } => true,
+        });
+        tracing::warn!(target: NET, rank = %self.rank, %path, ?fault, ?now, "path down");
+        self.events.push_back(SessionEvent::PathFailed { path, fault });
+        for (&key, tr) in &mut self.sends {
+            for (i, lane) in tr.lanes.iter_mut().enumerate() {
+                if lane.path != path || lane.quiesced {
+                    continue;
+                }
+                lane.quiesced = true;
+                lane.in_flight.clear();
+                let id = LaneId { transfer: key, lane: u16::try_from(i).unwrap_or(u16::MAX) };
+                self.events.push_back(SessionEvent::MigrationNeeded(MigrationRequest {
+                    lane: id,
+                    from: path,
+                    start: lane.start,
+                    end: lane.end,
+                    sender_done: tr.completed.first_missing(lane.start, lane.end),
+                    reason: MoveReason::Failure(fault),
+                }));
+            }
+        }
+    }
+
+    /// Clears the down mark of `path` (a probe got through) and offers fail-backs.
+    pub fn handle_path_up(&mut self, _now: Duration, path: PathId) {
+        if let Some(st) = self.paths.get_mut(&path) {
+            if st.down {
+                st.down = false;
+                self.offer_better();
+            }
+        }
+    }
+
+    /// Marks a NIC (this node's or a peer's) down and fails every path through it.
+    pub fn handle_nic_down<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T, nic: NicId) {
+        if !self.down_nics.insert(nic) {
+            return;
+        }
+        let fault = if nic.node == self.node { PathFault::LocalNicDown } else { PathFault::Reported };
+        let mut hit: BTreeSet<PathId> =
+            self.paths.keys().filter(|p| p.local == nic || p.remote == nic).copied().collect();
+        for tr in self.sends.values() {
+            hit.extend(tr.lanes.iter().map(|l| l.path).filter(|p| p.local == nic || p.remote == nic));
+        }
+        for p in hit {
+            self.handle_path_down(now, t, p, fault);
+        }
+    }
+
+    /// Clears the down mark of a NIC and of the paths through it; offers fail-backs.
+    pub fn handle_nic_up(&mut self, _now: Duration, nic: NicId) {
+        if !self.down_nics.remove(&nic) {
+            return;
+        }
+        for (p, st) in &mut self.paths {
+            if p.local == nic || p.remote == nic {
+                st.down = false;
+            }
+        }
+        self.offer_better();
+    }
+
+    fn offer_better(&mut self) {
+        let mut offers = Vec::new();
+        for (&key, tr) in &self.sends {
+            for (i, lane) in tr.lanes.iter().enumerate() {
+                let unfinished = lane.next < lane.end || !lane.in_flight.is_empty();
+                if lane.quiesced || !unfinished {
+                    continue;
+                }
+                if let Some(p) = self.choose_from(lane.primary) {
+                    if p != lane.path && lane.offered != Some(p) {
+                        offers.push((key, i, p));
+                    }
+                }
+            }
+        }
+        for (key, i, path) in offers {
+            if let Some(lane) = self.sends.get_mut(&key).and_then(|tr| tr.lanes.get_mut(i)) {
+                lane.offered = Some(path);
+                let id = LaneId { transfer: key, lane: u16::try_from(i).unwrap_or(u16::MAX) };
+                self.events.push_back(SessionEvent::BetterPath { lane: id, path });
+            }
+        }
+    }
+
+    /// Planned move of an active lane (fail-back): cancels its in-flight chunks, quiesces it and
+    /// emits [`SessionEvent::MigrationNeeded`] with [`MoveReason::Failback`].
+    pub fn handle_move<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        lane: LaneId,
+    ) -> Result<(), SessionError> {
+        let tr = self.sends.get_mut(&lane.transfer).ok_or(SessionError::UnknownLane(lane))?;
+        let l = tr.lanes.get_mut(usize::from(lane.lane)).ok_or(SessionError::UnknownLane(lane))?;
+        if l.quiesced {
+            return Err(SessionError::LaneNotActive(lane));
+        }
+        for (_, req) in std::mem::take(&mut l.in_flight) {
+            // A request that already finished cannot be cancelled; its completion is then stale.
+            let _ = t.cancel(now, req);
+            if self.requests.remove(&req).is_some() {
+                if let Some(st) = self.paths.get_mut(&l.path) {
+                    st.outstanding = st.outstanding.saturating_sub(1);
+                }
+            }
+        }
+        l.quiesced = true;
+        self.events.push_back(SessionEvent::MigrationNeeded(MigrationRequest {
+            lane,
+            from: l.path,
+            start: l.start,
+            end: l.end,
+            sender_done: tr.completed.first_missing(l.start, l.end),
+            reason: MoveReason::Failback,
+        }));
+        Ok(())
+    }
+
+    /// Sender side of a migration: resume quiesced `lane` on `path`, replaying from `boundary`
+    /// (the agreed min of the sender's completed prefix and what the receiver holds).
+    pub fn handle_migrate(
+        &mut self,
+        now: Duration,
+        lane: LaneId,
+        path: PathId,
+        boundary: u32,
+    ) -> Result<(), SessionError> {
+        self.check_path(path, lane.transfer.dst)?;
+        if !self.usable(path) {
+            return Err(SessionError::PathDown(path));
+        }
+        let tr = self.sends.get_mut(&lane.transfer).ok_or(SessionError::UnknownLane(lane))?;
+        let l = tr.lanes.get_mut(usize::from(lane.lane)).ok_or(SessionError::UnknownLane(lane))?;
+        if !l.quiesced {
+            return Err(SessionError::LaneNotQuiesced(lane));
+        }
+        let sender_done = tr.completed.first_missing(l.start, l.end);
+        if boundary < l.start || boundary > sender_done {
+            return Err(SessionError::BoundaryAhead { lane, boundary, sender_done });
+        }
+        tr.completed.remove_range(boundary, l.end);
+        l.replay_until = l.replay_until.max(l.next);
+        l.next = boundary;
+        let from = l.path;
+        l.path = path;
+        l.quiesced = false;
+        l.offered = None;
+        l.migrations += 1;
+        self.stats.migrations += 1;
+        if path == l.primary {
+            self.stats.failbacks += 1;
+        }
+        self.paths.entry(path).or_insert(PathState::new(now));
+        tracing::info!(target: NET, %lane, %from, to = %path, boundary, sender_done, ?now, "lane migrated");
+        Ok(())
+    }
+
+    /// Receiver side of a migration: checks that `boundary` is not ahead of what this rank holds
+    /// of `start..end` of `key`, and listens on `path` (this rank's view of the new path).
+    pub fn handle_peer_migrate(
+        &mut self,
+        now: Duration,
+        key: TransferKey,
+        start: u32,
+        end: u32,
+        path: PathId,
+        boundary: u32,
+    ) -> Result<(), SessionError> {
+        self.check_path(path, key.src)?;
+        let held = self.held(key, start, end)?;
+        if boundary > held {
+            return Err(SessionError::BoundaryAheadOfReceiver { key, boundary, held });
+        }
+        if !self.down_nics.contains(&path.local) {
+            let st = self.paths.entry(path).or_insert(PathState::new(now));
+            st.listen = true;
+            st.down = false;
+        }
+        Ok(())
+    }
+
+    fn check_path(&self, path: PathId, peer: Rank) -> Result<(), SessionError> {
+        let ok = path.peer == peer
+            && path.local.node == self.node
+            && self.topo.has_nic(path.local)
+            && self.topo.has_nic(path.remote)
+            && self.topo.node_of(peer) == Some(path.remote.node);
+        if ok {
+            Ok(())
+        } else {
+            Err(SessionError::ForeignPath { path })
+        }
+    }
+
+    /// Makes progress: lets the backend run, handles its events, posts sends within each lane's
+    /// window and keeps receives posted on listened paths.
+    pub fn drive<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T) {
+        t.progress(now);
+        while let Some(ev) = t.poll_event() {
+            self.on_transport_event(now, t, ev);
+        }
+        self.post_work(now, t);
+    }
+
+    fn on_transport_event<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T, ev: TransportEvent) {
+        match ev {
+            TransportEvent::Completion(c) => self.on_completion(now, t, c),
+            TransportEvent::PathError { path, fault } => self.handle_path_down(now, t, path, fault),
+            TransportEvent::LinkState { nic, up } => {
+                if nic.node == self.node {
+                    self.events.push_back(SessionEvent::LocalNic { nic, up });
+                }
+                if up {
+                    self.handle_nic_up(now, nic);
+                } else {
+                    self.handle_nic_down(now, t, nic);
+                }
+            }
+        }
+    }
+
+    fn on_completion<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T, c: Completion) {
+        let Some(p) = self.requests.remove(&c.req) else {
+            if c.kind != CompletionKind::Cancelled {
+                self.stats.stale_completions += 1;
+            }
+            return;
+        };
+        match p {
+            Pending::Send { lane, chunk, path } => {
+                if let Some(st) = self.paths.get_mut(&path) {
+                    st.outstanding = st.outstanding.saturating_sub(1);
+                    st.since = now;
+                }
+                if let Some(tr) = self.sends.get_mut(&lane.transfer) {
+                    if let Some(l) = tr.lanes.get_mut(usize::from(lane.lane)) {
+                        l.in_flight.remove(&chunk);
+                    }
+                    if c.kind == CompletionKind::Sent {
+                        if tr.completed.insert(chunk) {
+                            self.stats.chunks_sent += 1;
+                        }
+                        if tr.completed.is_full() && !tr.reported {
+                            tr.reported = true;
+                            self.events.push_back(SessionEvent::SendComplete(lane.transfer));
+                        }
+                    }
+                }
+                if let CompletionKind::Failed(f) = c.kind {
+                    self.handle_path_down(now, t, path, f);
+                }
+            }
+            Pending::Recv { path } => {
+                if let Some(st) = self.paths.get_mut(&path) {
+                    st.posted_recvs = st.posted_recvs.saturating_sub(1);
+                }
+                match c.kind {
+                    CompletionKind::Received(bytes) => self.on_message(t, path, &bytes),
+                    CompletionKind::Failed(f) => self.handle_path_down(now, t, path, f),
+                    _ => {}
+                }
+            }
+            Pending::Probe { path } => {
+                let ok = c.kind == CompletionKind::ProbeOk;
+                self.events.push_back(SessionEvent::ProbeDone { req: c.req, path, ok });
+            }
+        }
+    }
+
+    fn bad(&mut self, path: PathId, problem: ChunkProblem) {
+        tracing::warn!(target: NET, rank = %self.rank, %path, ?problem, "chunk refused");
+        self.events.push_back(SessionEvent::BadChunk { path, problem });
+    }
+
+    fn on_message<T: Transport + ?Sized>(&mut self, t: &mut T, path: PathId, bytes: &[u8]) {
+        let (h, payload) = match ChunkHeader::decode(bytes) {
+            Ok(x) => x,
+            Err(e) => {
+                self.stats.malformed += 1;
+                return self.bad(path, ChunkProblem::Malformed(e));
+            }
+        };
+        let key = h.transfer();
+        if key.dst != self.rank || key.src != path.peer {
+            self.stats.misrouted += 1;
+            return self.bad(path, ChunkProblem::Misrouted { src: key.src, dst: key.dst });
+        }
+        if !self.comms.contains(&key.comm) {
+            self.stats.unknown_collective += 1;
+            return self.bad(path, ChunkProblem::UnknownCollective(key.comm));
+        }
+        if self.recvs.contains_key(&key) {
+            return self.apply(t, path, &h, payload);
+        }
+        if self.retired_set.contains(&key) {
+            self.stats.duplicates += 1;
+            return;
+        }
+        if self.early_bytes + payload.len() <= self.cfg.max_early_bytes {
+            self.early_bytes += payload.len();
+            self.stats.early_stashed += 1;
+            self.early.entry(key).or_default().push((path, h, payload.to_vec()));
+        } else {
+            self.stats.early_dropped += 1;
+            self.bad(path, ChunkProblem::Unexpected(h.id));
+        }
+    }
+
+    fn apply<T: Transport + ?Sized>(&mut self, t: &mut T, path: PathId, h: &ChunkHeader, payload: &[u8]) {
+        let key = h.transfer();
+        let cs = self.cfg.chunk_size;
+        let Some(rt) = self.recvs.get_mut(&key) else { return };
+        let idx = h.id.index;
+        if h.total_len != rt.len || idx >= rt.have.capacity() || h.len != chunk_len(rt.len, cs, idx) {
+            self.stats.mismatched += 1;
+            return self.bad(path, ChunkProblem::Mismatch(h.id));
+        }
+        if rt.have.contains(idx) {
+            self.stats.duplicates += 1;
+            tracing::debug!(target: NET, chunk = idx, %key, replay = h.flags & FLAG_REPLAY != 0, "duplicate chunk");
+            return;
+        }
+        let off = rt.offset + idx as usize * cs as usize;
+        let dst = rt.dst;
+        let written = t
+            .region_mut(dst)
+            .ok()
+            .and_then(|r| r.get_mut(off..off + payload.len()))
+            .map(|d| d.copy_from_slice(payload))
+            .is_some();
+        if !written {
+            self.stats.mismatched += 1;
+            return self.bad(path, ChunkProblem::Mismatch(h.id));
+        }
+        if let Some(rt) = self.recvs.get_mut(&key) {
+            rt.have.insert(idx);
+        }
+        self.stats.chunks_applied += 1;
+        self.stats.bytes_applied += payload.len() as u64;
+        self.check_recv_complete(key);
+    }
+
+    fn check_recv_complete(&mut self, key: TransferKey) {
+        if let Some(rt) = self.recvs.get_mut(&key) {
+            if rt.have.is_full() && !rt.reported {
+                rt.reported = true;
+                self.events.push_back(SessionEvent::RecvComplete(key));
+            }
+        }
+    }
+
+    fn post_work<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T) {
+        let cs = self.cfg.chunk_size;
+        let window = self.cfg.window as usize;
+        let mut failed = Vec::new();
+        for (&key, tr) in &mut self.sends {
+            for (i, lane) in tr.lanes.iter_mut().enumerate() {
+                if lane.quiesced {
+                    continue;
+                }
+                let st = self.paths.entry(lane.path).or_insert(PathState::new(now));
+                if st.down {
+                    continue;
+                }
+                while lane.in_flight.len() < window && lane.next < lane.end {
+                    let idx = lane.next;
+                    if tr.completed.contains(idx) {
+                        lane.next += 1;
+                        continue;
+                    }
+                    let len = chunk_len(tr.len, cs, idx);
+                    let replay = idx < lane.replay_until;
+                    let header = ChunkHeader {
+                        id: ChunkId { transfer: key, index: idx },
+                        total_len: tr.len,
+                        len,
+                        flags: if replay { FLAG_REPLAY } else { 0 },
+                    };
+                    let off = tr.offset + idx as usize * cs as usize;
+                    match t.post_send(now, lane.path, &header.encode(), tr.src, off, len as usize) {
+                        Ok(req) => {
+                            lane.next += 1;
+                            lane.in_flight.insert(idx, req);
+                            let id = LaneId { transfer: key, lane: u16::try_from(i).unwrap_or(u16::MAX) };
+                            self.requests.insert(req, Pending::Send { lane: id, chunk: idx, path: lane.path });
+                            if st.outstanding == 0 {
+                                st.since = now;
+                            }
+                            st.outstanding += 1;
+                            self.stats.chunks_posted += 1;
+                            if replay {
+                                self.stats.chunks_replayed += 1;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(target: NET, path = %lane.path, error = %e, "send refused");
+                            failed.push(lane.path);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let cap = HEADER_LEN + cs as usize;
+        for (&path, st) in &mut self.paths {
+            if !st.listen || st.down || self.down_nics.contains(&path.local) {
+                continue;
+            }
+            while st.posted_recvs < self.cfg.recv_depth {
+                match t.post_recv(now, path, cap) {
+                    Ok(req) => {
+                        self.requests.insert(req, Pending::Recv { path });
+                        st.posted_recvs += 1;
+                    }
+                    Err(e) => {
+                        tracing::warn!(target: NET, %path, error = %e, "receive refused");
+                        failed.push(path);
+                        break;
+                    }
+                }
+            }
+        }
+        for p in failed {
+            self.handle_path_down(now, t, p, PathFault::Endpoint);
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The `Transport` trait: the seam between the session logic and a backend that moves bytes
+//! (the in-memory fabric here, UCX in `r2ccl-ucx`).
+//!
+//! A backend is one rank's view of its node's NICs. Everything is asynchronous: posting returns
+//! a [`RequestId`] at once and the outcome arrives later as a [`TransportEvent`] from
+//! [`Transport::poll_event`] after [`Transport::progress`]. Every posted request ends in exactly
+//! one completion (done, failed or cancelled), except requests lost in a silent fault, which
+//! never complete: the layer above owns deadlines.
+
+use crate::{MemHandle, PathId, RequestId};
+use r2ccl_core::{NicId, Rank};
+use std::time::Duration;
+
+/// Why a path failed, as a backend or a detector reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PathFault {
+    /// This side's NIC is down (link-state event or immediate local error).
+    LocalNicDown,
+    /// The endpoint reported an error (peer unreachable, connection reset).
+    Endpoint,
+    /// No progress before the deadline (decided by the detector, not the backend).
+    Timeout,
+    /// The peer or the control plane reported the failure out of band.
+    Reported,
+}
+
+/// The outcome of a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CompletionKind {
+    /// A send finished: the bytes reached the peer's NIC.
+    Sent,
+    /// A receive finished with this message (chunk header and payload).
+    Received(Vec<u8>),
+    /// A zero-byte probe got its answer.
+    ProbeOk,
+    /// The request failed on its path.
+    Failed(PathFault),
+    /// The request was cancelled before it finished.
+    Cancelled,
+}
+
+/// The completion of one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The request.
+    pub req: RequestId,
+    /// The path it was posted on.
+    pub path: PathId,
+    /// What happened.
+    pub kind: CompletionKind,
+}
+
+/// Something the backend reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransportEvent {
+    /// A request finished.
+    Completion(Completion),
+    /// An endpoint error on a path, independent of any one request (UCX's error callback).
+    PathError {
+        /// The path.
+        path: PathId,
+        /// What kind of failure.
+        fault: PathFault,
+    },
+    /// A local NIC's link went down or came back (netlink on Linux).
+    LinkState {
+        /// The NIC.
+        nic: NicId,
+        /// Whether it is up now.
+        up: bool,
+    },
+}
+
+/// Why a backend refused a call. Failures of the network itself are completions or events, not
+/// errors: an error here means the call was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    /// The rank is not part of the fabric.
+    #[error("{0} is not part of this fabric")]
+    UnknownRank(Rank),
+    /// The NIC is not one of this rank's node's NICs.
+    #[error("{nic} is not a NIC of {rank}'s node")]
+    NotLocalNic {
+        /// The NIC named as local.
+        nic: NicId,
+        /// The rank posting.
+        rank: Rank,
+    },
+    /// The remote NIC is not a NIC of the peer's node.
+    #[error("{nic} is not a NIC of {peer}'s node")]
+    NotPeerNic {
+        /// The NIC named as remote.
+        nic: NicId,
+        /// The peer.
+        peer: Rank,
+    },
+    /// The memory handle is unknown or belongs to another rank.
+    #[error("memory handle {0:?} is not registered by this rank")]
+    UnknownHandle(MemHandle),
+    /// The byte range lies outside the registered region.
+    #[error("bytes {offset}..{offset}+{len} lie outside a region of {size} bytes")]
+    OutOfBounds {
+        /// Start of the range.
+        offset: usize,
+        /// Length of the range.
+        len: usize,
+        /// Size of the region.
+        size: usize,
+    },
+    /// The request is not outstanding (unknown or already completed).
+    #[error("request {0:?} is not outstanding")]
+    UnknownRequest(RequestId),
+}
+
+/// One rank's access to its node's NICs.
+///
+/// Registration is node-wide: a region is registered with every NIC at once and its one
+/// [`MemHandle`] is valid on all of them, so a migration never registers anything. Data and
+/// probes use separate endpoints, so a probe never queues behind data.
+pub trait Transport {
+    /// The rank this transport serves.
+    fn rank(&self) -> Rank;
+
+    /// The NICs of this rank's node, by rail.
+    fn local_nics(&self) -> Vec<NicId>;
+
+    /// Allocates a region of `len` zeroed bytes and registers it on all local NICs.
+    fn register(&mut self, len: usize) -> Result<MemHandle, TransportError>;
+
+    /// Deregisters a region from every NIC and frees it.
+    fn deregister(&mut self, handle: MemHandle) -> Result<(), TransportError>;
+
+    /// The bytes of a registered region.
+    fn region(&self, handle: MemHandle) -> Result<&[u8], TransportError>;
+
+    /// The bytes of a registered region, writable.
+    fn region_mut(&mut self, handle: MemHandle) -> Result<&mut [u8], TransportError>;
+
+    /// Posts a send on `path` of `header` followed by `len` bytes at `offset` of `src`. The
+    /// region's bytes must stay unchanged until the send completes.
+    fn post_send(
+        &mut self,
+        now: Duration,
+        path: PathId,
+        header: &[u8],
+        src: MemHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<RequestId, TransportError>;
+
+    /// Posts a receive for one message of at most `capacity` bytes arriving on `path`.
+    fn post_recv(&mut self, now: Duration, path: PathId, capacity: usize) -> Result<RequestId, TransportError>;
+
+    /// Posts a zero-byte probe on the probe endpoint of `path`; completes with
+    /// [`CompletionKind::ProbeOk`] when the peer's NIC answered.
+    fn post_probe(&mut self, now: Duration, path: PathId) -> Result<RequestId, TransportError>;
+
+    /// Cancels one outstanding request; it completes with [`CompletionKind::Cancelled`] (or with
+    /// its real outcome if it had already finished).
+    fn cancel(&mut self, now: Duration, req: RequestId) -> Result<(), TransportError>;
+
+    /// Cancels every outstanding data request (sends and receives) of this rank on `path`;
+    /// returns how many were cancelled. Probes are left alone.
+    fn cancel_path(&mut self, now: Duration, path: PathId) -> usize;
+
+    /// Lets the backend make progress up to time `now`.
+    fn progress(&mut self, now: Duration);
+
+    /// The next event, if any is ready.
+    fn poll_event(&mut self) -> Option<TransportEvent>;
+
+    /// When the backend next has something to report without new input (`None`: unknown or
+    /// never). A simulated backend knows; a real one returns `None`.
+    fn poll_timeout(&self) -> Option<Duration>;
+}

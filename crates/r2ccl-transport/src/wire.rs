@@ -1,0 +1,224 @@
+//! The chunk header wire format: versioned, fixed-size, little-endian; decoding never panics.
+//!
+//! Layout (`HEADER_LEN` = 56 bytes), all integers little-endian:
+//!
+//! | bytes  | field     | meaning                                           |
+//! |--------|-----------|---------------------------------------------------|
+//! | 0..4   | magic     | `b"R2CK"`                                         |
+//! | 4      | version   | [`WIRE_VERSION`]                                  |
+//! | 5      | kind      | 1 = data chunk                                    |
+//! | 6..8   | flags     | bit 0 = replayed chunk; other bits must be zero   |
+//! | 8..16  | comm      | communicator id                                   |
+//! | 16..24 | seq       | collective sequence number                        |
+//! | 24..28 | step      | step of the collective                            |
+//! | 28..32 | chunk     | chunk index within the transfer                   |
+//! | 32..36 | src       | sending rank                                      |
+//! | 36..40 | dst       | receiving rank                                    |
+//! | 40..48 | total_len | bytes of the whole transfer                       |
+//! | 48..52 | len       | payload bytes that follow the header              |
+//! | 52..56 | check     | FNV-1a (32 bit) of bytes 0..52                     |
+//!
+//! The payload follows the header directly; a message is exactly `HEADER_LEN + len` bytes.
+
+use crate::{ChunkId, CommId, TransferKey};
+use r2ccl_core::Rank;
+
+/// Size of an encoded chunk header in bytes.
+pub const HEADER_LEN: usize = 56;
+/// The header format version this crate writes and accepts.
+pub const WIRE_VERSION: u8 = 1;
+const MAGIC: [u8; 4] = *b"R2CK";
+const KIND_DATA: u8 = 1;
+/// Flag bit: the chunk is a replay after a migration.
+pub const FLAG_REPLAY: u16 = 1;
+const KNOWN_FLAGS: u16 = FLAG_REPLAY;
+
+/// Why a message was refused as a chunk.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// The message is shorter than a header.
+    #[error("message of {len} bytes is shorter than the {HEADER_LEN}-byte chunk header")]
+    Short {
+        /// Bytes received.
+        len: usize,
+    },
+    /// The first four bytes are not the chunk magic.
+    #[error("bad magic {found:02x?}, expected \"R2CK\"")]
+    BadMagic {
+        /// The bytes found.
+        found: [u8; 4],
+    },
+    /// A header version this build does not speak.
+    #[error("unsupported header version {found} (this build speaks {WIRE_VERSION})")]
+    Version {
+        /// The version found.
+        found: u8,
+    },
+    /// A message kind other than data.
+    #[error("unknown message kind {found}")]
+    Kind {
+        /// The kind found.
+        found: u8,
+    },
+    /// Flag bits that this version does not define.
+    #[error("unknown flag bits {found:#06x}")]
+    Flags {
+        /// The flags found.
+        found: u16,
+    },
+    /// The header checksum does not match its contents.
+    #[error("header checksum {found:#010x} does not match computed {computed:#010x}")]
+    Checksum {
+        /// Checksum in the header.
+        found: u32,
+        /// Checksum of the received header bytes.
+        computed: u32,
+    },
+    /// The payload length differs from the header's `len`.
+    #[error("header says {header} payload bytes, message carries {actual}")]
+    Length {
+        /// `len` from the header.
+        header: u32,
+        /// Payload bytes actually present.
+        actual: usize,
+    },
+    /// The chunk's `len` exceeds the transfer's `total_len`.
+    #[error("chunk of {len} bytes in a transfer of {total_len} bytes")]
+    Inconsistent {
+        /// Chunk payload length.
+        len: u32,
+        /// Transfer length.
+        total_len: u64,
+    },
+}
+
+/// A decoded chunk header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkHeader {
+    /// Which chunk of which transfer.
+    pub id: ChunkId,
+    /// Bytes of the whole transfer.
+    pub total_len: u64,
+    /// Payload bytes of this chunk.
+    pub len: u32,
+    /// Flag bits ([`FLAG_REPLAY`]).
+    pub flags: u16,
+}
+
+fn fnv1a(bytes: &[u8]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for &b in bytes {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+fn arr<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
+    let mut out = [0u8; N];
+    if let Some(s) = b.get(at..at + N) {
+        out.copy_from_slice(s);
+    }
+    out
+}
+
+impl ChunkHeader {
+    /// Whether the chunk is marked as a replay.
+    pub const fn is_replay(&self) -> bool {
+        self.flags & FLAG_REPLAY != 0
+    }
+
+    /// The header's transfer.
+    pub const fn transfer(&self) -> TransferKey {
+        self.id.transfer
+    }
+
+    /// Encodes the header into its fixed-size wire form.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let t = self.id.transfer;
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4] = WIRE_VERSION;
+        b[5] = KIND_DATA;
+        b[6..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..16].copy_from_slice(&t.comm.0.to_le_bytes());
+        b[16..24].copy_from_slice(&t.seq.to_le_bytes());
+        b[24..28].copy_from_slice(&t.step.to_le_bytes());
+        b[28..32].copy_from_slice(&self.id.index.to_le_bytes());
+        b[32..36].copy_from_slice(&t.src.0.to_le_bytes());
+        b[36..40].copy_from_slice(&t.dst.0.to_le_bytes());
+        b[40..48].copy_from_slice(&self.total_len.to_le_bytes());
+        b[48..52].copy_from_slice(&self.len.to_le_bytes());
+        let check = fnv1a(&b[0..52]);
+        b[52..56].copy_from_slice(&check.to_le_bytes());
+        b
+    }
+
+    /// Decodes a whole message (header then payload) and returns the header and the payload.
+    /// Never panics, whatever the bytes.
+    pub fn decode(msg: &[u8]) -> Result<(Self, &[u8]), WireError> {
+        let Some((head, payload)) = msg.split_at_checked(HEADER_LEN) else {
+            return Err(WireError::Short { len: msg.len() });
+        };
+        let magic: [u8; 4] = arr(head, 0);
+        if magic != MAGIC {
+            return Err(WireError::BadMagic { found: magic });
+        }
+        if head[4] != WIRE_VERSION {
+            return Err(WireError::Version { found: head[4] });
+        }
+        if head[5] != KIND_DATA {
+            return Err(WireError::Kind { found: head[5] });
+        }
+        let found = u32::from_le_bytes(arr(head, 52));
+        let computed = fnv1a(&head[0..52]);
+        if found != computed {
+            return Err(WireError::Checksum { found, computed });
+        }
+        let flags = u16::from_le_bytes(arr(head, 6));
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(WireError::Flags { found: flags });
+        }
+        let total_len = u64::from_le_bytes(arr(head, 40));
+        let len = u32::from_le_bytes(arr(head, 48));
+        if u64::from(len) > total_len {
+            return Err(WireError::Inconsistent { len, total_len });
+        }
+        if payload.len() != len as usize {
+            return Err(WireError::Length { header: len, actual: payload.len() });
+        }
+        let transfer = TransferKey {
+            comm: CommId(u64::from_le_bytes(arr(head, 8))),
+            seq: u64::from_le_bytes(arr(head, 16)),
+            step: u32::from_le_bytes(arr(head, 24)),
+            src: Rank(u32::from_le_bytes(arr(head, 32))),
+            dst: Rank(u32::from_le_bytes(arr(head, 36))),
+        };
+        let id = ChunkId { transfer, index: u32::from_le_bytes(arr(head, 28)) };
+        Ok((Self { id, total_len, len, flags }, payload))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_detects_corruption() {
+        let h = ChunkHeader {
+            id: ChunkId { transfer: TransferKey::new(7, 3, 2, 1, 0), index: 5 },
+            total_len: 100,
+            len: 4,
+            flags: FLAG_REPLAY,
+        };
+        let mut msg = h.encode().to_vec();
+        msg.extend_from_slice(&[1, 2, 3, 4]);
+        let (d, p) = ChunkHeader::decode(&msg).unwrap();
+        assert_eq!(d, h);
+        assert_eq!(p, &[1, 2, 3, 4]);
+        assert!(d.is_replay());
+        msg[20] ^= 1;
+        assert!(matches!(ChunkHeader::decode(&msg), Err(WireError::Checksum { .. })));
+        assert_eq!(ChunkHeader::decode(&msg[..10]), Err(WireError::Short { len: 10 }));
+    }
+}
