@@ -12,6 +12,8 @@
 
 pub mod agree;
 pub mod bootstrap;
+pub mod ctrl;
+pub mod engine;
 pub mod metrics;
 pub mod oob;
 

@@ -1,0 +1,229 @@
+//! Control messages between the engines of two ranks, carried on the OOB `Detect` channel:
+//! path-down notices (bilateral awareness), NIC state broadcasts (hot repair), the
+//! sender-authoritative migration request and acknowledgement (replay boundary =
+//! min(sender done, receiver holds)), transfer receipts and probe results.
+
+use r2ccl_core::{NicId, Rank};
+use r2ccl_transport::{CommId, PathId, TransferKey};
+
+/// One control message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ctrl {
+    /// The sender marked this path (its view) down; the receiver marks the mirror down.
+    PathDown {
+        /// The sender's NIC.
+        local: NicId,
+        /// The receiver's NIC.
+        remote: NicId,
+    },
+    /// A NIC of the sender's node changed state.
+    NicState {
+        /// The NIC.
+        nic: NicId,
+        /// Whether it is up.
+        up: bool,
+    },
+    /// Sender to receiver: lane `lane` of `key` moves to the path (`local` -> `remote`, in the
+    /// sender's view) and replays from min(`sender_done`, what the receiver holds).
+    MigrateReq {
+        /// The transfer.
+        key: TransferKey,
+        /// The lane.
+        lane: u16,
+        /// The lane's first chunk.
+        start: u32,
+        /// One past the lane's last chunk.
+        end: u32,
+        /// The sender's completed prefix.
+        sender_done: u32,
+        /// The sender's new NIC.
+        local: NicId,
+        /// The receiver's new NIC.
+        remote: NicId,
+        /// The lane's migration epoch (stale acknowledgements are ignored).
+        epoch: u32,
+    },
+    /// Receiver to sender: replay lane `lane` of `key` from `boundary`.
+    MigrateAck {
+        /// The transfer.
+        key: TransferKey,
+        /// The lane.
+        lane: u16,
+        /// First chunk to replay.
+        boundary: u32,
+        /// The epoch of the request this answers.
+        epoch: u32,
+    },
+    /// Receiver to sender: every byte of `key` arrived; the source may be released.
+    RecvDone {
+        /// The transfer.
+        key: TransferKey,
+    },
+    /// A probe over this path (sender's view) got through; the receiver marks the mirror up.
+    PathUp {
+        /// The sender's NIC.
+        local: NicId,
+        /// The receiver's NIC.
+        remote: NicId,
+    },
+}
+
+/// A control message that did not decode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("malformed control message ({0})")]
+pub struct CtrlError(&'static str);
+
+struct W(Vec<u8>);
+
+impl W {
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    fn u16(&mut self, v: u16) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn nic(&mut self, n: NicId) -> &mut Self {
+        self.u32(n.node.0).u16(n.rail.0)
+    }
+    fn key(&mut self, k: TransferKey) -> &mut Self {
+        self.u64(k.comm.0).u64(k.seq).u32(k.step).u32(k.src.0).u32(k.dst.0)
+    }
+}
+
+struct R<'a>(&'a [u8]);
+
+impl R<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], CtrlError> {
+        let (head, rest) = self.0.split_at_checked(N).ok_or(CtrlError("truncated"))?;
+        self.0 = rest;
+        let mut out = [0u8; N];
+        out.copy_from_slice(head);
+        Ok(out)
+    }
+    fn u8(&mut self) -> Result<u8, CtrlError> {
+        Ok(self.take::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, CtrlError> {
+        Ok(u16::from_le_bytes(self.take()?))
+    }
+    fn u32(&mut self) -> Result<u32, CtrlError> {
+        Ok(u32::from_le_bytes(self.take()?))
+    }
+    fn u64(&mut self) -> Result<u64, CtrlError> {
+        Ok(u64::from_le_bytes(self.take()?))
+    }
+    fn nic(&mut self) -> Result<NicId, CtrlError> {
+        Ok(NicId::new(self.u32()?, self.u16()?))
+    }
+    fn key(&mut self) -> Result<TransferKey, CtrlError> {
+        Ok(TransferKey {
+            comm: CommId(self.u64()?),
+            seq: self.u64()?,
+            step: self.u32()?,
+            src: Rank(self.u32()?),
+            dst: Rank(self.u32()?),
+        })
+    }
+}
+
+const VERSION: u8 = 1;
+
+impl Ctrl {
+    /// Encode with a version byte and a kind byte.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = W(Vec::with_capacity(64));
+        w.u8(VERSION);
+        match *self {
+            Ctrl::PathDown { local, remote } => w.u8(1).nic(local).nic(remote),
+            Ctrl::NicState { nic, up } => w.u8(2).nic(nic).u8(u8::from(up)),
+            Ctrl::MigrateReq { key, lane, start, end, sender_done, local, remote, epoch } => {
+                w.u8(3).key(key).u16(lane).u32(start).u32(end).u32(sender_done).nic(local).nic(remote).u32(epoch)
+            }
+            Ctrl::MigrateAck { key, lane, boundary, epoch } => w.u8(4).key(key).u16(lane).u32(boundary).u32(epoch),
+            Ctrl::RecvDone { key } => w.u8(5).key(key),
+            Ctrl::PathUp { local, remote } => w.u8(6).nic(local).nic(remote),
+        };
+        w.0
+    }
+
+    /// Decode; never panics on any bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Self, CtrlError> {
+        let mut r = R(bytes);
+        if r.u8()? != VERSION {
+            return Err(CtrlError("unknown version"));
+        }
+        let msg = match r.u8()? {
+            1 => Ctrl::PathDown { local: r.nic()?, remote: r.nic()? },
+            2 => Ctrl::NicState { nic: r.nic()?, up: r.u8()? != 0 },
+            3 => Ctrl::MigrateReq {
+                key: r.key()?,
+                lane: r.u16()?,
+                start: r.u32()?,
+                end: r.u32()?,
+                sender_done: r.u32()?,
+                local: r.nic()?,
+                remote: r.nic()?,
+                epoch: r.u32()?,
+            },
+            4 => Ctrl::MigrateAck { key: r.key()?, lane: r.u16()?, boundary: r.u32()?, epoch: r.u32()? },
+            5 => Ctrl::RecvDone { key: r.key()? },
+            6 => Ctrl::PathUp { local: r.nic()?, remote: r.nic()? },
+            _ => return Err(CtrlError("unknown kind")),
+        };
+        if !r.0.is_empty() {
+            return Err(CtrlError("trailing bytes"));
+        }
+        Ok(msg)
+    }
+
+    /// The path a `PathDown`/`PathUp` names, in the receiver's view.
+    pub fn mirrored(local: NicId, remote: NicId, sender: Rank) -> PathId {
+        PathId { local: remote, peer: sender, remote: local }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_garbage() {
+        let key = TransferKey::new(7, 9, 3, 1, 2);
+        let msgs = [
+            Ctrl::PathDown { local: NicId::new(0, 1), remote: NicId::new(1, 1) },
+            Ctrl::NicState { nic: NicId::new(2, 0), up: false },
+            Ctrl::MigrateReq {
+                key,
+                lane: 1,
+                start: 4,
+                end: 9,
+                sender_done: 6,
+                local: NicId::new(1, 0),
+                remote: NicId::new(2, 0),
+                epoch: 2,
+            },
+            Ctrl::MigrateAck { key, lane: 1, boundary: 5, epoch: 2 },
+            Ctrl::RecvDone { key },
+            Ctrl::PathUp { local: NicId::new(0, 1), remote: NicId::new(1, 1) },
+        ];
+        for m in msgs {
+            let b = m.encode();
+            assert_eq!(Ctrl::decode(&b), Ok(m));
+            for cut in 0..b.len() {
+                assert!(Ctrl::decode(&b[..cut]).is_err());
+            }
+        }
+        assert!(Ctrl::decode(&[1, 99]).is_err());
+        assert!(Ctrl::decode(&[2, 1]).is_err());
+    }
+}

@@ -1,0 +1,786 @@
+//! The per-rank engine: runs one collective's schedule over the transport session and
+//! carries the control plane that keeps it running through NIC failures.
+//!
+//! Sans-IO apart from the `&mut impl Transport` it is handed on each call: time comes in as
+//! `now`, control messages to peers go out through [`Engine::poll_outbox`] and come in
+//! through [`Engine::handle_ctrl`]. The communicator's progress thread drives it over UCX
+//! and the OOB mesh; tests drive several engines over the in-memory fabric in one thread.
+//!
+//! Control plane (MECHANISMS.md sections 2.2 and 3): a path failure seen by either end is
+//! told to the other (bilateral awareness); the sender of each affected lane picks the next
+//! path of its backup chain and asks the receiver, which answers with the replay boundary
+//! min(sender done, what it holds) and starts listening on the new path; the sender then
+//! replays from that boundary. A receipt from the receiver completes a send, so a source
+//! region is never overwritten while a replay may still need it. Down paths are probed and
+//! traffic fails back when they answer.
+
+use crate::ctrl::Ctrl;
+use r2ccl_algo::{Buf, RankSchedule, Region, StepKind};
+use r2ccl_core::kernels::{finalize_avg_bytes, reduce_bytes};
+use r2ccl_core::{subsys, NicId, Rank};
+use r2ccl_transport::{
+    Buffer, CommId, LaneId, MemHandle, MigrationRequest, PathFault, PathId, Session, SessionConfig, SessionError,
+    SessionEvent, TransferKey, Transport,
+};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+/// Engine tunables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Communicator id (all ranks use the same).
+    pub comm: u64,
+    /// Session tunables (chunk size, window, ...).
+    pub session: SessionConfig,
+    /// A path with outstanding sends and no completion for this long is declared failed.
+    pub stall_timeout: Duration,
+    /// Re-probe period of failed paths.
+    pub probe_interval: Duration,
+    /// Resend period of an unanswered migration request.
+    pub migrate_retry: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            comm: 1,
+            session: SessionConfig::default(),
+            stall_timeout: Duration::from_millis(100),
+            probe_interval: Duration::from_millis(100),
+            migrate_retry: Duration::from_millis(50),
+        }
+    }
+}
+
+/// Why a collective failed on this rank.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// The transport session refused a call.
+    #[error("transport session: {0}")]
+    Session(#[from] SessionError),
+    /// The backend refused a call.
+    #[error("transport: {0}")]
+    Transport(#[from] r2ccl_transport::TransportError),
+    /// A reduction kernel refused its buffers (a schedule bug or mismatched arguments).
+    #[error("reduction: {0}")]
+    Kernel(#[from] r2ccl_core::KernelError),
+    /// A collective is already running on this engine.
+    #[error("a collective is already running (sequence {0})")]
+    Busy(u64),
+    /// The caller's buffers do not match the schedule.
+    #[error("buffer of {got} bytes where the schedule needs {want}")]
+    BufferSize {
+        /// Bytes given.
+        got: usize,
+        /// Bytes needed.
+        want: u64,
+    },
+    /// A schedule region lies outside its buffer.
+    #[error("schedule region {0:?} lies outside its buffer")]
+    BadRegion(Region),
+}
+
+/// Something worth a log line, a metric or a line in r2ccl-perf's output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineEvent {
+    /// A path was marked failed on this rank.
+    PathFailed {
+        /// The path (this rank's view).
+        path: PathId,
+        /// What was seen.
+        fault: PathFault,
+        /// When.
+        at: Duration,
+    },
+    /// A lane moved to another path after the boundary was agreed.
+    Migrated {
+        /// The lane.
+        lane: LaneId,
+        /// The path it left.
+        from: PathId,
+        /// The path it uses now.
+        to: PathId,
+        /// First chunk replayed.
+        boundary: u32,
+        /// Chunks sent again (completed before, replayed now).
+        replayed: u32,
+        /// Whether this was a fail-back to a recovered path.
+        failback: bool,
+        /// When the lane stopped.
+        stopped_at: Duration,
+        /// When it resumed.
+        at: Duration,
+    },
+    /// A NIC changed state (`local`: one of this node's).
+    NicState {
+        /// The NIC.
+        nic: NicId,
+        /// Whether it is up.
+        up: bool,
+        /// Whether it is this node's NIC.
+        local: bool,
+    },
+    /// A failed path answered a probe.
+    PathRecovered {
+        /// The path.
+        path: PathId,
+    },
+    /// A peer sent a chunk or control message that was refused.
+    BadInput {
+        /// Who sent it.
+        from: Rank,
+        /// What was wrong.
+        what: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StepState {
+    Waiting,
+    Running,
+    Done,
+}
+
+/// One running collective.
+#[derive(Debug)]
+struct Exec {
+    seq: u64,
+    sched: RankSchedule,
+    base: [u64; 3],
+    staging: Vec<u64>,
+    remaining: Vec<u32>,
+    dependents: Vec<Vec<u32>>,
+    state: Vec<StepState>,
+    keys: Vec<Option<TransferKey>>,
+    by_send: BTreeMap<TransferKey, usize>,
+    by_recv: BTreeMap<TransferKey, usize>,
+    ready: VecDeque<usize>,
+    done: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PendingMigration {
+    req: MigrationRequest,
+    to: PathId,
+    epoch: u32,
+    sent_at: Duration,
+    stopped_at: Duration,
+}
+
+/// One rank's engine.
+#[derive(Debug)]
+pub struct Engine {
+    rank: Rank,
+    world: u32,
+    cfg: EngineConfig,
+    session: Session,
+    work: Option<(MemHandle, usize)>,
+    exec: Option<Exec>,
+    finished: Option<u64>,
+    outbox: VecDeque<(Rank, Vec<u8>)>,
+    events: VecDeque<EngineEvent>,
+    migrations: BTreeMap<LaneId, PendingMigration>,
+    no_path: Vec<(MigrationRequest, Duration)>,
+    epochs: BTreeMap<LaneId, u32>,
+    probes: BTreeMap<PathId, Duration>,
+    notified: BTreeSet<PathId>,
+    down_nics: BTreeSet<NicId>,
+    health_changed: bool,
+    local_nics: usize,
+    last_output_base: usize,
+}
+
+fn region_abs(base: &[u64; 3], r: &Region) -> u64 {
+    base[r.buf as usize] + r.offset
+}
+
+impl Engine {
+    /// An engine for `rank` of `world` ranks over `topo`.
+    pub fn new(
+        rank: Rank,
+        world: u32,
+        cfg: EngineConfig,
+        topo: r2ccl_transport::Topology,
+    ) -> Result<Self, EngineError> {
+        let local_nics = topo.node_of(rank).map_or(0, |n| topo.nics_of(n).len());
+        let mut session = Session::new(rank, cfg.session, topo)?;
+        session.open_comm(CommId(cfg.comm));
+        Ok(Self {
+            rank,
+            world,
+            cfg,
+            session,
+            work: None,
+            exec: None,
+            finished: None,
+            outbox: VecDeque::new(),
+            events: VecDeque::new(),
+            migrations: BTreeMap::new(),
+            no_path: Vec::new(),
+            epochs: BTreeMap::new(),
+            probes: BTreeMap::new(),
+            notified: BTreeSet::new(),
+            down_nics: BTreeSet::new(),
+            health_changed: false,
+            local_nics,
+            last_output_base: 0,
+        })
+    }
+
+    /// This rank.
+    pub const fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// The transport session (statistics, path state).
+    pub const fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// NICs known to be down (this node's and peers').
+    pub const fn down_nics(&self) -> &BTreeSet<NicId> {
+        &self.down_nics
+    }
+
+    /// Whether the set of down NICs changed since the last call (then the next collective
+    /// must agree on a new health view).
+    pub fn take_health_changed(&mut self) -> bool {
+        std::mem::take(&mut self.health_changed)
+    }
+
+    /// Next control message for a peer (send it on the OOB `Detect` channel).
+    pub fn poll_outbox(&mut self) -> Option<(Rank, Vec<u8>)> {
+        self.outbox.pop_front()
+    }
+
+    /// Next event for logs and metrics.
+    pub fn poll_event(&mut self) -> Option<EngineEvent> {
+        self.events.pop_front()
+    }
+
+    /// Whether a collective is running.
+    pub const fn is_busy(&self) -> bool {
+        self.exec.is_some()
+    }
+
+    /// The sequence number of a collective that finished since the last call.
+    pub fn take_finished(&mut self) -> Option<u64> {
+        self.finished.take()
+    }
+
+    /// Steps still waiting, as (step kind, peer) descriptions, for timeout diagnostics.
+    pub fn waiting(&self) -> Vec<String> {
+        let Some(x) = &self.exec else { return Vec::new() };
+        let mut out = Vec::new();
+        for (i, st) in x.state.iter().enumerate() {
+            if *st == StepState::Running {
+                match x.sched.steps()[i].kind {
+                    StepKind::Send { peer, .. } => out.push(format!("send to {peer} (no receipt)")),
+                    StepKind::Recv { peer, .. } => out.push(format!("receive from {peer}")),
+                    _ => {}
+                }
+            }
+        }
+        out.truncate(8);
+        out
+    }
+
+    fn send_ctrl(&mut self, to: Rank, msg: Ctrl) {
+        if to != self.rank {
+            self.outbox.push_back((to, msg.encode()));
+        }
+    }
+
+    fn ensure_workspace<T: Transport + ?Sized>(&mut self, t: &mut T, len: usize) -> Result<MemHandle, EngineError> {
+        if let Some((h, l)) = self.work {
+            if l >= len {
+                return Ok(h);
+            }
+            t.deregister(h)?;
+            self.work = None;
+        }
+        let h = t.register(len.max(1))?;
+        self.work = Some((h, len.max(1)));
+        Ok(h)
+    }
+
+    /// Start collective `seq` with this rank's schedule: `input` is the send buffer,
+    /// `output` the receive buffer's current contents (kept where the collective does not write).
+    pub fn start<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        seq: u64,
+        sched: RankSchedule,
+        input: &[u8],
+        output: &[u8],
+    ) -> Result<(), EngineError> {
+        if let Some(x) = &self.exec {
+            return Err(EngineError::Busy(x.seq));
+        }
+        if input.len() as u64 != sched.input_len {
+            return Err(EngineError::BufferSize { got: input.len(), want: sched.input_len });
+        }
+        if output.len() as u64 != sched.output_len {
+            return Err(EngineError::BufferSize { got: output.len(), want: sched.output_len });
+        }
+        let base = [0, sched.input_len, sched.input_len + sched.output_len];
+        let mut end = base[2] + sched.scratch_len;
+        let n = sched.steps().len();
+        let mut staging = vec![0u64; n];
+        for (i, s) in sched.steps().iter().enumerate() {
+            if let StepKind::Recv { dst, reduce: true, .. } = s.kind {
+                staging[i] = end;
+                end += dst.len;
+            }
+        }
+        let len = usize::try_from(end).map_err(|_| EngineError::BufferSize { got: usize::MAX, want: end })?;
+        let h = self.ensure_workspace(t, len)?;
+        {
+            let ws = t.region_mut(h)?;
+            ws[..input.len()].copy_from_slice(input);
+            ws[input.len()..input.len() + output.len()].copy_from_slice(output);
+        }
+        // Dense per-pair message numbers: both ends sort the same tag set the same way.
+        let mut send_tags: BTreeMap<Rank, Vec<(u64, usize)>> = BTreeMap::new();
+        let mut recv_tags: BTreeMap<Rank, Vec<(u64, usize)>> = BTreeMap::new();
+        let mut dependents = vec![Vec::new(); n];
+        let mut remaining = vec![0u32; n];
+        for (i, s) in sched.steps().iter().enumerate() {
+            match s.kind {
+                StepKind::Send { peer, tag, .. } => send_tags.entry(peer).or_default().push((tag.0, i)),
+                StepKind::Recv { peer, tag, .. } => recv_tags.entry(peer).or_default().push((tag.0, i)),
+                _ => {}
+            }
+            for &d in sched.deps(i) {
+                dependents[d as usize].push(i as u32);
+            }
+            remaining[i] = sched.deps(i).len() as u32;
+        }
+        let mut keys = vec![None; n];
+        let mut by_send = BTreeMap::new();
+        let mut by_recv = BTreeMap::new();
+        for (peer, mut tags) in send_tags {
+            tags.sort_unstable();
+            for (k, (_, i)) in tags.into_iter().enumerate() {
+                let key = TransferKey::new(self.cfg.comm, seq, k as u32, self.rank.0, peer.0);
+                keys[i] = Some(key);
+                by_send.insert(key, i);
+            }
+        }
+        for (peer, mut tags) in recv_tags {
+            tags.sort_unstable();
+            for (k, (_, i)) in tags.into_iter().enumerate() {
+                let key = TransferKey::new(self.cfg.comm, seq, k as u32, peer.0, self.rank.0);
+                keys[i] = Some(key);
+                by_recv.insert(key, i);
+            }
+        }
+        let ready: VecDeque<usize> = (0..n).filter(|&i| remaining[i] == 0).collect();
+        self.exec = Some(Exec {
+            seq,
+            sched,
+            base,
+            staging,
+            remaining,
+            dependents,
+            state: vec![StepState::Waiting; n],
+            keys,
+            by_send,
+            by_recv,
+            ready,
+            done: 0,
+        });
+        tracing::debug!(target: subsys::COLL, rank = %self.rank, seq, steps = n, "collective started");
+        self.advance(now, t)
+    }
+
+    /// The output buffer of the collective that finished last.
+    pub fn output<T: Transport + ?Sized>(&self, t: &T, len: usize) -> Result<Vec<u8>, EngineError> {
+        let (h, _) = self.work.ok_or(EngineError::BufferSize { got: 0, want: len as u64 })?;
+        let ws = t.region(h)?;
+        Ok(ws.get(self.last_output_base..self.last_output_base + len).map(<[u8]>::to_vec).unwrap_or_default())
+    }
+
+    /// Abandon the running collective (after a timeout or an abort); its transfers are released.
+    pub fn abandon(&mut self) {
+        if let Some(x) = self.exec.take() {
+            for &k in x.by_send.keys() {
+                self.session.release_send(k);
+            }
+            for &k in x.by_recv.keys() {
+                self.session.release_recv(k);
+            }
+        }
+        self.migrations.clear();
+        self.no_path.clear();
+    }
+
+    fn complete_step(&mut self, i: usize) {
+        let Some(x) = &mut self.exec else { return };
+        if x.state[i] == StepState::Done {
+            return;
+        }
+        x.state[i] = StepState::Done;
+        x.done += 1;
+        for &d in &x.dependents[i] {
+            let d = d as usize;
+            x.remaining[d] -= 1;
+            if x.remaining[d] == 0 {
+                x.ready.push_back(d);
+            }
+        }
+    }
+
+    fn local_op<T: Transport + ?Sized>(
+        t: &mut T,
+        h: MemHandle,
+        base: &[u64; 3],
+        x: &Exec,
+        i: usize,
+    ) -> Result<(), EngineError> {
+        let (src, dst, reduce) = match x.sched.steps()[i].kind {
+            StepKind::Copy { src, dst } => (src, dst, false),
+            StepKind::Reduce { src, dst } => (src, dst, true),
+            _ => return Ok(()),
+        };
+        let ws = t.region_mut(h)?;
+        let (s, d) = (region_abs(base, &src) as usize, region_abs(base, &dst) as usize);
+        let len = src.len as usize;
+        if s + len > ws.len() || d + len > ws.len() {
+            return Err(EngineError::BadRegion(src));
+        }
+        if !reduce {
+            ws.copy_within(s..s + len, d);
+            return Ok(());
+        }
+        Self::reduce_in(ws, x, s, d, len)
+    }
+
+    fn reduce_in(ws: &mut [u8], x: &Exec, s: usize, d: usize, len: usize) -> Result<(), EngineError> {
+        let (dtype, op) = (x.sched.dtype, x.sched.op);
+        if s >= d + len {
+            let (a, b) = ws.split_at_mut(s);
+            reduce_bytes(dtype, op, &mut a[d..d + len], &b[..len])?;
+        } else if d >= s + len {
+            let (a, b) = ws.split_at_mut(d);
+            reduce_bytes(dtype, op, &mut b[..len], &a[s..s + len])?;
+        } else {
+            let src = ws[s..s + len].to_vec();
+            reduce_bytes(dtype, op, &mut ws[d..d + len], &src)?;
+        }
+        Ok(())
+    }
+
+    /// Start every ready step; finish the collective when all are done.
+    fn advance<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T) -> Result<(), EngineError> {
+        let Some((h, _)) = self.work else { return Ok(()) };
+        loop {
+            let Some(x) = &mut self.exec else { return Ok(()) };
+            let Some(i) = x.ready.pop_front() else { break };
+            x.state[i] = StepState::Running;
+            let base = x.base;
+            match x.sched.steps()[i].kind {
+                StepKind::Copy { .. } | StepKind::Reduce { .. } => {
+                    Self::local_op(t, h, &base, x, i)?;
+                    self.complete_step(i);
+                }
+                StepKind::Send { peer: _, src, split, .. } => {
+                    let key = x.keys[i].ok_or(EngineError::BadRegion(src))?;
+                    let mut weights = vec![0u32; self.local_nics];
+                    match x.sched.split(split) {
+                        Some(s) if !split.is_intra() => {
+                            for p in &s.parts {
+                                if let Some(w) = weights.get_mut(p.src.index()) {
+                                    *w = w.saturating_add(
+                                        u32::try_from(p.weight.min(u64::from(u32::MAX / 8))).unwrap_or(1),
+                                    );
+                                }
+                            }
+                        }
+                        _ => weights.iter_mut().for_each(|w| *w = 1),
+                    }
+                    if weights.iter().all(|&w| w == 0) {
+                        weights.iter_mut().for_each(|w| *w = 1);
+                    }
+                    let buf = Buffer { region: h, offset: region_abs(&base, &src) as usize, len: src.len };
+                    self.session.start_send(now, t, key, buf, &weights)?;
+                }
+                StepKind::Recv { dst, reduce, .. } => {
+                    let key = x.keys[i].ok_or(EngineError::BadRegion(dst))?;
+                    let off = if reduce { x.staging[i] } else { region_abs(&base, &dst) };
+                    let buf = Buffer { region: h, offset: off as usize, len: dst.len };
+                    self.session.expect_recv(now, t, key, buf)?;
+                }
+            }
+        }
+        self.process_session_events(now, t)?;
+        let finished = self.exec.as_ref().is_some_and(|x| x.done == x.state.len());
+        if finished {
+            if let Some(x) = self.exec.take() {
+                if let Some((r, n)) = x.sched.finalize {
+                    let ws = t.region_mut(h)?;
+                    let a = region_abs(&x.base, &r) as usize;
+                    finalize_avg_bytes(x.sched.dtype, &mut ws[a..a + r.len as usize], n)?;
+                }
+                self.last_output_base = x.base[Buf::Output as usize] as usize;
+                self.finished = Some(x.seq);
+                tracing::debug!(target: subsys::COLL, rank = %self.rank, seq = x.seq, "collective finished");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// Make progress: drive the transport, react to its events, run timers (stall
+    /// detection, probes, migration resends) and start steps that became ready.
+    pub fn drive<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T) -> Result<(), EngineError> {
+        self.session.drive(now, t);
+        self.process_session_events(now, t)?;
+        let stalled: Vec<PathId> = self
+            .session
+            .path_activity()
+            .into_iter()
+            .filter(|a| now >= a.since + self.cfg.stall_timeout)
+            .map(|a| a.path)
+            .collect();
+        for p in stalled {
+            tracing::warn!(target: subsys::DETECT, rank = %self.rank, path = %p, "no progress: path declared failed");
+            self.session.handle_path_down(now, t, p, PathFault::Timeout);
+        }
+        for p in self.session.down_paths() {
+            if self.session.is_nic_down(p.local) || self.session.is_nic_down(p.remote) {
+                continue;
+            }
+            let due = self.probes.get(&p).is_none_or(|&at| now >= at);
+            if due {
+                self.probes.insert(p, now + self.cfg.probe_interval);
+                // A probe that cannot be posted is retried at the next interval.
+                let _ = self.session.probe(now, t, p);
+            }
+        }
+        let retry: Vec<LaneId> = self
+            .migrations
+            .iter()
+            .filter(|(_, m)| now >= m.sent_at + self.cfg.migrate_retry)
+            .map(|(&l, _)| l)
+            .collect();
+        for lane in retry {
+            if let Some(m) = self.migrations.get_mut(&lane) {
+                m.sent_at = now;
+                let msg = migrate_req(m.req, m.to, m.epoch);
+                let to = lane.transfer.dst;
+                self.send_ctrl(to, msg);
+            }
+        }
+        for (req, stopped_at) in std::mem::take(&mut self.no_path) {
+            self.begin_migration(now, req, stopped_at);
+        }
+        self.process_session_events(now, t)?;
+        self.advance(now, t)
+    }
+
+    /// The next time [`Engine::drive`] has timer work (stall deadlines, probes, resends).
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        let stall = self.session.path_activity().into_iter().map(|a| a.since + self.cfg.stall_timeout).min();
+        let probe = self.probes.values().copied().min();
+        let retry = self.migrations.values().map(|m| m.sent_at + self.cfg.migrate_retry).min();
+        [stall, probe, retry].into_iter().flatten().min()
+    }
+
+    fn begin_migration(&mut self, now: Duration, req: MigrationRequest, stopped_at: Duration) {
+        let Some(to) = self.session.choose_path(req.lane) else {
+            self.no_path.push((req, stopped_at));
+            return;
+        };
+        let epoch = self.epochs.entry(req.lane).or_insert(0);
+        *epoch += 1;
+        let epoch = *epoch;
+        self.migrations.insert(req.lane, PendingMigration { req, to, epoch, sent_at: now, stopped_at });
+        self.send_ctrl(req.lane.transfer.dst, migrate_req(req, to, epoch));
+    }
+
+    fn process_session_events<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T) -> Result<(), EngineError> {
+        while let Some(ev) = self.session.poll_event() {
+            match ev {
+                SessionEvent::SendComplete(_) => {}
+                SessionEvent::RecvComplete(key) => self.on_recv_complete(t, key)?,
+                SessionEvent::PathFailed { path, fault } => {
+                    self.events.push_back(EngineEvent::PathFailed { path, fault, at: now });
+                    if fault != PathFault::Reported && self.notified.insert(path) {
+                        self.send_ctrl(path.peer, Ctrl::PathDown { local: path.local, remote: path.remote });
+                    }
+                }
+                SessionEvent::LocalNic { nic, up } => {
+                    self.events.push_back(EngineEvent::NicState { nic, up, local: true });
+                    self.note_nic(nic, up);
+                    for r in 0..self.world {
+                        self.send_ctrl(Rank(r), Ctrl::NicState { nic, up });
+                    }
+                }
+                SessionEvent::MigrationNeeded(req) => {
+                    if self.exec.as_ref().is_some_and(|x| x.by_send.contains_key(&req.lane.transfer)) {
+                        self.begin_migration(now, req, now);
+                    }
+                }
+                SessionEvent::BetterPath { lane, .. } => match self.session.handle_move(now, t, lane) {
+                    Ok(()) | Err(SessionError::LaneNotActive(_) | SessionError::UnknownLane(_)) => {}
+                    Err(e) => return Err(e.into()),
+                },
+                SessionEvent::ProbeDone { path, ok, .. } => {
+                    if ok && self.session.is_path_down(path) {
+                        self.probes.remove(&path);
+                        self.notified.remove(&path);
+                        self.session.handle_path_up(now, path);
+                        self.send_ctrl(path.peer, Ctrl::PathUp { local: path.local, remote: path.remote });
+                        self.events.push_back(EngineEvent::PathRecovered { path });
+                    }
+                }
+                SessionEvent::BadChunk { path, problem } => {
+                    tracing::warn!(target: subsys::NET, rank = %self.rank, %path, ?problem, "refused a chunk");
+                    self.events.push_back(EngineEvent::BadInput { from: path.peer, what: format!("{problem:?}") });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn note_nic(&mut self, nic: NicId, up: bool) {
+        let changed = if up { self.down_nics.remove(&nic) } else { self.down_nics.insert(nic) };
+        self.health_changed |= changed;
+    }
+
+    fn on_recv_complete<T: Transport + ?Sized>(&mut self, t: &mut T, key: TransferKey) -> Result<(), EngineError> {
+        let Some((h, _)) = self.work else { return Ok(()) };
+        let Some(x) = &self.exec else { return Ok(()) };
+        let Some(&i) = x.by_recv.get(&key) else { return Ok(()) };
+        if let StepKind::Recv { dst, reduce: true, .. } = x.sched.steps()[i].kind {
+            let ws = t.region_mut(h)?;
+            let d = region_abs(&x.base, &dst) as usize;
+            Self::reduce_in(ws, x, x.staging[i] as usize, d, dst.len as usize)?;
+        }
+        self.session.release_recv(key);
+        self.send_ctrl(key.src, Ctrl::RecvDone { key });
+        self.complete_step(i);
+        Ok(())
+    }
+
+    /// A control message from `from` (the OOB `Detect` channel).
+    pub fn handle_ctrl<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        from: Rank,
+        bytes: &[u8],
+    ) -> Result<(), EngineError> {
+        let msg = match Ctrl::decode(bytes) {
+            Ok(m) => m,
+            Err(e) => {
+                self.events.push_back(EngineEvent::BadInput { from, what: e.to_string() });
+                return Ok(());
+            }
+        };
+        match msg {
+            Ctrl::PathDown { local, remote } => {
+                let path = Ctrl::mirrored(local, remote, from);
+                self.notified.insert(path);
+                self.session.handle_path_down(now, t, path, PathFault::Reported);
+            }
+            Ctrl::PathUp { local, remote } => {
+                let path = Ctrl::mirrored(local, remote, from);
+                self.notified.remove(&path);
+                self.probes.remove(&path);
+                self.session.handle_path_up(now, path);
+            }
+            Ctrl::NicState { nic, up } => {
+                self.events.push_back(EngineEvent::NicState { nic, up, local: false });
+                self.note_nic(nic, up);
+                if up {
+                    self.session.handle_nic_up(now, nic);
+                } else {
+                    self.session.handle_nic_down(now, t, nic);
+                }
+            }
+            Ctrl::MigrateReq { key, lane, start, end, sender_done, local, remote, epoch } => {
+                if key.dst != self.rank || key.src != from {
+                    self.events
+                        .push_back(EngineEvent::BadInput { from, what: format!("misrouted migration of {key}") });
+                    return Ok(());
+                }
+                let held = match self.session.held(key, start, end) {
+                    Ok(h) => Some(h),
+                    Err(SessionError::UnknownTransfer(_)) => None,
+                    Err(e) => {
+                        self.events.push_back(EngineEvent::BadInput { from, what: e.to_string() });
+                        return Ok(());
+                    }
+                };
+                let boundary = sender_done.min(held.unwrap_or(start)).max(start);
+                if held.is_some() {
+                    let path = PathId { local: remote, peer: from, remote: local };
+                    if let Err(e) = self.session.handle_peer_migrate(now, key, start, end, path, boundary) {
+                        tracing::warn!(target: subsys::NET, rank = %self.rank, %key, %e, "peer migration refused");
+                    }
+                }
+                self.send_ctrl(from, Ctrl::MigrateAck { key, lane, boundary, epoch });
+            }
+            Ctrl::MigrateAck { key, lane, boundary, epoch } => {
+                let id = LaneId { transfer: key, lane };
+                let Some(m) = self.migrations.get(&id).copied() else { return Ok(()) };
+                if m.epoch != epoch {
+                    return Ok(());
+                }
+                self.migrations.remove(&id);
+                match self.session.handle_migrate(now, id, m.to, boundary) {
+                    Ok(()) => {
+                        let failback = matches!(m.req.reason, r2ccl_transport::MoveReason::Failback);
+                        let replayed = m.req.sender_done.saturating_sub(boundary);
+                        tracing::info!(
+                            target: subsys::NET, rank = %self.rank, lane = %id, from = %m.req.from, to = %m.to,
+                            boundary, replayed, failback, "lane migrated"
+                        );
+                        self.events.push_back(EngineEvent::Migrated {
+                            lane: id,
+                            from: m.req.from,
+                            to: m.to,
+                            boundary,
+                            replayed,
+                            failback,
+                            stopped_at: m.stopped_at,
+                            at: now,
+                        });
+                    }
+                    Err(SessionError::PathDown(_)) => self.begin_migration(now, m.req, m.stopped_at),
+                    Err(SessionError::UnknownLane(_) | SessionError::LaneNotQuiesced(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ctrl::RecvDone { key } => {
+                if key.src != self.rank {
+                    return Ok(());
+                }
+                self.session.release_send(key);
+                let step = self.exec.as_ref().and_then(|x| x.by_send.get(&key).copied());
+                if let Some(i) = step {
+                    self.complete_step(i);
+                }
+            }
+        }
+        self.process_session_events(now, t)?;
+        self.advance(now, t)
+    }
+}
+
+fn migrate_req(req: MigrationRequest, to: PathId, epoch: u32) -> Ctrl {
+    Ctrl::MigrateReq {
+        key: req.lane.transfer,
+        lane: req.lane.lane,
+        start: req.start,
+        end: req.end,
+        sender_done: req.sender_done,
+        local: to.local,
+        remote: to.remote,
+        epoch,
+    }
+}

@@ -1,0 +1,254 @@
+//! Engines of every rank over the in-memory fabric, driven in one thread with an instant
+//! control plane: collectives are bit-exact with and without NIC failures in the middle,
+//! and failures produce migrations, never errors, while every node keeps a NIC.
+#![allow(clippy::unwrap_used, clippy::needless_range_loop, reason = "test code: a panic is a failure; rank loops index several per-rank tables")]
+
+use proptest::prelude::*;
+use r2ccl::engine::{Engine, EngineConfig, EngineEvent};
+use r2ccl_algo::{build_rank_schedule, Collective, Fabric as AlgoFabric, Layout, ScheduleRequest};
+use r2ccl_core::{DType, HealthView, NicId, Rank, ReduceOp};
+use r2ccl_transport::{FabricConfig, FaultAction, MemFabric, Topology};
+use std::time::Duration;
+
+struct Cluster {
+    fabric: MemFabric,
+    engines: Vec<Engine>,
+    nodes: usize,
+    rpn: usize,
+    nics: usize,
+    now: Duration,
+    events: Vec<(u32, EngineEvent)>,
+}
+
+impl Cluster {
+    fn new(nodes: u32, rpn: u32, nics: u16, seed: u64) -> Self {
+        let fabric = MemFabric::new(FabricConfig {
+            nodes,
+            ranks_per_node: rpn,
+            nics_per_node: nics,
+            nic_bytes_per_sec: 1_000_000_000,
+            seed,
+            ..FabricConfig::default()
+        });
+        let world = nodes * rpn;
+        let engines = (0..world)
+            .map(|r| {
+                let topo = Topology::uniform(nodes, rpn, nics, 1).unwrap();
+                let mut cfg = EngineConfig::default();
+                cfg.session.chunk_size = 16 * 1024;
+                cfg.stall_timeout = Duration::from_millis(20);
+                Engine::new(Rank(r), world, cfg, topo).unwrap()
+            })
+            .collect();
+        Self {
+            fabric,
+            engines,
+            nodes: nodes as usize,
+            rpn: rpn as usize,
+            nics: nics as usize,
+            now: Duration::ZERO,
+            events: Vec::new(),
+        }
+    }
+
+    fn step(&mut self) {
+        let now = self.now;
+        for r in 0..self.engines.len() {
+            let mut port = self.fabric.port(Rank(r as u32)).unwrap();
+            self.engines[r].drive(now, &mut port).unwrap();
+        }
+        loop {
+            let mut any = false;
+            for r in 0..self.engines.len() {
+                while let Some((to, bytes)) = self.engines[r].poll_outbox() {
+                    any = true;
+                    let mut port = self.fabric.port(to).unwrap();
+                    self.engines[to.index()].handle_ctrl(now, &mut port, Rank(r as u32), &bytes).unwrap();
+                }
+                while let Some(ev) = self.engines[r].poll_event() {
+                    self.events.push((r as u32, ev));
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        let mut next = now + Duration::from_millis(1);
+        if let Some(t) = self.fabric.next_event_time() {
+            next = next.min(t);
+        }
+        for e in &self.engines {
+            if let Some(t) = e.poll_timeout() {
+                next = next.min(t);
+            }
+        }
+        self.fabric.advance(now);
+        self.now = next.max(now + Duration::from_nanos(500));
+    }
+
+    /// Run one collective on every rank; returns every rank's output.
+    fn run(&mut self, seq: u64, coll: Collective, dtype: DType, count: u64, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        let world = self.engines.len();
+        let layout = Layout::uniform(self.nodes, self.rpn, self.nics).unwrap();
+        let af = AlgoFabric::new(layout, HealthView::uniform(self.nodes, self.nics, 100_000)).unwrap();
+        let req = ScheduleRequest::new(coll, dtype, count);
+        let mut out_lens = Vec::new();
+        for r in 0..world {
+            let sched = build_rank_schedule(&af, &req, Rank(r as u32)).unwrap();
+            let out = vec![0u8; sched.output_len as usize];
+            out_lens.push(out.len());
+            let mut port = self.fabric.port(Rank(r as u32)).unwrap();
+            self.engines[r].start(self.now, &mut port, seq, sched, &inputs[r], &out).unwrap();
+        }
+        let deadline = self.now + Duration::from_secs(10);
+        let mut finished = vec![false; world];
+        while !finished.iter().all(|f| *f) {
+            assert!(
+                self.now < deadline,
+                "collective {seq} did not finish; waiting: {:?}",
+                self.engines.iter().map(Engine::waiting).collect::<Vec<_>>()
+            );
+            self.step();
+            for (r, f) in finished.iter_mut().enumerate() {
+                if self.engines[r].take_finished() == Some(seq) {
+                    *f = true;
+                }
+            }
+        }
+        (0..world)
+            .map(|r| {
+                let port = self.fabric.port(Rank(r as u32)).unwrap();
+                self.engines[r].output(&port, out_lens[r]).unwrap()
+            })
+            .collect()
+    }
+
+    fn migrations(&self) -> usize {
+        self.events.iter().filter(|(_, e)| matches!(e, EngineEvent::Migrated { .. })).count()
+    }
+}
+
+/// Small integers as f32 so every association order gives the same sum.
+fn inputs_f32(world: usize, count: usize, salt: u32) -> Vec<Vec<u8>> {
+    (0..world)
+        .map(|r| {
+            (0..count)
+                .flat_map(|i| ((((i as u32).wrapping_mul(31) ^ (r as u32 * 7 + salt)) % 64) as f32).to_le_bytes())
+                .collect()
+        })
+        .collect()
+}
+
+fn allreduce_expected(inputs: &[Vec<u8>]) -> Vec<u8> {
+    let n = inputs[0].len() / 4;
+    (0..n)
+        .flat_map(|i| {
+            let s: f32 = inputs.iter().map(|b| f32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap())).sum();
+            s.to_le_bytes()
+        })
+        .collect()
+}
+
+#[test]
+fn allreduce_is_exact_without_faults() {
+    let mut c = Cluster::new(4, 1, 2, 1);
+    let count = 100_003;
+    let inputs = inputs_f32(4, count, 0);
+    let out = c.run(1, Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, count as u64, &inputs);
+    let want = allreduce_expected(&inputs);
+    for o in &out {
+        assert!(o == &want);
+    }
+    assert_eq!(c.migrations(), 0);
+}
+
+#[test]
+fn nic_down_mid_allreduce_migrates_and_stays_exact() {
+    let mut c = Cluster::new(4, 1, 2, 2);
+    let count = 1 << 20;
+    let inputs = inputs_f32(4, count, 1);
+    c.fabric.schedule(Duration::from_millis(3), FaultAction::NicDown(NicId::new(1, 0)));
+    let out = c.run(1, Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, count as u64, &inputs);
+    let want = allreduce_expected(&inputs);
+    for o in &out {
+        assert!(o == &want, "bit-exact after failover");
+    }
+    assert!(c.migrations() > 0, "the failure caused migrations: {:?}", c.events);
+    assert!(c.engines.iter().all(|e| e.down_nics().contains(&NicId::new(1, 0))), "every rank heard of the dead NIC");
+    // The next collective still works on the degraded cluster.
+    let inputs = inputs_f32(4, 5000, 9);
+    let out = c.run(2, Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, 5000, &inputs);
+    assert!(out.iter().all(|o| o == &allreduce_expected(&inputs)));
+}
+
+#[test]
+fn silent_black_hole_is_detected_by_stall_and_repaired() {
+    let mut c = Cluster::new(3, 1, 2, 3);
+    let count = 1 << 21;
+    let inputs = inputs_f32(3, count, 2);
+    c.fabric.schedule(Duration::from_millis(1), FaultAction::BlackHole(NicId::new(2, 1), true));
+    let out = c.run(1, Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, count as u64, &inputs);
+    let want = allreduce_expected(&inputs);
+    assert!(out.iter().all(|o| o == &want));
+    assert!(c
+        .events
+        .iter()
+        .any(|(_, e)| matches!(e, EngineEvent::PathFailed { fault: r2ccl_transport::PathFault::Timeout, .. })));
+    assert!(c.migrations() > 0);
+}
+
+#[test]
+fn nic_flaps_back_and_traffic_fails_back() {
+    let mut c = Cluster::new(2, 1, 2, 4);
+    let count = 1 << 21;
+    let inputs = inputs_f32(2, count, 3);
+    c.fabric.schedule(Duration::from_millis(2), FaultAction::NicDown(NicId::new(0, 1)));
+    c.fabric.schedule(Duration::from_millis(6), FaultAction::NicUp(NicId::new(0, 1)));
+    let out = c.run(1, Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, count as u64, &inputs);
+    assert!(out.iter().all(|o| o == &allreduce_expected(&inputs)));
+    let failbacks = c.events.iter().filter(|(_, e)| matches!(e, EngineEvent::Migrated { failback: true, .. })).count();
+    assert!(failbacks > 0, "traffic moved back after the NIC returned: {:?}", c.events);
+}
+
+fn coll_strategy() -> impl Strategy<Value = (Collective, u32)> {
+    prop_oneof![
+        (0usize..5).prop_map(|o| (Collective::AllReduce { op: ReduceOp::ALL[o] }, 0)),
+        Just((Collective::AllGather, 0)),
+        (0usize..5).prop_map(|o| (Collective::ReduceScatter { op: ReduceOp::ALL[o] }, 0)),
+        (0u32..4).prop_map(|r| (Collective::Broadcast { root: Rank(r) }, r)),
+        (0u32..4).prop_map(|r| (Collective::Reduce { op: ReduceOp::Sum, root: Rank(r) }, r)),
+        Just((Collective::AlltoAll, 0)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+    /// Every collective, with a NIC failure at a random time, matches the reference executor.
+    #[test]
+    fn collectives_under_a_random_failure_match_the_reference(
+        (coll, _root) in coll_strategy(),
+        count in 1u64..20_000,
+        fail_at_us in 0u64..4000,
+        fail_node in 0u32..4,
+        fail_nic in 0u16..2,
+        seed in 0u64..1000,
+    ) {
+        let mut c = Cluster::new(4, 1, 2, seed);
+        let layout = Layout::uniform(4, 1, 2).unwrap();
+        let af = AlgoFabric::new(layout, HealthView::uniform(4, 2, 100_000)).unwrap();
+        let req = ScheduleRequest::new(coll, DType::I32, count);
+        let scheds: Vec<_> = (0..4).map(|r| build_rank_schedule(&af, &req, Rank(r)).unwrap()).collect();
+        let inputs: Vec<Vec<u8>> = scheds.iter().enumerate().map(|(r, s)| {
+            (0..s.input_len / 4).flat_map(|i| ((i as i32 * 13 + r as i32 * 101) % 1000 - 300).to_le_bytes()).collect()
+        }).collect();
+        let want = r2ccl_algo::execute(&scheds, &inputs, r2ccl_algo::ExecOrder::Program).unwrap();
+        c.fabric.schedule(Duration::from_micros(fail_at_us), FaultAction::NicDown(NicId::new(fail_node, fail_nic)));
+        let got = c.run(1, coll, DType::I32, count, &inputs);
+        for r in 0..4 {
+            let defined = !matches!(coll, Collective::Reduce { root, .. } if root.0 != r as u32);
+            if defined {
+                prop_assert!(got[r] == want[r], "rank {} differs for {:?}", r, coll);
+            }
+        }
+    }
+}
