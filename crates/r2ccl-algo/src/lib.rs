@@ -35,7 +35,7 @@ mod sim;
 mod spec;
 mod traffic;
 
-pub use build::{build_all, build_rank_schedule};
+pub use build::{build_all, build_rank_schedule, even_part};
 pub use error::{AlgoError, ExecError, SimError};
 pub use exec::{execute, ExecOrder};
 pub use layout::{Fabric, Layout, RailMask, RailPart, RailPolicy, RailSplit};

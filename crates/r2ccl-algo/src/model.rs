@@ -146,6 +146,23 @@ pub struct LevelPlan {
     pub fractions: Vec<f64>,
 }
 
+/// Element ranges `(start, len)` of consecutive levels of a nested plan over `count`
+/// elements: cumulative rounding of the fractions, the last level ending at `count`.
+/// The nested builders (recursive, four-stage) split their buffer exactly like this.
+pub fn level_ranges(count: u64, fractions: &[f64]) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(fractions.len());
+    let mut acc = 0.0;
+    let mut start = 0u64;
+    for (i, f) in fractions.iter().enumerate() {
+        acc += f.max(0.0);
+        let end =
+            if i + 1 == fractions.len() { count } else { ((acc * count as f64).round() as u64).clamp(start, count) };
+        out.push((start, end - start));
+        start = end;
+    }
+    out
+}
+
 fn classes(bw: &[f64]) -> Vec<f64> {
     let mut c: Vec<f64> = bw.to_vec();
     c.sort_by(f64::total_cmp);
@@ -209,13 +226,14 @@ pub fn four_stage_plan(bw: &[f64]) -> Result<LevelPlan, AlgoError> {
 /// per excluded level).
 pub fn level_loads(bw: &[f64], plan: &LevelPlan, spread: bool) -> Vec<f64> {
     let p = bw.len() as f64;
+    let sizes: Vec<f64> = plan.thresholds.iter().map(|&t| members(bw, t) as f64).collect();
     bw.iter()
         .map(|&b| {
             plan.thresholds
                 .iter()
                 .zip(&plan.fractions)
-                .map(|(&t, &y)| {
-                    let s = members(bw, t) as f64;
+                .zip(&sizes)
+                .map(|((&t, &y), &s)| {
                     if b >= t {
                         let ring = if s > 1.0 { 2.0 * (s - 1.0) / s } else { 0.0 };
                         if spread {
@@ -293,6 +311,7 @@ pub fn recursive_time(bw: &[f64], d: f64, k: Option<u32>) -> Result<f64, AlgoErr
         None => 1.0,
     };
     let p = bw.len() as f64;
+    let sizes: Vec<f64> = plan.thresholds.iter().map(|&t| members(bw, t) as f64).collect();
     let stage2 = bw
         .iter()
         .map(|&b| {
@@ -300,8 +319,8 @@ pub fn recursive_time(bw: &[f64], d: f64, k: Option<u32>) -> Result<f64, AlgoErr
                 .thresholds
                 .iter()
                 .zip(&plan.fractions)
-                .map(|(&t, &y)| {
-                    let s = members(bw, t) as f64;
+                .zip(&sizes)
+                .map(|((&t, &y), &s)| {
                     let e = p - s;
                     if e == 0.0 {
                         0.0

@@ -3,6 +3,7 @@
 use crate::layout::RailPolicy;
 use crate::AlgoError;
 use r2ccl_core::{DType, NodeId, Rank, ReduceOp};
+use serde::{Deserialize, Serialize};
 
 /// A collective operation with its per-call arguments.
 ///
@@ -17,7 +18,8 @@ use r2ccl_core::{DType, NodeId, Rank, ReduceOp};
 ///
 /// Reduce leaves non-root outputs unspecified; SendRecv leaves every output but the
 /// receiver's untouched.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Collective {
     /// Every rank gets the reduction of all inputs.
     AllReduce {
@@ -78,7 +80,8 @@ impl Collective {
 }
 
 /// The base algorithm of a collective.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Algorithm {
     /// Bandwidth-optimal ring (pipelined chain for Broadcast/Reduce, pairwise exchange
     /// for AlltoAll, direct for SendRecv).
@@ -93,7 +96,7 @@ pub enum Algorithm {
 }
 
 /// Parameters of R2CCL-AllReduce (MECHANISMS.md section 5.2).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct R2cclParams {
     /// The degraded node kept off the critical path.
     pub degraded: NodeId,
@@ -103,8 +106,17 @@ pub struct R2cclParams {
     pub pipeline_chunks: u32,
 }
 
+impl R2cclParams {
+    /// Elements of the main part (run by every node) for a buffer of `count` elements:
+    /// `round((1 - Y) * count)`, at most `count`; the tail is the rest.
+    pub fn main_len(&self, count: u64) -> u64 {
+        (((1.0 - self.tail_fraction) * count as f64).round() as u64).min(count)
+    }
+}
+
 /// How a collective copes with the health view.
-#[derive(Clone, Copy, Debug, PartialEq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Strategy {
     /// R2CCL-Balance: the algorithm is unchanged; inter-node transfers are split over
     /// the NICs healthy at both ends in proportion to their bandwidth. Fault-free when

@@ -4,7 +4,7 @@
 #![allow(clippy::disallowed_methods, reason = "benchmarks time with Instant::now; the library itself stays clock-free")]
 #![allow(clippy::unwrap_used, reason = "benchmark setup with fixed, valid inputs")]
 
-use r2ccl_core::{HealthView, NicId};
+use r2ccl_core::{HealthView, NicId, ReduceOp};
 use r2ccl_policy::{plan, rerank_exact, Collective, Topology};
 use std::time::{Duration, Instant};
 
@@ -34,9 +34,9 @@ fn main() {
     }
     let target = Duration::from_millis(10);
     for bytes in [64u64 << 10, 1 << 30] {
-        let p = plan(&topo, &view, Collective::AllReduce, bytes).unwrap();
+        let p = plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, bytes).unwrap();
         let (mean, best) = time(20, || {
-            std::hint::black_box(plan(&topo, &view, Collective::AllReduce, bytes).unwrap());
+            std::hint::black_box(plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, bytes).unwrap());
         });
         println!(
             "plan AllReduce {bytes} B, 1024 nodes x 8 NICs, 10 failures: mean {:.3} ms, best {:.3} ms \

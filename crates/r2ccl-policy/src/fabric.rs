@@ -3,7 +3,7 @@
 
 use crate::topology::Topology;
 use crate::PlanError;
-use r2ccl_core::{HealthView, NodeId};
+use r2ccl_core::{HealthEpoch, HealthView, NicHealth, NodeHealth, NodeId};
 
 /// Bytes per second in one Mbit/s.
 pub(crate) const BYTES_PER_MBPS: f64 = 125_000.0;
@@ -140,15 +140,15 @@ impl Fabric {
         (m * u128::from(self.spine_permille) / 1000) as u64
     }
 
-    /// Pair capacity: rail-aligned if that is at least the spine's share, else the spine.
+    /// Pair capacity as the Balance split uses it: rail-aligned over the rails usable at
+    /// both ends; only when the two nodes share no usable rail, the spine's share.
     /// Returns (Mbit/s, whether the spine path is used).
     pub(crate) fn pair(&self, i: usize, j: usize) -> (u64, bool) {
         let s = self.same_rail(i, j);
-        let sp = self.spine(i, j);
-        if s >= sp && s > 0 {
+        if s > 0 {
             (s, false)
         } else {
-            (sp, true)
+            (self.spine(i, j), true)
         }
     }
 
@@ -163,37 +163,23 @@ impl Fabric {
         }
     }
 
-    /// Per-NIC split of `bytes` sent from `i` to `j` over their pair path, added into
-    /// `tx` (on `i`) and `rx` (on `j`), both `[node * k + rail]`.
-    pub(crate) fn add_pair_traffic(&self, i: usize, j: usize, bytes: f64, tx: &mut [f64], rx: &mut [f64]) {
-        let (cap, spine) = self.pair(i, j);
-        if bytes == 0.0 || cap == 0 {
-            return;
-        }
-        if spine {
-            self.add_node_traffic(i, bytes, tx);
-            self.add_node_traffic(j, bytes, rx);
-        } else {
-            let mut m = self.mask[i] & self.mask[j];
-            let s = self.same_rail(i, j) as f64;
-            while m != 0 {
-                let r = m.trailing_zeros() as usize;
-                let share = bytes * self.nic(i, r).min(self.nic(j, r)) as f64 / s;
-                tx[i * self.k + r] += share;
-                rx[j * self.k + r] += share;
-                m &= m - 1;
-            }
-        }
+    /// The health view `r2ccl-algo` builds schedules from: nominal = the topology's line
+    /// rate, usable = this fabric's usable rate (so both crates see the same bandwidths).
+    pub(crate) fn health_view(&self, epoch: HealthEpoch) -> HealthView {
+        let n = self.node_count();
+        let nodes = (0..n)
+            .map(|i| NodeHealth {
+                nics: (0..self.k)
+                    .map(|r| NicHealth { nominal_mbps: self.nominal[i * self.k + r], usable_mbps: self.nic(i, r) })
+                    .collect(),
+            })
+            .collect();
+        HealthView::from_nodes(epoch, nodes)
     }
 
-    /// Split `bytes` over node `i`'s NICs in proportion to their usable bandwidth (Balance).
-    pub(crate) fn add_node_traffic(&self, i: usize, bytes: f64, acc: &mut [f64]) {
-        let total = self.node_bw[i] as f64;
-        if total == 0.0 {
-            return;
-        }
-        for r in 0..self.k {
-            acc[i * self.k + r] += bytes * self.nic(i, r) as f64 / total;
-        }
+    /// The `r2ccl-algo` fabric for `ranks_per_node` ranks per node.
+    pub(crate) fn algo(&self, ranks_per_node: u32, epoch: HealthEpoch) -> Result<r2ccl_algo::Fabric, PlanError> {
+        let layout = r2ccl_algo::Layout::uniform(self.node_count(), ranks_per_node as usize, self.k)?;
+        Ok(r2ccl_algo::Fabric::new(layout, self.health_view(epoch))?)
     }
 }

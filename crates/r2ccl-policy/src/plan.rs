@@ -1,21 +1,28 @@
-//! The planner: evaluates every applicable strategy with the alpha-beta cost model and picks
-//! the fastest, deterministically.
+//! The planner: evaluates every applicable strategy with the alpha-beta cost model, picks
+//! the fastest deterministically, and turns the choice into an `r2ccl-algo` schedule request.
 //!
-//! Cost model. Inter-node work is modelled per node (a node's G ranks share its NICs;
-//! hierarchical collectives add intra-node phases at the topology's intra-node bandwidth).
-//! A synchronous step costs `alpha` per hop (two hops when a pair needs the spine) plus
-//! its bytes over the bottleneck of that step. Ring-based strategies use rail-aligned pair
-//! capacities (see [`crate::RingScore`]); the water-filling strategies (recursive,
-//! four-stage) and the lower bound use node bandwidth (all of a node's healthy NICs).
+//! Cost model. Inter-node transfers are split over NICs exactly as `r2ccl-algo` splits them
+//! ([`r2ccl_algo::Fabric::split`]); a transfer's rate is set by its busiest NIC (and by the
+//! spine's share for parts that cross rails). A synchronous step costs `alpha` per hop (two
+//! hops when it crosses rails) plus its bytes at the slowest transfer of the step. AllReduce
+//! runs hierarchically when a node holds several ranks (intra-node phases at the topology's
+//! intra-node bandwidth); the other collectives run their flat algorithms over all ranks.
+//! The water-filling strategies (recursive, four-stage) and the lower bound use
+//! `r2ccl_algo::model`'s closed forms over node bandwidths.
+//!
+//! Predicted bytes per NIC are exact: they replay the builders' inter-node messages (see
+//! `mirror.rs`), so they equal [`r2ccl_algo::Traffic`] of the built schedule byte for byte.
 
 use crate::fabric::{Fabric, BYTES_PER_MBPS};
+use crate::mirror::{chunked, Acc, Net, Rate};
 use crate::rerank::{self, RingScore, EXACT_MAX_NODES};
 use crate::topology::Topology;
-use r2ccl_core::{HealthEpoch, HealthView, NodeId, Rank};
+use r2ccl_algo::{model, AlgoError, Algorithm, Collective, R2cclParams, RailMask, RailPolicy, ScheduleRequest};
+use r2ccl_core::{DType, HealthEpoch, HealthView, NodeId, Rank};
 use serde::{Deserialize, Serialize};
 
-/// Why no plan could be made.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why no plan (or no schedule request from a plan) could be made.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PlanError {
     /// The health view describes a different number of nodes than the topology.
     #[error("health view has {health_nodes} nodes but the topology has {topology_nodes}")]
@@ -46,6 +53,24 @@ pub enum PlanError {
         /// Ranks in the communicator.
         ranks: u64,
     },
+    /// A send/receive peer is outside the communicator.
+    #[error("{rank} ({role}) is outside the communicator of {ranks} ranks")]
+    RankOutOfRange {
+        /// The offending rank.
+        rank: Rank,
+        /// Which argument it was (`src` or `dst`).
+        role: &'static str,
+        /// Ranks in the communicator.
+        ranks: u64,
+    },
+    /// A ring order names a node outside the topology.
+    #[error("{node} in the ring order is outside the topology of {nodes} nodes")]
+    NodeOutOfRange {
+        /// The offending node.
+        node: NodeId,
+        /// Nodes in the topology.
+        nodes: usize,
+    },
     /// Two nodes have no common rail and the fabric has no spine, and no ring order avoids them.
     #[error("no ring order connects all nodes: {a} and {b} share no usable rail and the fabric has no spine")]
     NoPath {
@@ -54,37 +79,28 @@ pub enum PlanError {
         /// The other end.
         b: NodeId,
     },
+    /// A schedule request was asked for a strategy that is not a candidate of the plan.
+    #[error("{strategy} is not a candidate of this plan (it does not apply to the case)")]
+    NotACandidate {
+        /// The strategy's name.
+        strategy: &'static str,
+    },
+    /// The schedule crate refused the layout, health view or request.
+    #[error("schedule: {0}")]
+    Schedule(#[from] AlgoError),
 }
 
-/// The collective operation to plan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Collective {
-    /// AllReduce of `bytes` per rank.
-    AllReduce,
-    /// ReduceScatter of an input of `bytes` per rank.
-    ReduceScatter,
-    /// AllGather of an output of `bytes` per rank.
-    AllGather,
-    /// Broadcast of `bytes` from `root`.
-    Broadcast {
-        /// The source rank.
-        root: Rank,
-    },
-    /// Reduce of `bytes` per rank into `root`.
-    Reduce {
-        /// The destination rank.
-        root: Rank,
-    },
-    /// AlltoAll with `bytes` of send buffer per rank.
-    AllToAll,
-}
-
-/// A candidate strategy. The declaration order is the tie-break order.
+/// A candidate strategy of the planner. The declaration order is the tie-break order.
+///
+/// Each maps onto an `r2ccl-algo` base algorithm and failure strategy
+/// ([`Plan::request_for`]): `Ring` and `Balance` are [`r2ccl_algo::Strategy::Balance`]
+/// (identical on a fabric without degraded NICs, the only case `Ring` is offered),
+/// `RecursiveDoubling` is [`Algorithm::Tree`] with Balance splits, the others carry the
+/// algo strategy of the same name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Strategy {
-    /// The plain ring with an equal split over NICs (applies only without failed NICs).
+    /// The plain ring (applies only when no NIC is failed or degraded).
     Ring,
     /// Balance: the same algorithm, NIC shares proportional to usable bandwidth (section 5.1).
     Balance,
@@ -131,9 +147,12 @@ impl Strategy {
 pub struct StrategyParams {
     /// R2CCL-AllReduce tail fraction Y.
     pub tail_fraction: Option<f64>,
-    /// Pipeline chunks K.
+    /// Pipeline chunks K: of the reduce-to-helper / broadcast-back stage for R2CCL-AllReduce
+    /// and recursive AllReduce, of every transfer for the four-stage schedule and for
+    /// Broadcast/Reduce chains (`None` = 1).
     pub chunks: Option<u32>,
-    /// Four-stage fraction f that runs the full ring including the slowest nodes.
+    /// Four-stage fraction f that runs the full ring including the slowest nodes (informational:
+    /// `r2ccl-algo` derives the same value from the node bandwidths).
     pub ring_fraction: Option<f64>,
     /// Recursive / four-stage: fraction of the buffer per level, slowest class first
     /// (level l runs among the nodes of bandwidth class l and faster).
@@ -142,14 +161,13 @@ pub struct StrategyParams {
     pub class_mbps: Vec<u64>,
     /// R2CCL-AllReduce: the degraded node.
     pub degraded: Option<NodeId>,
-    /// R2CCL-AllReduce: the healthy node that reduces and broadcasts back its tail.
-    pub helper: Option<NodeId>,
     /// Whether the strategy follows the re-ranked ring order (`Plan::ring_order`) rather than
     /// node-id order.
     pub reranked: bool,
 }
 
-/// Predicted bytes per NIC, `[node * rails + rail]`, sent and received.
+/// Predicted bytes per NIC, `[node * rails + rail]`, sent and received. They equal the
+/// built schedule's [`r2ccl_algo::Traffic`] exactly (same splits, same element rounding).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NicBytes {
     /// NICs per node.
@@ -161,12 +179,8 @@ pub struct NicBytes {
 }
 
 impl NicBytes {
-    fn from_f64(rails: usize, tx: &[f64], rx: &[f64]) -> Self {
-        Self {
-            rails,
-            tx: tx.iter().map(|&x| x.round() as u64).collect(),
-            rx: rx.iter().map(|&x| x.round() as u64).collect(),
-        }
+    fn from_acc(rails: usize, acc: Acc) -> Self {
+        Self { rails, tx: acc.tx, rx: acc.rx }
     }
 
     /// Bytes sent by NIC `rail` of `node` (0 if out of range).
@@ -201,26 +215,35 @@ pub struct Candidate {
     pub params: StrategyParams,
     /// Predicted inter-node bytes per NIC.
     pub nic_bytes: NicBytes,
-    /// Total inter-node bytes the model assumes (sum over senders), before rounding.
+    /// Total inter-node bytes the cost model assumes (sum over senders, continuous: level
+    /// fractions and the tail fraction unrounded).
     pub model_total_bytes: f64,
 }
 
 /// The planner's decision for one collective under one health view.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
-    /// The collective.
+    /// The collective (the reduce op does not change the plan).
     pub collective: Collective,
-    /// Bytes per rank.
+    /// Element type of the payload.
+    pub dtype: DType,
+    /// Elements per block (as in [`ScheduleRequest::count`]).
+    pub count: u64,
+    /// Bytes per rank the model moves: the buffer for AllReduce, Broadcast, Reduce and
+    /// Send/Recv; the whole `ranks x count` input (ReduceScatter), output (AllGather) or
+    /// send buffer (AlltoAll) otherwise.
     pub bytes: u64,
+    /// Ranks per node of the communicator (ranks are numbered node by node).
+    pub ranks_per_node: u32,
     /// Epoch of the health view the plan was made from.
     pub epoch: HealthEpoch,
     /// The chosen (fastest) strategy.
     pub chosen: Strategy,
     /// Predicted time of the chosen strategy, seconds.
     pub time_s: f64,
-    /// Fault-free time: the plain ring on the same topology with every NIC healthy.
+    /// Fault-free time: the plain algorithm on the same topology with every NIC healthy.
     pub t_nf_s: f64,
-    /// Lower bound on the collective's time under this health view (bandwidth model).
+    /// Lower bound on the collective's inter-node time under this health view (bandwidth model).
     pub lower_bound_s: f64,
     /// The re-ranked ring order of nodes, starting at node 0.
     pub ring_order: Vec<NodeId>,
@@ -242,6 +265,54 @@ impl Plan {
     pub fn chosen_candidate(&self) -> Option<&Candidate> {
         self.candidate(self.chosen)
     }
+
+    /// The `r2ccl-algo` request of the chosen strategy: with the fabric from
+    /// [`schedule_fabric`], [`r2ccl_algo::build_rank_schedule`] builds exactly the schedule
+    /// whose time and bytes per NIC this plan predicted.
+    pub fn schedule_request(&self) -> Result<ScheduleRequest, PlanError> {
+        self.request_for(self.chosen)
+    }
+
+    /// The `r2ccl-algo` request of candidate `s` (same collective, payload, strategy,
+    /// parameters, pipeline chunks and ring order as the candidate's prediction).
+    pub fn request_for(&self, s: Strategy) -> Result<ScheduleRequest, PlanError> {
+        let c = self.candidate(s).ok_or(PlanError::NotACandidate { strategy: s.name() })?;
+        let k = c.params.chunks.unwrap_or(1).max(1);
+        let is_allreduce = matches!(self.collective, Collective::AllReduce { .. });
+        let hier = is_allreduce && self.ranks_per_node > 1;
+        let (algorithm, strategy, chunks) = match s {
+            Strategy::Ring | Strategy::Balance if hier => (Algorithm::Hierarchical, r2ccl_algo::Strategy::Balance, k),
+            Strategy::Ring | Strategy::Balance => (Algorithm::Ring, r2ccl_algo::Strategy::Balance, k),
+            Strategy::SingleBackup if hier => (Algorithm::Hierarchical, r2ccl_algo::Strategy::SingleBackup, k),
+            Strategy::SingleBackup => (Algorithm::Ring, r2ccl_algo::Strategy::SingleBackup, k),
+            Strategy::RecursiveDoubling => (Algorithm::Tree, r2ccl_algo::Strategy::Balance, 1),
+            Strategy::R2cclAllReduce => {
+                let degraded = c.params.degraded.ok_or(PlanError::NotACandidate { strategy: s.name() })?;
+                let tail_fraction = c.params.tail_fraction.ok_or(PlanError::NotACandidate { strategy: s.name() })?;
+                let p = R2cclParams { degraded, tail_fraction, pipeline_chunks: k };
+                (Algorithm::Ring, r2ccl_algo::Strategy::R2cclAllReduce(p), 1)
+            }
+            Strategy::Recursive => (Algorithm::Ring, r2ccl_algo::Strategy::Recursive { pipeline_chunks: k }, 1),
+            Strategy::FourStage => (Algorithm::Ring, r2ccl_algo::Strategy::FourStage, k),
+        };
+        let mut req = ScheduleRequest::new(self.collective, self.dtype, self.count)
+            .with_algorithm(algorithm)
+            .with_strategy(strategy)
+            .with_chunks(chunks);
+        let identity = self.ring_order.iter().enumerate().all(|(i, n)| n.index() == i);
+        if c.params.reranked && !identity {
+            let g = self.ranks_per_node;
+            req = req.with_ring(self.ring_order.iter().flat_map(|n| (0..g).map(move |l| Rank(n.0 * g + l))).collect());
+        }
+        Ok(req)
+    }
+}
+
+/// The `r2ccl-algo` fabric a plan's schedules are built on: the topology's layout (ranks
+/// node by node, `ranks_per_node` each) and a health view whose NICs have the topology's
+/// line rates scaled by the agreed view's usable fraction (what the planner used).
+pub fn schedule_fabric(topology: &Topology, health: &HealthView) -> Result<r2ccl_algo::Fabric, PlanError> {
+    Fabric::new(topology, health)?.algo(topology.ranks_per_node(), health.epoch())
 }
 
 /// Pipeline chunk counts the planner tries.
@@ -249,570 +320,395 @@ const CHUNK_CHOICES: [u32; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
 /// Chunk counts for reduce-to-helper / broadcast-back stages.
 const HELPER_CHUNKS: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
 
+/// Everything a candidate evaluation needs.
 struct Ctx<'a> {
-    f: &'a Fabric,
+    net: Net<'a>,
+    coll: Collective,
     n: usize,
-    d: f64,
+    g: u32,
+    p: usize,
+    count: u64,
+    /// Bytes of one block / buffer (`count * elem`).
+    block: f64,
     alpha: f64,
 }
 
-/// How a ring-like strategy spreads an edge's traffic over NICs.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Split {
-    /// Channel r on rail r, equal shares.
-    Equal,
-    /// Channel r on rail r, or on the next rail healthy at both ends.
-    Backup,
-    /// Rail-aligned, proportional to usable pair capacity.
-    Balance,
-}
-
-fn mbps(x: u64) -> f64 {
-    x as f64 * BYTES_PER_MBPS
-}
-
-fn backup_rails(f: &Fabric, i: usize, j: usize, r: usize) -> (usize, usize, bool) {
-    let both = f.mask[i] & f.mask[j];
-    for t in 0..f.k {
-        let s = (r + t) % f.k;
-        if both & (1 << s) != 0 {
-            return (s, s, false);
-        }
+impl Ctx<'_> {
+    fn k(&self) -> usize {
+        self.net.f.k
     }
-    (f.mask[i].trailing_zeros() as usize, f.mask[j].trailing_zeros() as usize, true)
-}
 
-/// Rate (bytes/s) of an edge i -> j under `split`, and whether it needs the spine.
-fn edge_rate(f: &Fabric, split: Split, i: usize, j: usize) -> Option<(f64, bool)> {
-    match split {
-        Split::Equal => {
-            let m = (0..f.k).map(|r| f.nic(i, r).min(f.nic(j, r))).min().unwrap_or(0);
-            (m > 0).then(|| (mbps(m) * f.k as f64, false))
-        }
-        Split::Balance => {
-            let (cap, spine) = f.pair(i, j);
-            (cap > 0).then(|| (mbps(cap), spine))
-        }
-        Split::Backup => {
-            let mut tx = [0u32; 64];
-            let mut rx = [0u32; 64];
-            let mut spine = false;
-            for r in 0..f.k {
-                let (a, b, s) = backup_rails(f, i, j, r);
-                tx[a] += 1;
-                rx[b] += 1;
-                spine |= s;
-            }
-            // seconds per byte of the edge = max over NICs of (share / rate)
-            let mut worst: f64 = 0.0;
-            for r in 0..f.k {
-                if tx[r] > 0 {
-                    worst = worst.max(f64::from(tx[r]) / f.k as f64 / mbps(f.nic(i, r)));
-                }
-                if rx[r] > 0 {
-                    worst = worst.max(f64::from(rx[r]) / f.k as f64 / mbps(f.nic(j, r)));
-                }
-            }
-            (worst > 0.0 && worst.is_finite()).then(|| (1.0 / worst, spine))
-        }
+    fn acc(&self) -> Acc {
+        Acc::new(self.n * self.k())
+    }
+
+    fn hop(&self, r: Rate) -> f64 {
+        self.alpha * if r.cross { 2.0 } else { 1.0 }
+    }
+
+    /// Node of each position of the flat rank ring that follows `order` (ranks of a node
+    /// consecutive).
+    fn flat(&self, order: &[usize]) -> Vec<usize> {
+        order.iter().flat_map(|&x| std::iter::repeat_n(x, self.g as usize)).collect()
+    }
+
+    /// Position of `rank` on the flat ring that follows `order`.
+    fn flat_pos(&self, order: &[usize], rank: Rank) -> usize {
+        let g = self.g as usize;
+        let node = rank.index() / g;
+        order.iter().position(|&x| x == node).unwrap_or(0) * g + rank.index() % g
+    }
+
+    fn candidate(&self, strategy: Strategy, time_s: f64, params: StrategyParams, acc: Acc, total: f64) -> Candidate {
+        Candidate { strategy, time_s, params, nic_bytes: NicBytes::from_acc(self.k(), acc), model_total_bytes: total }
     }
 }
 
-fn edge_traffic(f: &Fabric, split: Split, i: usize, j: usize, bytes: f64, tx: &mut [f64], rx: &mut [f64]) {
-    match split {
-        Split::Equal => {
-            for r in 0..f.k {
-                tx[i * f.k + r] += bytes / f.k as f64;
-                rx[j * f.k + r] += bytes / f.k as f64;
-            }
-        }
-        Split::Balance => f.add_pair_traffic(i, j, bytes, tx, rx),
-        Split::Backup => {
-            for r in 0..f.k {
-                let (a, b, _) = backup_rails(f, i, j, r);
-                tx[i * f.k + a] += bytes / f.k as f64;
-                rx[j * f.k + b] += bytes / f.k as f64;
-            }
-        }
-    }
-}
-
-struct Shape {
-    steps: f64,
-    chunk: f64,
-    edge_bytes: f64,
-    closed: bool,
-    reverse: bool,
-}
-
-/// A synchronous ring (or chain) collective: time and per-NIC traffic.
-fn ring_like(c: &Ctx<'_>, split: Split, order: &[usize], sh: &Shape) -> Option<(f64, NicBytes, f64)> {
-    let n = order.len();
-    let edges = if n < 2 {
-        0
-    } else if sh.closed {
-        n
-    } else {
-        n - 1
-    };
-    let mut rate = f64::INFINITY;
-    let mut spine = false;
-    let mut tx = vec![0.0; n * c.f.k];
-    let mut rx = vec![0.0; n * c.f.k];
-    for p in 0..edges {
-        let (mut i, mut j) = (order[p], order[(p + 1) % n]);
-        if sh.reverse {
-            std::mem::swap(&mut i, &mut j);
-        }
-        let (r, s) = edge_rate(c.f, split, i, j)?;
-        rate = rate.min(r);
-        spine |= s;
-        edge_traffic(c.f, split, i, j, sh.edge_bytes, &mut tx, &mut rx);
-    }
-    if edges == 0 {
-        return Some((0.0, NicBytes::from_f64(c.f.k, &tx, &rx), 0.0));
-    }
-    let hop = c.alpha * if spine { 2.0 } else { 1.0 };
-    let t = sh.steps * (hop + sh.chunk / rate);
-    Some((t, NicBytes::from_f64(c.f.k, &tx, &rx), sh.edge_bytes * edges as f64))
-}
-
-/// Node-level rate of all-pairs traffic under `split` (AlltoAll).
-fn node_rate(f: &Fabric, split: Split, i: usize) -> Option<(f64, Vec<f64>)> {
-    let k = f.k;
-    match split {
-        Split::Equal => {
-            let m = (0..k).map(|r| f.nic(i, r)).min().unwrap_or(0);
-            (m > 0).then(|| (mbps(m) * k as f64, vec![1.0 / k as f64; k]))
-        }
-        Split::Balance => {
-            let tot = f.node_bw[i] as f64;
-            Some((mbps(f.node_bw[i]), (0..k).map(|r| f.nic(i, r) as f64 / tot).collect()))
-        }
-        Split::Backup => {
-            let mut cnt = vec![0u32; k];
-            for r in 0..k {
-                let s = (0..k).map(|t| (r + t) % k).find(|&s| f.mask[i] & (1 << s) != 0)?;
-                cnt[s] += 1;
-            }
-            let worst = (0..k)
-                .filter(|&r| cnt[r] > 0)
-                .map(|r| f64::from(cnt[r]) / k as f64 / mbps(f.nic(i, r)))
-                .fold(0.0, f64::max);
-            Some((1.0 / worst, cnt.iter().map(|&x| f64::from(x) / k as f64).collect()))
-        }
-    }
-}
-
-fn evaluate_basic(
-    c: &Ctx<'_>,
-    coll: Collective,
-    split: Split,
-    order: &[usize],
-    g: u32,
-    params: StrategyParams,
+/// Ring / Balance / single backup: the collective's plain algorithm with `pol` splits.
+fn basic(
+    c: &mut Ctx<'_>,
     s: Strategy,
-) -> Option<Candidate> {
-    let n = c.n as f64;
-    let d = c.d;
-    let k = c.f.k;
-    let mk = |time_s: f64, nic_bytes: NicBytes, total: f64, params: StrategyParams| Candidate {
-        strategy: s,
-        time_s,
-        params,
-        nic_bytes,
-        model_total_bytes: total,
-    };
-    match coll {
-        Collective::AllReduce | Collective::ReduceScatter | Collective::AllGather => {
-            let factor = if coll == Collective::AllReduce { 2.0 } else { 1.0 };
-            let sh = Shape {
-                steps: factor * (n - 1.0),
-                chunk: d / n,
-                edge_bytes: factor * (n - 1.0) * d / n,
-                closed: true,
-                reverse: false,
-            };
-            let (t, b, tot) = ring_like(c, split, order, &sh)?;
-            Some(mk(t, b, tot, params))
+    order: &[usize],
+    pol: RailPolicy,
+    reranked: bool,
+) -> Result<Option<Candidate>, PlanError> {
+    let (n, p) = (c.n as f64, c.p as f64);
+    let params = StrategyParams { reranked, ..StrategyParams::default() };
+    let mut acc = c.acc();
+    let intra = Rate { spb: c.net.intra_spb, cross: false };
+    let (t, total, params) = match c.coll {
+        Collective::AllReduce { .. } => {
+            let r = c.net.ring(&mut acc, order, c.count, 1, RailMask::ALL, pol, true, true)?;
+            let t = if c.n < 2 { 0.0 } else { 2.0 * (n - 1.0) * (c.hop(r) + c.block / n * r.spb) };
+            (t, 2.0 * (n - 1.0) * c.block, params)
         }
-        Collective::Broadcast { root } | Collective::Reduce { root } => {
-            let root_node = (root.0 / g) as usize;
-            let mut chain = order.to_vec();
-            if let Some(p) = chain.iter().position(|&x| x == root_node) {
-                chain.rotate_left(p);
+        Collective::ReduceScatter { .. } | Collective::AllGather => {
+            let rs = matches!(c.coll, Collective::ReduceScatter { .. });
+            let flat = c.flat(order);
+            let mut r = c.net.ring(&mut acc, &flat, c.p as u64 * c.count, 1, RailMask::ALL, pol, rs, !rs)?;
+            if c.g > 1 {
+                r = r.worst(intra);
             }
-            let reverse = matches!(coll, Collective::Reduce { .. });
-            if reverse {
-                chain[1..].reverse();
-            }
-            let mut best: Option<Candidate> = None;
+            let inter = if c.n < 2 { 0.0 } else { n };
+            ((p - 1.0) * (c.hop(r) + c.block * r.spb), inter * (p - 1.0) * c.block, params)
+        }
+        Collective::Broadcast { root } | Collective::Reduce { root, .. } => {
+            let flat = c.flat(order);
+            let rp = c.flat_pos(order, root);
+            let shift = usize::from(matches!(c.coll, Collective::Reduce { .. }));
+            let chain: Vec<usize> = (0..c.p).map(|q| flat[(rp + shift + q) % c.p]).collect();
+            let (sum, worst) = c.net.chain(&mut c.acc(), &chain, 1, 1, pol)?;
+            let mut best: Option<(f64, u32)> = None;
             for kk in CHUNK_CHOICES {
-                if f64::from(kk) > d.max(1.0) {
+                if u64::from(kk) > c.count.max(1) {
                     break;
                 }
-                let sh = Shape {
-                    steps: (n - 1.0) + f64::from(kk) - 1.0,
-                    chunk: d / f64::from(kk),
-                    edge_bytes: d,
-                    closed: false,
-                    reverse,
-                };
-                let (t, b, tot) = ring_like(c, split, &chain, &sh)?;
-                if best.as_ref().is_none_or(|x| t < x.time_s) {
-                    let p = StrategyParams { chunks: Some(kk), ..params.clone() };
-                    best = Some(mk(t, b, tot, p));
+                let kf = f64::from(kk);
+                let piece = c.block / kf;
+                let t = (p - 1.0 + kf - 1.0) * c.hop(worst) + piece * (sum + (kf - 1.0) * worst.spb);
+                if best.is_none_or(|b| t < b.0) {
+                    best = Some((t, kk));
                 }
             }
-            best
+            let (t, kk) = best.unwrap_or((0.0, 1));
+            c.net.chain(&mut acc, &chain, c.count, kk, pol)?;
+            let inter = chain.windows(2).filter(|w| w[0] != w[1]).count() as f64;
+            (t, inter * c.block, StrategyParams { chunks: Some(kk), ..params })
         }
-        Collective::AllToAll => {
-            let per_node = f64::from(g) * (n - 1.0) / n * d;
-            let mut tx = vec![0.0; c.n * k];
-            if c.n < 2 {
-                return Some(mk(0.0, NicBytes::from_f64(k, &tx, &tx), 0.0, params));
-            }
+        Collective::AlltoAll => {
+            let g = u64::from(c.g);
+            c.net.all_pairs(&mut acc, c.count, g * g, 1, pol)?;
+            let k = c.k();
             let mut worst: f64 = 0.0;
-            for i in 0..c.n {
-                let (rate, w) = node_rate(c.f, split, i)?;
-                worst = worst.max(per_node / rate);
-                for r in 0..k {
-                    tx[i * k + r] += per_node * w[r];
+            for (x, (&tx, &rx)) in acc.tx.iter().zip(&acc.rx).enumerate() {
+                let bytes = tx.max(rx);
+                if bytes > 0 {
+                    let bw = c.net.f.nic(x / k, x % k) as f64 * BYTES_PER_MBPS;
+                    worst = worst.max(if bw > 0.0 { bytes as f64 / bw } else { f64::INFINITY });
                 }
             }
-            let t = (n - 1.0) * c.alpha + worst;
-            Some(mk(t, NicBytes::from_f64(k, &tx, &tx), per_node * n, params))
+            let gf = f64::from(c.g);
+            ((p - 1.0) * c.alpha + worst, n * (n - 1.0) * gf * gf * c.block, params)
         }
-    }
-}
-
-/// Bandwidth classes: distinct node bandwidths (bytes/s) ascending, with counts and the
-/// class of each node.
-struct Classes {
-    beta: Vec<f64>,
-    mbps: Vec<u64>,
-    count: Vec<usize>,
-    of: Vec<usize>,
-}
-
-fn classes(f: &Fabric) -> Classes {
-    let mut v: Vec<u64> = f.node_bw.clone();
-    v.sort_unstable();
-    v.dedup();
-    let of = f.node_bw.iter().map(|b| v.partition_point(|x| x < b)).collect::<Vec<_>>();
-    let mut count = vec![0; v.len()];
-    for &c in &of {
-        count[c] += 1;
-    }
-    Classes { beta: v.iter().map(|&x| mbps(x)).collect(), mbps: v, count, of }
-}
-
-/// The four-stage water-filling fractions (they reach the lower bound exactly).
-fn four_stage_phi(cl: &Classes, n: usize) -> Vec<f64> {
-    let m = cl.beta.len();
-    let nf = n as f64;
-    let total: f64 = cl.beta.iter().zip(&cl.count).map(|(b, &c)| b * c as f64).sum();
-    let t = (2.0 * nf - 2.0) / total;
-    let t = t.max(1.0 / cl.beta[0]);
-    let u: Vec<f64> = cl.beta.iter().map(|b| ((t * b - 1.0) / (nf - 2.0)).max(0.0)).collect();
-    let cu: f64 = u.iter().zip(&cl.count).map(|(x, &c)| x * c as f64).sum();
-    let mut phi = vec![0.0; m];
-    let mut above = n;
-    let mut prev = 0.0;
-    for l in 0..m {
-        let s = if cu > 0.0 { u[l] / cu } else { 0.0 };
-        phi[l] = (above as f64 * (s - prev)).max(0.0);
-        prev = s;
-        above -= cl.count[l];
-    }
-    let sum: f64 = phi.iter().sum();
-    if sum > 0.0 {
-        for x in &mut phi {
-            *x /= sum;
-        }
-    } else {
-        phi[0] = 1.0;
-    }
-    phi
-}
-
-/// Nodes in class l or faster.
-fn members(cl: &Classes, l: usize) -> f64 {
-    cl.count[l..].iter().sum::<usize>() as f64
-}
-
-/// Per-direction load (units of D) of a class-c node under the four-stage schedule.
-fn four_stage_load(cl: &Classes, n: usize, phi: &[f64], c: usize) -> f64 {
-    let nf = n as f64;
-    let mut load = 0.0;
-    for (l, &p) in phi.iter().enumerate() {
-        let nl = members(cl, l);
-        load += if l <= c { (2.0 * (nl - 1.0) + (nf - nl)) / nl * p } else { p };
-    }
-    load
-}
-
-/// Recursive AllReduce stage loads (units of D) of a class-c node: (stage 1, stage 2).
-fn recursive_load(cl: &Classes, n: usize, phi: &[f64], c: usize) -> (f64, f64) {
-    let nf = n as f64;
-    let (mut s1, mut s2) = (0.0, 0.0);
-    for (l, &p) in phi.iter().enumerate() {
-        let nl = members(cl, l);
-        if l <= c {
-            s1 += 2.0 * (nl - 1.0) / nl * p;
-            s2 += (nf - nl) / nl * p;
-        } else {
-            s2 += p;
-        }
-    }
-    (s1, s2)
-}
-
-fn node_traffic(c: &Ctx<'_>, per_node: &[f64]) -> NicBytes {
-    let mut tx = vec![0.0; c.n * c.f.k];
-    for (i, &b) in per_node.iter().enumerate() {
-        c.f.add_node_traffic(i, b, &mut tx);
-    }
-    NicBytes::from_f64(c.f.k, &tx, &tx)
-}
-
-fn four_stage(c: &Ctx<'_>, cl: &Classes) -> Candidate {
-    let n = c.n;
-    let phi = four_stage_phi(cl, n);
-    let m = cl.beta.len();
-    let t_bw = (0..m).map(|k| four_stage_load(cl, n, &phi, k) * c.d / cl.beta[k]).fold(0.0, f64::max);
-    let mut best = (f64::INFINITY, 1u32);
-    for k in CHUNK_CHOICES {
-        let kf = f64::from(k);
-        let t = t_bw * (1.0 + 1.0 / kf) + (2.0 * (n as f64 - 1.0) + 2.0 + kf - 1.0) * c.alpha;
-        if t < best.0 {
-            best = (t, k);
-        }
-    }
-    let loads: Vec<f64> = cl.of.iter().map(|&k| four_stage_load(cl, n, &phi, k) * c.d).collect();
-    Candidate {
-        strategy: Strategy::FourStage,
-        time_s: best.0,
-        params: StrategyParams {
-            chunks: Some(best.1),
-            ring_fraction: Some(phi[0]),
-            level_fractions: phi,
-            class_mbps: cl.mbps.clone(),
-            ..StrategyParams::default()
-        },
-        nic_bytes: node_traffic(c, &loads),
-        model_total_bytes: 2.0 * (n as f64 - 1.0) * c.d,
-    }
-}
-
-fn recursive(c: &Ctx<'_>, cl: &Classes) -> Candidate {
-    let n = c.n;
-    let m = cl.beta.len();
-    let top = cl.beta[m - 1];
-    let slices: Vec<f64> = (0..m).map(|l| (cl.beta[l] - if l == 0 { 0.0 } else { cl.beta[l - 1] }) / top).collect();
-    let mut best: Option<(f64, u32, Vec<f64>)> = None;
-    for phi in [slices, four_stage_phi(cl, n)] {
-        let s1 = (0..m).map(|k| recursive_load(cl, n, &phi, k).0 / cl.beta[k]).fold(0.0, f64::max) * c.d;
-        let s2 = (0..m).map(|k| recursive_load(cl, n, &phi, k).1 / cl.beta[k]).fold(0.0, f64::max) * c.d;
-        for k in HELPER_CHUNKS {
-            let kf = f64::from(k);
-            let t = s1 + (1.0 + 1.0 / kf) * s2 + (2.0 * (n as f64 - 1.0) + kf + 1.0) * c.alpha;
-            if best.as_ref().is_none_or(|b| t < b.0) {
-                best = Some((t, k, phi.clone()));
+        Collective::SendRecv { src, dst } => {
+            let g = c.g as usize;
+            let (a, b) = (src.index() / g, dst.index() / g);
+            if src == dst {
+                (0.0, 0.0, params)
+            } else {
+                let r = c.net.send(&mut acc, a, b, &chunked(&[(c.count, 1)], 1), RailMask::ALL, pol)?;
+                let total = if a == b { 0.0 } else { c.block };
+                (c.hop(r) + c.block * r.spb, total, params)
             }
         }
-    }
-    let (t, k, phi) = best.unwrap_or((f64::INFINITY, 1, vec![1.0]));
-    let loads: Vec<f64> = cl
-        .of
-        .iter()
-        .map(|&k| {
-            let (a, b) = recursive_load(cl, n, &phi, k);
-            (a + b) * c.d
-        })
-        .collect();
-    Candidate {
-        strategy: Strategy::Recursive,
-        time_s: t,
-        params: StrategyParams {
-            chunks: Some(k),
-            level_fractions: phi,
-            class_mbps: cl.mbps.clone(),
-            reranked: true,
-            ..StrategyParams::default()
-        },
-        nic_bytes: node_traffic(c, &loads),
-        model_total_bytes: 2.0 * (n as f64 - 1.0) * c.d,
-    }
+    };
+    Ok(t.is_finite().then(|| c.candidate(s, t, params, acc, total)))
 }
 
-fn r2ccl_allreduce(c: &Ctx<'_>, order: &[usize]) -> Option<Candidate> {
+/// Usable Mbit/s of each node along `order`, as the nested builders see them.
+fn order_mbps(f: &Fabric, order: &[usize]) -> Vec<f64> {
+    order.iter().map(|&i| f.node_bw[i] as f64).collect()
+}
+
+/// One level of a nested schedule: member and excluded nodes, and its element count.
+struct Level {
+    members: Vec<usize>,
+    excluded: Vec<usize>,
+    len: u64,
+    fraction: f64,
+}
+
+fn levels(order: &[usize], bw: &[f64], plan: &model::LevelPlan, count: u64) -> Vec<Level> {
+    let ranges = model::level_ranges(count, &plan.fractions);
+    plan.thresholds
+        .iter()
+        .zip(&plan.fractions)
+        .zip(ranges)
+        .map(|((&t, &fraction), (_, len))| {
+            let (members, excluded) = (0..order.len()).partition::<Vec<usize>, _>(|&i| bw[i] >= t);
+            Level {
+                members: members.into_iter().map(|i| order[i]).collect(),
+                excluded: excluded.into_iter().map(|i| order[i]).collect(),
+                len,
+                fraction,
+            }
+        })
+        .collect()
+}
+
+/// R2CCL-AllReduce (section 5.2) for exactly one degraded node.
+fn r2ccl_allreduce(c: &mut Ctx<'_>, order: &[usize]) -> Result<Option<Candidate>, PlanError> {
     let n = c.n;
-    let f = c.f;
-    let max = *f.node_bw.iter().max()?;
-    let mut degraded = (0..n).filter(|&i| f.node_bw[i] < max);
-    let d_node = degraded.next()?;
-    if degraded.next().is_some() || n < 3 {
-        return None;
+    let max = c.net.f.node_bw.iter().copied().max().unwrap_or(0);
+    let mut slow = (0..n).filter(|&i| c.net.f.node_bw[i] < max);
+    let Some(dn) = slow.next() else { return Ok(None) };
+    if slow.next().is_some() || n < 3 {
+        return Ok(None);
     }
-    let pos = order.iter().position(|&x| x == d_node)?;
-    let helper = order[(pos + 1) % n];
-    let mut e_min = f64::INFINITY;
-    let mut spine_main = false;
-    for p in 0..n {
-        let (cap, s) = f.pair(order[p], order[(p + 1) % n]);
-        e_min = e_min.min(mbps(cap));
-        spine_main |= s;
+    let h = c.net.af.healthy_rails(NodeId(dn as u32));
+    let healthy: Vec<usize> = order.iter().copied().filter(|&x| x != dn).collect();
+    let pol = RailPolicy::Balance;
+    let mut main = Rate::default();
+    for q in 0..n {
+        main = main.worst(c.net.rate(order[q], order[(q + 1) % n], h, pol)?);
     }
-    let healthy: Vec<usize> = order.iter().copied().filter(|&x| x != d_node).collect();
-    let h = healthy.len();
-    let mut idle = f64::INFINITY;
-    for p in 0..h {
-        let (a, b) = (healthy[p], healthy[(p + 1) % h]);
-        idle = idle.min((mbps(f.node_bw[a]) - e_min).min(mbps(f.node_bw[b]) - e_min));
+    let mut tail = Rate::default();
+    for q in 0..healthy.len() {
+        tail = tail.worst(c.net.rate(healthy[q], healthy[(q + 1) % healthy.len()], h.not(), pol)?);
     }
-    if idle <= 0.0 || e_min <= 0.0 {
-        return None;
+    let mut join = Rate::default();
+    for &m in &healthy {
+        join = join.worst(c.net.rate(dn, m, h, pol)?).worst(c.net.rate(m, dn, h, pol)?);
     }
-    let (cap3, spine3) = f.pair(d_node, helper);
-    let r3 = mbps(cap3);
-    if r3 <= 0.0 {
-        return None;
+    if !(main.spb.is_finite() && tail.spb.is_finite() && join.spb.is_finite()) {
+        return Ok(None);
     }
     let nf = n as f64;
-    let d = c.d;
-    let x = 1.0 - f.node_bw[d_node] as f64 / max as f64;
-    let a = 2.0 * (nf - 1.0) / nf * d / e_min;
-    let b = 2.0 * (nf - 2.0) / (nf - 1.0) * d / idle;
+    let d = c.block;
+    let x = 1.0 - c.net.f.node_bw[dn] as f64 / max as f64;
+    let a = 2.0 * (nf - 1.0) / nf * d * main.spb;
+    let b = 2.0 * (nf - 2.0) / (nf - 1.0) * d * tail.spb;
     let y_eq = if a + b > 0.0 { a / (a + b) } else { x };
-    let hop_main = c.alpha * if spine_main { 2.0 } else { 1.0 };
-    let hop3 = c.alpha * if spine3 { 2.0 } else { 1.0 };
     let mut best: Option<(f64, f64, u32)> = None;
     for y in [x, y_eq] {
+        if !(y > 0.0 && y < 1.0) {
+            continue;
+        }
         for k in HELPER_CHUNKS {
             let kf = f64::from(k);
-            let t1 = 2.0 * (nf - 1.0) * (hop_main + (1.0 - y) * d / nf / e_min);
-            let t2 = 2.0 * (nf - 2.0) * (c.alpha + y * d / (nf - 1.0) / idle);
-            let t3 = (kf + 1.0) * (hop3 + y * d / kf / r3);
+            let t1 = 2.0 * (nf - 1.0) * (c.hop(main) + (1.0 - y) * d / nf * main.spb);
+            let t2 = 2.0 * (nf - 2.0) * (c.hop(tail) + y * d / (nf - 1.0) * tail.spb);
+            let t3 = (kf + 1.0) * (c.hop(join) + y * d / kf * join.spb);
             let t = t1.max(t2) + t3;
             if best.is_none_or(|bb| t < bb.0) {
                 best = Some((t, y, k));
             }
         }
     }
-    let (t, y, k) = best?;
-    let mut tx = vec![0.0; n * f.k];
-    let mut rx = vec![0.0; n * f.k];
-    let main_edge = 2.0 * (nf - 1.0) * (1.0 - y) * d / nf;
-    for p in 0..n {
-        f.add_pair_traffic(order[p], order[(p + 1) % n], main_edge, &mut tx, &mut rx);
-    }
-    let tail_edge = 2.0 * (nf - 2.0) * y * d / (nf - 1.0);
-    for p in 0..h {
-        f.add_pair_traffic(healthy[p], healthy[(p + 1) % h], tail_edge, &mut tx, &mut rx);
-    }
-    f.add_pair_traffic(d_node, helper, y * d, &mut tx, &mut rx);
-    f.add_pair_traffic(helper, d_node, y * d, &mut tx, &mut rx);
-    Some(Candidate {
-        strategy: Strategy::R2cclAllReduce,
-        time_s: t,
-        params: StrategyParams {
-            tail_fraction: Some(y),
-            chunks: Some(k),
-            degraded: Some(NodeId(d_node as u32)),
-            helper: Some(NodeId(helper as u32)),
-            reranked: true,
-            ..StrategyParams::default()
-        },
-        nic_bytes: NicBytes::from_f64(f.k, &tx, &rx),
-        model_total_bytes: main_edge * nf + tail_edge * h as f64 + 2.0 * y * d,
-    })
+    let Some((t, y, k)) = best else { return Ok(None) };
+    let params = R2cclParams { degraded: NodeId(dn as u32), tail_fraction: y, pipeline_chunks: k };
+    let main_len = params.main_len(c.count);
+    let mut acc = c.acc();
+    c.net.ring(&mut acc, order, main_len, 1, h, pol, true, true)?;
+    c.net.ring(&mut acc, &healthy, c.count - main_len, 1, h.not(), pol, true, true)?;
+    c.net.helper_join(&mut acc, &healthy, &[dn], c.count - main_len, k, h, pol)?;
+    let total = 2.0 * (nf - 1.0) * (1.0 - y) * d + 2.0 * (nf - 2.0) * y * d + 2.0 * y * d + (nf - 2.0) * y * d;
+    let sp = StrategyParams {
+        tail_fraction: Some(y),
+        chunks: Some(k),
+        degraded: Some(NodeId(dn as u32)),
+        reranked: true,
+        ..StrategyParams::default()
+    };
+    Ok(Some(c.candidate(Strategy::R2cclAllReduce, t, sp, acc, total)))
 }
 
-fn recursive_doubling(c: &Ctx<'_>, order: &[usize]) -> Option<Candidate> {
-    let n = c.n;
-    let f = c.f;
-    let p2 = 1usize << (usize::BITS - 1 - n.leading_zeros());
-    let mut tx = vec![0.0; n * f.k];
-    let mut rx = vec![0.0; n * f.k];
-    let mut t = 0.0;
-    let mut total = 0.0;
-    let mut round = |pairs: &[(usize, usize)], tx: &mut Vec<f64>, rx: &mut Vec<f64>| -> Option<f64> {
-        let mut rate = f64::INFINITY;
-        let mut spine = false;
-        for &(a, b) in pairs {
-            let (cap, s) = f.pair(order[a], order[b]);
-            if cap == 0 {
-                return None;
-            }
-            rate = rate.min(mbps(cap));
-            spine |= s;
-            f.add_pair_traffic(order[a], order[b], c.d, tx, rx);
-            total += c.d;
+/// Recursive AllReduce (section 6.2) with `r2ccl_algo::model::recursive_plan`.
+fn recursive(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, PlanError> {
+    let n = c.n as f64;
+    let bw = order_mbps(c.net.f, order);
+    let plan = model::recursive_plan(&bw)?;
+    let bytes_bw: Vec<f64> = bw.iter().map(|b| b * BYTES_PER_MBPS).collect();
+    let mut best: Option<(f64, u32)> = None;
+    for k in HELPER_CHUNKS {
+        let t = model::recursive_time(&bytes_bw, c.block, Some(k))? + (2.0 * (n - 1.0) + f64::from(k) + 1.0) * c.alpha;
+        if best.is_none_or(|b| t < b.0) {
+            best = Some((t, k));
         }
-        Some(c.alpha * if spine { 2.0 } else { 1.0 } + c.d / rate)
-    };
-    let extra: Vec<(usize, usize)> = (0..n - p2).map(|e| (p2 + e, e)).collect();
-    if !extra.is_empty() {
-        t += round(&extra, &mut tx, &mut rx)?;
     }
+    let (t, k) = best.unwrap_or((f64::INFINITY, 1));
+    let mut acc = c.acc();
+    let mut total = 0.0;
+    let lv = levels(order, &bw, &plan, c.count);
+    for l in &lv {
+        c.net.ring(&mut acc, &l.members, l.len, 1, RailMask::ALL, RailPolicy::Balance, true, true)?;
+    }
+    for l in &lv {
+        c.net.helper_join(&mut acc, &l.members, &l.excluded, l.len, k, RailMask::ALL, RailPolicy::Balance)?;
+        let (s, e) = (l.members.len() as f64, l.excluded.len() as f64);
+        let chain = if e > 0.0 { s - 1.0 } else { 0.0 };
+        total += (2.0 * (s - 1.0) + 2.0 * e + chain) * l.fraction * c.block;
+    }
+    let params = StrategyParams {
+        chunks: Some(k),
+        level_fractions: plan.fractions.clone(),
+        class_mbps: plan.thresholds.iter().map(|&t| t as u64).collect(),
+        reranked: true,
+        ..StrategyParams::default()
+    };
+    Ok(c.candidate(Strategy::Recursive, t, params, acc, total))
+}
+
+/// The four-stage AllReduce (section 7) with `r2ccl_algo::model::four_stage_plan`.
+fn four_stage(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, PlanError> {
+    let n = c.n as f64;
+    let bw = order_mbps(c.net.f, order);
+    let plan = model::four_stage_plan(&bw)?;
+    let bytes_bw: Vec<f64> = bw.iter().map(|b| b * BYTES_PER_MBPS).collect();
+    let t_bw = model::four_stage_time(&bytes_bw, c.block)?;
+    let mut best = (f64::INFINITY, 1u32);
+    for k in CHUNK_CHOICES {
+        if u64::from(k) > c.count.max(1) {
+            break;
+        }
+        let kf = f64::from(k);
+        let t = t_bw * (1.0 + 1.0 / kf) + (2.0 * (n - 1.0) + 2.0 + kf - 1.0) * c.alpha;
+        if t < best.0 {
+            best = (t, k);
+        }
+    }
+    let (t, k) = best;
+    let mut acc = c.acc();
+    for l in levels(order, &bw, &plan, c.count) {
+        c.net.spread_join(&mut acc, &l.members, &l.excluded, l.len, k)?;
+        c.net.ring(&mut acc, &l.members, l.len, k, RailMask::ALL, RailPolicy::Spread, true, true)?;
+    }
+    let params = StrategyParams {
+        chunks: Some(k),
+        ring_fraction: plan.fractions.first().copied(),
+        level_fractions: plan.fractions.clone(),
+        class_mbps: plan.thresholds.iter().map(|&t| t as u64).collect(),
+        reranked: true,
+        ..StrategyParams::default()
+    };
+    Ok(c.candidate(Strategy::FourStage, t, params, acc, 2.0 * (n - 1.0) * c.block))
+}
+
+/// Recursive doubling over all ranks along the flat ring (r2ccl-algo's tree AllReduce).
+fn recursive_doubling(c: &mut Ctx<'_>, order: &[usize]) -> Result<Option<Candidate>, PlanError> {
+    let flat = c.flat(order);
+    let p = c.p;
+    if p < 2 {
+        return Ok(None);
+    }
+    let p2 = 1usize << (usize::BITS - 1 - p.leading_zeros());
+    let extra = p - p2;
+    let msgs = chunked(&[(c.count, 1)], 1);
+    let mut acc = c.acc();
+    let (mut t, mut total) = (0.0, 0.0);
+    let pol = RailPolicy::Balance;
+    let mut round = |c: &mut Ctx<'_>, acc: &mut Acc, pairs: &[(usize, usize)]| -> Result<f64, PlanError> {
+        let mut worst: f64 = 0.0;
+        for &(a, b) in pairs {
+            let r = c.net.send(acc, flat[a], flat[b], &msgs, RailMask::ALL, pol)?;
+            if flat[a] != flat[b] {
+                total += c.block;
+            }
+            worst = worst.max(c.hop(r) + c.block * r.spb);
+        }
+        Ok(worst)
+    };
+    let fold: Vec<(usize, usize)> = (0..extra).map(|e| (2 * e, 2 * e + 1)).collect();
+    if extra > 0 {
+        t += round(c, &mut acc, &fold)?;
+    }
+    let real = |id: usize| if id < extra { 2 * id + 1 } else { id + extra };
     let mut dist = 1;
     while dist < p2 {
-        let pairs: Vec<(usize, usize)> = (0..p2).map(|p| (p, p ^ dist)).collect();
-        t += round(&pairs, &mut tx, &mut rx)?;
+        let pairs: Vec<(usize, usize)> = (0..p2).map(|id| (real(id), real(id ^ dist))).collect();
+        t += round(c, &mut acc, &pairs)?;
         dist <<= 1;
     }
-    if !extra.is_empty() {
-        let back: Vec<(usize, usize)> = extra.iter().map(|&(a, b)| (b, a)).collect();
-        t += round(&back, &mut tx, &mut rx)?;
+    if extra > 0 {
+        let back: Vec<(usize, usize)> = fold.iter().map(|&(a, b)| (b, a)).collect();
+        t += round(c, &mut acc, &back)?;
     }
-    Some(Candidate {
-        strategy: Strategy::RecursiveDoubling,
-        time_s: t,
-        params: StrategyParams { reranked: true, ..StrategyParams::default() },
-        nic_bytes: NicBytes::from_f64(f.k, &tx, &rx),
-        model_total_bytes: total,
+    let params = StrategyParams { reranked: true, ..StrategyParams::default() };
+    Ok(t.is_finite().then(|| c.candidate(Strategy::RecursiveDoubling, t, params, acc, total)))
+}
+
+/// Intra-node phases of the hierarchical AllReduce for G ranks per node (seconds).
+fn intra(topo: &Topology, d: f64) -> f64 {
+    let g = f64::from(topo.ranks_per_node());
+    if g <= 1.0 || d == 0.0 {
+        return 0.0;
+    }
+    let bw = topo.intra_gbps() * 1e9 / 8.0;
+    2.0 * (g - 1.0) * (topo.alpha_s() + d / g / bw)
+}
+
+/// Lower bound on the inter-node time (bandwidth model) with `d` bytes per rank.
+fn lower_bound(f: &Fabric, coll: Collective, d: f64, g: u32) -> Result<f64, PlanError> {
+    let n = f.node_count();
+    if d == 0.0 {
+        return Ok(0.0);
+    }
+    let nf = n as f64;
+    let bw: Vec<f64> = f.node_bw.iter().map(|&b| b as f64 * BYTES_PER_MBPS).collect();
+    let sum: f64 = bw.iter().sum();
+    let min = bw.iter().copied().fold(f64::INFINITY, f64::min);
+    if let Collective::SendRecv { src, dst } = coll {
+        let (a, b) = (src.index() / g as usize, dst.index() / g as usize);
+        return Ok(if a == b { 0.0 } else { d / bw[a].min(bw[b]) });
+    }
+    if n < 2 {
+        return Ok(0.0);
+    }
+    Ok(match coll {
+        Collective::AllReduce { .. } => model::lower_bound(&bw, d)?,
+        Collective::ReduceScatter { .. } | Collective::AllGather => {
+            ((nf - 1.0) * d / sum).max((nf - 1.0) / nf * d / min)
+        }
+        Collective::Broadcast { .. } | Collective::Reduce { .. } => d / min,
+        Collective::AlltoAll | Collective::SendRecv { .. } => f64::from(g) * (nf - 1.0) / nf * d / min,
     })
 }
 
-/// Intra-node phases for G ranks per node: (time with latency, bandwidth-only time).
-fn intra(topo: &Topology, coll: Collective, d: f64) -> (f64, f64) {
-    let g = f64::from(topo.ranks_per_node());
-    if g <= 1.0 || d == 0.0 {
-        return (0.0, 0.0);
-    }
-    let bw = topo.intra_gbps() * 1e9 / 8.0;
-    let a = topo.alpha_s();
+fn check_ranks(coll: Collective, ranks: u64) -> Result<(), PlanError> {
     match coll {
-        Collective::AllReduce => (2.0 * (g - 1.0) * (a + d / g / bw), 2.0 * (g - 1.0) / g * d / bw),
-        Collective::Broadcast { .. } | Collective::Reduce { .. } => ((g - 1.0) * a + d / bw, d / bw),
-        _ => ((g - 1.0) * (a + d / g / bw), (g - 1.0) / g * d / bw),
-    }
-}
-
-fn lower_bound(f: &Fabric, coll: Collective, d: f64, g: u32) -> f64 {
-    let n = f.node_count();
-    if n < 2 || d == 0.0 {
-        return 0.0;
-    }
-    let nf = n as f64;
-    let sum: f64 = f.node_bw.iter().map(|&b| mbps(b)).sum();
-    let min = f.node_bw.iter().map(|&b| mbps(b)).fold(f64::INFINITY, f64::min);
-    match coll {
-        Collective::AllReduce => (2.0 * (nf - 1.0) * d / sum).max(d / min),
-        Collective::ReduceScatter | Collective::AllGather => ((nf - 1.0) * d / sum).max((nf - 1.0) / nf * d / min),
-        Collective::Broadcast { .. } | Collective::Reduce { .. } => d / min,
-        Collective::AllToAll => f64::from(g) * (nf - 1.0) / nf * d / min,
-    }
-}
-
-fn check_root(coll: Collective, ranks: u64) -> Result<(), PlanError> {
-    if let Collective::Broadcast { root } | Collective::Reduce { root } = coll {
-        if u64::from(root.0) >= ranks {
-            return Err(PlanError::RootOutOfRange { root, ranks });
+        Collective::Broadcast { root } | Collective::Reduce { root, .. } if u64::from(root.0) >= ranks => {
+            Err(PlanError::RootOutOfRange { root, ranks })
         }
+        Collective::SendRecv { src, dst } => {
+            for (rank, role) in [(src, "src"), (dst, "dst")] {
+                if u64::from(rank.0) >= ranks {
+                    return Err(PlanError::RankOutOfRange { rank, role, ranks });
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// The ring order `plan` uses for the re-ranked strategies: exact search up to
@@ -845,9 +741,8 @@ pub fn rerank_exact(topology: &Topology, health: &HealthView) -> Result<(Vec<Nod
 pub fn ring_score(topology: &Topology, health: &HealthView, order: &[NodeId]) -> Result<RingScore, PlanError> {
     let f = Fabric::new(topology, health)?;
     let o: Vec<usize> = order.iter().map(|x| x.index()).collect();
-    if o.iter().any(|&i| i >= f.node_count()) {
-        let bad = o.iter().copied().find(|&i| i >= f.node_count()).unwrap_or(0);
-        return Err(PlanError::NodeDisconnected(NodeId(bad as u32)));
+    if let Some(&bad) = o.iter().find(|&&i| i >= f.node_count()) {
+        return Err(PlanError::NodeOutOfRange { node: NodeId(bad as u32), nodes: f.node_count() });
     }
     Ok(rerank::score(&f, &o))
 }
@@ -866,16 +761,42 @@ fn rerank_fabric(f: &Fabric) -> Vec<usize> {
 
 /// Plan `collective` of `bytes` per rank on `topology` under `health`.
 ///
+/// Shorthand for [`plan_payload`] with one-byte elements: `count = bytes` for AllReduce,
+/// Broadcast, Reduce and Send/Recv, `count = bytes / ranks` (rounded down) for the blocked
+/// collectives, whose `bytes` are the whole per-rank input, output or send buffer.
+pub fn plan(topology: &Topology, health: &HealthView, collective: Collective, bytes: u64) -> Result<Plan, PlanError> {
+    let count = if is_blocked(collective) { bytes / topology.rank_count().max(1) } else { bytes };
+    plan_payload(topology, health, collective, DType::U8, count)
+}
+
+fn is_blocked(c: Collective) -> bool {
+    matches!(c, Collective::ReduceScatter { .. } | Collective::AllGather | Collective::AlltoAll)
+}
+
+/// Plan `collective` over `count` elements of `dtype` per block (as in
+/// [`ScheduleRequest`]) on `topology` under `health`.
+///
 /// Deterministic: equal inputs give bit-identical plans. A zero-byte collective moves
 /// nothing: every applicable strategy predicts 0 s and the plain algorithm (ring, or
-/// balance under failures) is chosen.
-pub fn plan(topology: &Topology, health: &HealthView, collective: Collective, bytes: u64) -> Result<Plan, PlanError> {
-    check_root(collective, topology.rank_count())?;
+/// balance under failures) is chosen. Errors: a health view of another shape, a node
+/// without any usable NIC, a root or peer outside the communicator, nodes that no ring
+/// order can connect.
+pub fn plan_payload(
+    topology: &Topology,
+    health: &HealthView,
+    collective: Collective,
+    dtype: DType,
+    count: u64,
+) -> Result<Plan, PlanError> {
+    let ranks = topology.rank_count();
+    check_ranks(collective, ranks)?;
     let f = Fabric::new(topology, health)?;
     let n = f.node_count();
     let k = f.k;
     let g = topology.ranks_per_node();
-    let d = bytes as f64;
+    let elem = dtype.size() as u64;
+    let block = count as f64 * elem as f64;
+    let d = if is_blocked(collective) { block * ranks as f64 } else { block };
     let identity: Vec<usize> = (0..n).collect();
     let order = rerank_fabric(&f);
     let score = rerank::score(&f, &order);
@@ -883,54 +804,48 @@ pub fn plan(topology: &Topology, health: &HealthView, collective: Collective, by
         let p = (0..n).find(|&p| f.pair(order[p], order[(p + 1) % n]).0 == 0).unwrap_or(0);
         return Err(PlanError::NoPath { a: NodeId(order[p] as u32), b: NodeId(order[(p + 1) % n] as u32) });
     }
-    let ctx = Ctx { f: &f, n, d, alpha: topology.alpha_s() };
-    let (t_intra, bw_intra) = intra(topology, collective, d);
+    let af = f.algo(g, health.epoch())?;
+    let intra_spb = 8.0 / (topology.intra_gbps() * 1e9);
+    let mut ctx = Ctx {
+        net: Net::new(&f, &af, elem, intra_spb),
+        coll: collective,
+        n,
+        g,
+        p: ranks as usize,
+        count,
+        block,
+        alpha: topology.alpha_s(),
+    };
+    let is_allreduce = matches!(collective, Collective::AllReduce { .. });
 
     let mut cands: Vec<Candidate> = Vec::new();
     // A single node uses no inter-node NIC, so its plain algorithm applies under any failure.
-    if !f.has_failure() || n == 1 {
-        cands.extend(evaluate_basic(
-            &ctx,
-            collective,
-            Split::Equal,
-            &identity,
-            g,
-            StrategyParams::default(),
-            Strategy::Ring,
-        ));
+    if !f.is_degraded() || n == 1 {
+        cands.extend(basic(&mut ctx, Strategy::Ring, &identity, RailPolicy::Balance, false)?);
     }
     if n >= 2 && f.is_degraded() {
-        let p = StrategyParams { reranked: true, ..StrategyParams::default() };
-        cands.extend(evaluate_basic(&ctx, collective, Split::Balance, &order, g, p, Strategy::Balance));
+        cands.extend(basic(&mut ctx, Strategy::Balance, &order, RailPolicy::Balance, true)?);
     }
     if n >= 2 && f.has_failure() {
-        cands.extend(evaluate_basic(
-            &ctx,
-            collective,
-            Split::Backup,
-            &identity,
-            g,
-            StrategyParams::default(),
-            Strategy::SingleBackup,
-        ));
+        cands.extend(basic(&mut ctx, Strategy::SingleBackup, &identity, RailPolicy::SingleBackup, false)?);
     }
-    if collective == Collective::AllReduce && n >= 3 {
-        let cl = classes(&f);
-        cands.extend(r2ccl_allreduce(&ctx, &order));
-        if cl.beta.len() >= 2 {
-            cands.push(recursive(&ctx, &cl));
-            cands.push(four_stage(&ctx, &cl));
+    if is_allreduce && n >= 3 {
+        cands.extend(r2ccl_allreduce(&mut ctx, &order)?);
+        let distinct = f.node_bw.iter().any(|&b| b != f.node_bw[0]);
+        if distinct {
+            cands.push(recursive(&mut ctx, &order)?);
+            cands.push(four_stage(&mut ctx, &order)?);
         }
     }
-    if collective == Collective::AllReduce && n >= 2 {
-        cands.extend(recursive_doubling(&ctx, &order));
+    if is_allreduce && n >= 2 {
+        cands.extend(recursive_doubling(&mut ctx, &order)?);
     }
+    let t_intra = if is_allreduce { intra(topology, block) } else { 0.0 };
     for c in &mut cands {
-        if bytes == 0 {
+        if count == 0 {
             c.time_s = 0.0;
-            c.nic_bytes = NicBytes { rails: k, tx: vec![0; n * k], rx: vec![0; n * k] };
             c.model_total_bytes = 0.0;
-        } else {
+        } else if c.strategy != Strategy::RecursiveDoubling {
             c.time_s += t_intra;
         }
     }
@@ -944,20 +859,22 @@ pub fn plan(topology: &Topology, health: &HealthView, collective: Collective, by
         .map(|c| (c.strategy, c.time_s));
     let (chosen, time_s) = chosen.unwrap_or((Strategy::Balance, f64::INFINITY));
 
-    let nominal = f.nominal();
-    let nctx = Ctx { f: &nominal, n, d, alpha: topology.alpha_s() };
-    let t_nf = if bytes == 0 {
+    let t_nf = if count == 0 {
         0.0
     } else {
-        evaluate_basic(&nctx, collective, Split::Equal, &identity, g, StrategyParams::default(), Strategy::Ring)
-            .map_or(0.0, |c| c.time_s)
-            + t_intra
+        let nominal = f.nominal();
+        let naf = nominal.algo(g, health.epoch())?;
+        let mut nctx = Ctx { net: Net::new(&nominal, &naf, elem, intra_spb), ..ctx };
+        basic(&mut nctx, Strategy::Ring, &identity, RailPolicy::Balance, false)?.map_or(0.0, |c| c.time_s) + t_intra
     };
-    let lb = if bytes == 0 { 0.0 } else { lower_bound(&f, collective, d, g) + bw_intra };
+    let lb = if count == 0 { 0.0 } else { lower_bound(&f, collective, d, g)? };
     let nic_weights = (0..n * k).map(|x| f.bw[x] as f64 / f.node_bw[x / k] as f64).collect();
     Ok(Plan {
         collective,
-        bytes,
+        dtype,
+        count,
+        bytes: d as u64,
+        ranks_per_node: g,
         epoch: health.epoch(),
         chosen,
         time_s,

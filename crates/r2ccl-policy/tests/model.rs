@@ -4,8 +4,9 @@
 #![allow(clippy::unwrap_used, reason = "tests: a failure is a test failure")]
 
 use proptest::prelude::*;
-use r2ccl_core::{HealthView, NicId, NodeId};
-use r2ccl_policy::{formulas, plan, Collective, Plan, Strategy, Topology};
+use r2ccl_algo::model;
+use r2ccl_core::{HealthView, NicId, NodeId, ReduceOp};
+use r2ccl_policy::{plan, Collective, Plan, Strategy, Topology};
 
 const GBPS: u64 = 100_000; // 100 Gbit/s per NIC, in Mbit/s
 const BPS_PER_NIC: f64 = 100e9 / 8.0;
@@ -21,7 +22,7 @@ fn one_degraded(n: usize, k: usize, d: usize, lost: usize, bytes: u64) -> Plan {
     for r in 0..lost {
         view.set_failed(NicId::new(d as u32, r as u16)).unwrap();
     }
-    plan(&topo, &view, Collective::AllReduce, bytes).unwrap()
+    plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, bytes).unwrap()
 }
 
 proptest! {
@@ -36,7 +37,7 @@ proptest! {
         let x = lost as f64 / k as f64;
         let b = BPS_PER_NIC * k as f64;
         let dd = bytes as f64;
-        let t_nf = formulas::t_nf_allreduce(n as u32, dd, b);
+        let t_nf = model::fault_free_time(n, dd, b);
         prop_assert!(rel(p.t_nf_s, t_nf) < 1e-9);
         // Balance = T_nf / (1 - X).
         let bal = p.candidate(Strategy::Balance).unwrap();
@@ -45,19 +46,21 @@ proptest! {
         let r = p.candidate(Strategy::R2cclAllReduce).unwrap();
         let y = r.params.tail_fraction.unwrap();
         let kk = r.params.chunks.unwrap();
-        let closed = formulas::r2ccl_allreduce(n as u32, x, y, Some(kk), dd, b).total();
+        let closed = model::r2ccl_allreduce_time(n, dd, b, x, y, Some(kk)).unwrap().total;
         prop_assert!(rel(r.time_s, closed) < 1e-9, "r2ccl {} vs {}", r.time_s, closed);
         // ...and never worse than the paper's Y = X at the same K.
-        let paper = formulas::r2ccl_allreduce(n as u32, x, x, Some(kk), dd, b).total();
+        let paper = model::r2ccl_allreduce_time(n, dd, b, x, x, Some(kk)).unwrap().total;
         prop_assert!(r.time_s <= paper * (1.0 + 1e-12));
         // Lower bound and four-stage.
-        let lb = formulas::lower_bound_allreduce(n as u32, 1.0 - x, dd, b);
+        let lb = model::lower_bound_single(n, dd, b, 1.0 - x).unwrap();
         prop_assert!(rel(p.lower_bound_s, lb) < 1e-9);
         let fs = p.candidate(Strategy::FourStage).unwrap();
         prop_assert!(fs.time_s >= lb * (1.0 - 1e-9) && fs.time_s <= lb * 1.01, "four-stage {} vs bound {}", fs.time_s, lb);
-        let f = formulas::four_stage_fraction(n as u32, 1.0 - x);
+        let f = model::four_stage_fraction(n, 1.0 - x).unwrap();
         prop_assert!((fs.params.ring_fraction.unwrap() - f).abs() < 1e-9, "f {:?} vs {}", fs.params.ring_fraction, f);
-        prop_assert!(rel(formulas::four_stage_allreduce(n as u32, 1.0 - x, f, dd, b), lb) < 1e-9);
+        let mut bw = vec![b; n];
+        bw[d] = (1.0 - x) * b;
+        prop_assert!(rel(model::four_stage_time(&bw, dd).unwrap(), lb) < 1e-9);
         // Every strategy is at or above the bound.
         for c in &p.candidates {
             prop_assert!(c.time_s >= lb * (1.0 - 1e-9), "{:?} below the bound", c.strategy);
@@ -78,8 +81,8 @@ proptest! {
                 view.set_failed(NicId::new(node as u32, nic as u16)).unwrap();
             }
         }
-        let a = plan(&topo, &view, Collective::AllReduce, bytes).unwrap();
-        let b = plan(&topo, &view.clone(), Collective::AllReduce, bytes).unwrap();
+        let a = plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, bytes).unwrap();
+        let b = plan(&topo, &view.clone(), Collective::AllReduce { op: ReduceOp::Sum }, bytes).unwrap();
         prop_assert_eq!(&a, &b);
         prop_assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
         prop_assert_eq!(a.time_s.to_bits(), b.time_s.to_bits());
@@ -108,15 +111,17 @@ proptest! {
 fn ring_allreduce_traffic_is_the_textbook_total() {
     let p = one_degraded(6, 4, 2, 1, 6 << 20);
     for c in &p.candidates {
-        if c.strategy != Strategy::RecursiveDoubling {
+        // R2CCL-AllReduce and recursive add their join and helper-chain traffic on top.
+        if matches!(c.strategy, Strategy::Balance | Strategy::SingleBackup | Strategy::FourStage) {
             assert!((c.model_total_bytes - 2.0 * 5.0 * f64::from(6 << 20)).abs() < 1.0, "{:?}", c.strategy);
         }
     }
-    // Balance on the degraded node: its 3 NICs share its traffic equally.
+    // Balance on the degraded node: its 3 NICs share its traffic equally, to within one
+    // element per message (each of its 10 messages rounds by largest remainder).
     let bal = p.candidate(Strategy::Balance).unwrap();
     let shares: Vec<u64> = (0..4).map(|r| bal.nic_bytes.tx(2, r)).collect();
     assert_eq!(shares[0], 0);
-    assert!(shares[1].abs_diff(shares[2]) <= 1 && shares[2].abs_diff(shares[3]) <= 1);
+    assert!(shares[1].abs_diff(shares[2]) <= 10 && shares[2].abs_diff(shares[3]) <= 10, "{shares:?}");
     assert_eq!(p.nic_weights[2 * 4], 0.0);
     assert!((p.nic_weights[2 * 4 + 1] - 1.0 / 3.0).abs() < 1e-12);
 }
@@ -137,7 +142,7 @@ fn section7_table_to_three_decimals() {
         let t_nf = p.t_nf_s;
         assert_eq!(round3(p.candidate(Strategy::Balance).unwrap().time_s / t_nf), bal, "balance n={n} X={x}");
         let b = BPS_PER_NIC * k as f64;
-        let r2_inf = formulas::r2ccl_allreduce(n as u32, x, x, None, f64::from(1u32 << 30), b).total();
+        let r2_inf = model::r2ccl_allreduce_time(n, f64::from(1u32 << 30), b, x, x, None).unwrap().total;
         assert_eq!(round3(r2_inf / t_nf), r2, "r2ccl n={n} X={x}");
         assert_eq!(round3(p.lower_bound_s / t_nf), lb, "bound n={n} X={x}");
         let fs = p.candidate(Strategy::FourStage).unwrap().time_s / t_nf;
@@ -151,22 +156,26 @@ fn section7_table_to_three_decimals() {
 fn small_messages_pick_the_latency_optimal_algorithm() {
     let topo = Topology::uniform(16, 8, 400_000).unwrap();
     let view = HealthView::uniform(16, 8, 400_000);
-    let small = plan(&topo, &view, Collective::AllReduce, 4 << 10).unwrap();
+    let small = plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, 4 << 10).unwrap();
     assert_eq!(small.chosen, Strategy::RecursiveDoubling);
-    let large = plan(&topo, &view, Collective::AllReduce, 1 << 30).unwrap();
+    let large = plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, 1 << 30).unwrap();
     assert_eq!(large.chosen, Strategy::Ring);
     // The crossover comes from the model: find it and check both sides.
     let mut lo = 4u64 << 10;
     let mut hi = 1u64 << 30;
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if plan(&topo, &view, Collective::AllReduce, mid).unwrap().chosen == Strategy::RecursiveDoubling {
+        if plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, mid).unwrap().chosen
+            == Strategy::RecursiveDoubling
+        {
             lo = mid;
         } else {
             hi = mid;
         }
     }
-    let at = |b: u64, s: Strategy| plan(&topo, &view, Collective::AllReduce, b).unwrap().candidate(s).unwrap().time_s;
+    let at = |b: u64, s: Strategy| {
+        plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, b).unwrap().candidate(s).unwrap().time_s
+    };
     assert!(at(lo, Strategy::RecursiveDoubling) <= at(lo, Strategy::Ring));
     assert!(at(hi, Strategy::Ring) < at(hi, Strategy::RecursiveDoubling));
 }
@@ -181,6 +190,6 @@ fn single_backup_doubles_and_balance_spreads() {
     assert!((bal - 1.5).abs() < 1e-9, "balance {bal}");
     assert!(p.candidate(Strategy::Ring).is_none());
     let sbc = p.candidate(Strategy::SingleBackup).unwrap();
-    // Rail 1 carries its own channel and the failed rail 0's.
-    assert_eq!(sbc.nic_bytes.tx(0, 1), 2 * sbc.nic_bytes.tx(0, 2));
+    // Rail 1 carries its own channel and the failed rail 0's (to within element rounding).
+    assert!(sbc.nic_bytes.tx(0, 1).abs_diff(2 * sbc.nic_bytes.tx(0, 2)) <= 8, "{:?}", sbc.nic_bytes);
 }

@@ -29,13 +29,15 @@ impl Elems {
 
     /// Part `i` of `parts` near-equal parts (the first `len % parts` get one more).
     pub(crate) fn part(self, parts: u64, i: u64) -> Self {
-        let (s, l) = part(self.len, parts, i);
+        let (s, l) = even_part(self.len, parts, i);
         Self { buf: self.buf, start: self.start + s, len: l }
     }
 }
 
-/// Start and length of part `i` of `parts` near-equal parts of `total`.
-pub(crate) fn part(total: u64, parts: u64, i: u64) -> (u64, u64) {
+/// Start and length of part `i` of `parts` near-equal parts of `total`: the first
+/// `total % parts` parts get one more. Every builder splits segments, chunks and pipeline
+/// pieces this way (in elements).
+pub fn even_part(total: u64, parts: u64, i: u64) -> (u64, u64) {
     let parts = parts.max(1);
     let base = total / parts;
     let rem = total % parts;

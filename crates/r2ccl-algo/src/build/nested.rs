@@ -183,19 +183,9 @@ fn run_levels(
     Ok(())
 }
 
-/// Element ranges of consecutive levels from their fractions (cumulative rounding; the
-/// last level ends at `n`).
+/// Element ranges of consecutive levels (see [`model::level_ranges`]).
 fn ranges(n: u64, fractions: &[f64]) -> Vec<Elems> {
-    let mut out = Vec::with_capacity(fractions.len());
-    let mut acc = 0.0;
-    let mut start = 0u64;
-    for (i, f) in fractions.iter().enumerate() {
-        acc += f.max(0.0);
-        let end = if i + 1 == fractions.len() { n } else { ((acc * n as f64).round() as u64).clamp(start, n) };
-        out.push(Elems::new(Buf::Output, start, end - start));
-        start = end;
-    }
-    out
+    model::level_ranges(n, fractions).into_iter().map(|(start, len)| Elems::new(Buf::Output, start, len)).collect()
 }
 
 fn leader_bandwidths(cx: &Cx<'_>, leaders: &[Rank]) -> Vec<f64> {
@@ -227,7 +217,7 @@ pub(crate) fn r2ccl_allreduce(cx: &mut Cx<'_>, ring: &[Rank], n: u64, params: &R
     hierarchical(cx, ring, n, |cx, leaders, me| {
         let layout = cx.fab.layout();
         let d = leaders.iter().position(|&r| layout.node_idx(r) == degraded.index()).unwrap_or(0);
-        let main = (((1.0 - params.tail_fraction) * n as f64).round() as u64).min(n);
+        let main = params.main_len(n);
         let levels = [
             Level {
                 members: (0..leaders.len()).collect(),

@@ -10,7 +10,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr, reason = "command-line tool: its output is the point")]
 
 use anyhow::{anyhow, bail, Context, Result};
-use r2ccl_core::{HealthView, NicId};
+use r2ccl_core::{HealthView, NicId, ReduceOp};
 use r2ccl_policy::{plan, Collective, Plan, Strategy, Topology};
 use serde_json::{json, Map, Value};
 
@@ -125,7 +125,7 @@ fn build(a: &Args) -> Result<Plan> {
         }
         view.set_failed(NicId::new(node, nic))?;
     }
-    Ok(plan(&topo, &view, Collective::AllReduce, a.bytes)?)
+    Ok(plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, a.bytes)?)
 }
 
 fn fmt_time(s: f64) -> String {
