@@ -13,6 +13,7 @@ pub(crate) const PACKAGES: &[(&str, &str)] = &[
     ("libudev-dev", "needed by hwloc's PCI discovery through hwlocality"),
     ("iproute2", "network namespaces, veth and tc for the multi-NIC testbed"),
     ("prometheus", "a real Prometheus server scrapes a rank in the metrics test"),
+    ("ucx-utils", "ucx_perftest, the baseline of the transport benchmark"),
 ];
 
 fn is_installed(pkg: &str) -> bool {

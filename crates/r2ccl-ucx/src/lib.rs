@@ -13,24 +13,61 @@
 //! - [`Rail`] / [`NicEndpointSet`]: one context+worker per NIC, a data and a separate probe endpoint per peer
 //!   per NIC.
 //!
+//! - [`UcxTransport`]: `r2ccl_transport::Transport` for one rank over those rails: address blobs to
+//!   exchange through the bootstrap ([`UcxTransport::local_address_blob`], [`UcxTransport::connect_peers`]),
+//!   node-wide registration, sends/receives/probes as UCX tagged requests, probe-and-reply answered by the
+//!   peer's progress, endpoint errors as `PathError`, netlink link state as `LinkState` (a local NIC going
+//!   down fails its requests at once with `LocalNicDown`), and `R2CCL_FAULT` software fault injection.
+//! - [`LinkMonitor`]: a non-blocking `NETLINK_ROUTE` socket for link-state changes.
+//!
+//! # `R2CCL_FAULT`
+//! Software fault injection for machines without root (also in `docs/faults.md`). Read only by
+//! [`UcxTransportConfig::with_env_faults`]; parse with [`parse_faults`]. Specs separated by `;`, fields
+//! by `,`:
+//!
+//! | field | meaning |
+//! |---|---|
+//! | `rank=N` or `rank=*` | which rank injects (default every rank) |
+//! | `nic=N` | the rank's local NIC (rail index) that fails; required |
+//! | `after_bytes=SIZE` | fire once SIZE bytes went through that NIC (sent + received; `64M`, `4KiB`, binary) |
+//! | `after_msgs=N` | fire once N messages were posted on that NIC |
+//! | `after_ms=N` | fire N ms after `connect_peers` |
+//! | `for_ms=N` | heal N ms after firing (a flap); default: the fault stays |
+//! | `kind=down` | link down: outstanding and new requests fail at once (`LocalNicDown`), `LinkState` down event |
+//! | `kind=blackhole` | silent: requests on the NIC never complete, no error, no event, probes unanswered |
+//! | `kind=slow:F` | every request on the NIC takes `1/F` times as long (0 < F <= 1) |
+//!
+//! No trigger means "at connect". Several triggers: the first reached fires. Example:
+//! `R2CCL_FAULT="rank=1,nic=0,after_bytes=64M,kind=down; rank=*,nic=1,after_ms=500,for_ms=200,kind=blackhole"`.
+//! A black hole is local to the injecting rank: a peer's eager sends to it still complete, so inject it on
+//! the sending rank (or `rank=*`). Invalid specs are refused with an error naming the spec and the field.
+//!
 //! What it does not do: no chunking, striping, replay or migration (r2ccl-transport's session logic), no
-//! netlink link monitoring and no software fault injection yet, no bootstrap (worker addresses are
-//! exchanged by the caller), no GPU memory.
+//! deadlines or stall detection (the layer above owns them; a black hole is silent here too), no
+//! bootstrap (the caller ships the address blobs), no cross-rail endpoints (rail `i` connects to the
+//! peer's rail `i` only), no GPU memory. Sends copy the chunk header and payload into one staging buffer
+//! (UCX over TCP does not need registered memory; regions are still mapped on every NIC).
 
 mod context;
 mod endpoint;
 mod error;
+mod fault;
 mod memory;
+mod netlink;
 mod rail;
 mod request;
+mod transport;
 mod worker;
 
 pub use context::{Context, ContextConfig, KeepAlive};
 pub use endpoint::Endpoint;
 pub use error::{Status, UcxError};
+pub use fault::{parse_faults, FaultKind, FaultParseError, FaultSpec};
 pub use memory::{MemRegion, RegionSlice};
+pub use netlink::{ifindex, is_running, parse_link_messages, LinkChange, LinkMonitor};
 pub use rail::{probe_seq, NicEndpointSet, PeerEndpoints, Rail, PROBE_TAG_BIT};
 pub use request::{wait_all, Pending, RecvBuf, Request, SendBuf, CANCEL_GRACE};
+pub use transport::{FiredFault, UcxTransport, UcxTransportConfig, UcxTransportError, FAULT_ENV};
 pub use worker::{Worker, WorkerAddress};
 
 /// The UCX library version this process runs with, as `major.minor.release`.

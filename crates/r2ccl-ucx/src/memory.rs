@@ -135,6 +135,23 @@ impl MemRegion {
         v
     }
 
+    /// The region's bytes.
+    ///
+    /// # Safety
+    /// No request may be writing the region while the returned slice lives (no [`RegionSlice`] of it is
+    /// posted as a receive buffer).
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr/len describe the owned allocation; the caller excludes concurrent writers.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The region's bytes, writable. `&mut self` on a region (e.g. through `Arc::get_mut`) proves that no
+    /// [`RegionSlice`] of it exists, so no request can use the bytes.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: ptr/len describe the owned allocation; exclusive access is proven by `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
     /// A slice of the region, usable as a send or receive buffer on any NIC the region is mapped in.
     pub fn slice(self: &Arc<Self>, range: Range<usize>) -> Result<RegionSlice, UcxError> {
         self.check(&range)?;

@@ -183,6 +183,11 @@ impl NicEndpointSet {
         })
     }
 
+    /// Rail `index`, mutable (to connect or reconnect peers).
+    pub fn rail_mut(&mut self, index: usize) -> Option<&mut Rail> {
+        self.rails.get_mut(index)
+    }
+
     /// Every rail's worker address, by rail index, to publish to peers.
     pub fn addresses(&self) -> Result<Vec<WorkerAddress>, UcxError> {
         self.rails.iter().map(|r| r.worker.address()).collect()

@@ -1,0 +1,182 @@
+//! Benchmarks of the UCX backend in network namespaces (root only; prints SKIPPED otherwise), rank
+//! processes re-executed from this binary and driven by r2ccl-transport's `Session`:
+//! - point-to-point over 1, 2 and 4 NICs shaped with tbf (1gbit each): aggregate / sum of NIC rates;
+//! - one unshaped NIC, 4 MiB chunks, against `ucx_perftest -t tag_bw` (package `ucx-utils`) on the same
+//!   namespaces in the same run;
+//! - pause from a NIC going down (and from a silent black hole) to data flowing on the backup: p50/p99.
+#![allow(clippy::unwrap_used, reason = "a benchmark fails loudly on any error")]
+#![allow(clippy::print_stdout, clippy::print_stderr, reason = "a benchmark prints its figures")]
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::testbed::{is_root, Testbed};
+use common::{rank_main, run_cluster, unix_ns, Outcome, Scenario, ROLE_VAR};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+const MIB: f64 = 1024.0 * 1024.0;
+const STALL_MS: u64 = 100;
+
+fn scenario(tb: &Testbed, bytes: usize, chunk: u32, window: u32) -> Scenario {
+    Scenario {
+        ranks: 2,
+        devices: tb.devices(),
+        bytes,
+        pattern: "one".into(),
+        chunk,
+        window,
+        stall_ms: STALL_MS,
+        fault: String::new(),
+        weights: Vec::new(),
+    }
+}
+
+/// Receiver's time from GO to the last byte, as MiB/s.
+fn rate(o: &Outcome, bytes: usize) -> f64 {
+    let ms = o.results[1].num("ms").max(1) as f64;
+    bytes as f64 / MIB / (ms / 1e3)
+}
+
+fn shaped_aggregate() {
+    println!("== point-to-point over K NICs, tbf 1gbit each (sum of rates = K x 119.2 MiB/s)");
+    for k in [1u32, 2, 4] {
+        let tb = Testbed::up("b", 2, k, Some("1gbit"));
+        let bytes = 40usize << 20 << (k / 2);
+        let sc = scenario(&tb, bytes, 256 << 10, 16);
+        let o = run_cluster(vec![tb.cmd(0), tb.cmd(1)], &sc, None, Duration::from_secs(60));
+        o.assert_exact();
+        let agg = rate(&o, bytes);
+        let sum = f64::from(k) * 1e9 / 8.0 / MIB;
+        println!(
+            "  {k} NIC(s): {bytes_mib} MiB in {} ms: {agg:.1} MiB/s, ratio to sum of NIC rates {:.3}",
+            o.results[1].num("ms"),
+            agg / sum,
+            bytes_mib = bytes >> 20
+        );
+    }
+}
+
+fn perftest_bw(tb: &Testbed, iters: u32) -> Option<f64> {
+    let env = [("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "rail0")];
+    let mut server = Command::new("ip");
+    server.args(["netns", "exec", &tb.node_ns(1), "ucx_perftest", "-t", "tag_bw", "-s", "4194304", "-n"]);
+    server
+        .arg(iters.to_string())
+        .args(["-p", "13377"])
+        .envs(env)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut srv = server.spawn().ok()?;
+    std::thread::sleep(Duration::from_millis(500));
+    let out = Command::new("ip")
+        .args(["netns", "exec", &tb.node_ns(0), "ucx_perftest", "198.18.0.2", "-t", "tag_bw", "-s", "4194304", "-n"])
+        .arg(iters.to_string())
+        .args(["-p", "13377"])
+        .envs(env)
+        .output()
+        .ok()?;
+    let _ = srv.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let fin = text.lines().find(|l| l.trim_start().starts_with("Final:"))?;
+    fin.split_whitespace().nth(6).and_then(|v| v.parse().ok())
+}
+
+fn unshaped_vs_perftest() {
+    println!("== one unshaped NIC, 4 MiB messages: r2ccl-ucx session vs ucx_perftest -t tag_bw (same namespaces)");
+    let tb = Testbed::up("p", 2, 1, None);
+    let bytes = 512usize << 20;
+    let perf = perftest_bw(&tb, 128);
+    for (chunk, window) in [(4u32 << 20, 8u32), (1 << 20, 16)] {
+        let sc = scenario(&tb, bytes, chunk, window);
+        let o = run_cluster(vec![tb.cmd(0), tb.cmd(1)], &sc, None, Duration::from_secs(60));
+        o.assert_exact();
+        let ours = rate(&o, bytes);
+        let what = format!("{} MiB chunks, window {window}", chunk >> 20);
+        match perf {
+            Some(p) => {
+                println!("  r2ccl-ucx ({what}) {ours:.1} MiB/s, ucx_perftest {p:.1} MB/s: ratio {:.3}", ours / p)
+            }
+            None => println!(
+                "  r2ccl-ucx ({what}) {ours:.1} MiB/s; ucx_perftest SKIPPED (install Debian package ucx-utils)"
+            ),
+        }
+    }
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i]
+}
+
+fn pauses(kind: &str, runs: usize) {
+    let tb = Arc::new(Testbed::up("f", 2, 2, Some("1gbit")));
+    let mut ms = Vec::new();
+    for _ in 0..runs {
+        let sc = scenario(&tb, 64 << 20, 256 << 10, 8);
+        let t = tb.clone();
+        let blackhole = kind == "black hole";
+        let o = run_cluster(
+            vec![tb.cmd(0), tb.cmd(1)],
+            &sc,
+            Some(Box::new(move || {
+                std::thread::sleep(Duration::from_millis(150));
+                let at = unix_ns();
+                if blackhole {
+                    t.blackhole(0, 0, true);
+                } else {
+                    t.link(0, 0, false);
+                }
+                vec![at]
+            })),
+            Duration::from_secs(60),
+        );
+        o.assert_exact();
+        if let Some(p) = o.pause_after(o.injected[0]) {
+            ms.push(p.as_secs_f64() * 1e3);
+        }
+        if blackhole {
+            tb.blackhole(0, 0, false);
+        } else {
+            tb.link(0, 0, true);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (p50, p99) = (percentile(&mut ms, 0.5), percentile(&mut ms, 0.99));
+    let target = if kind == "black hole" { (STALL_MS + 50) as f64 } else { 50.0 };
+    println!(
+        "  {kind}: {} runs, pause to data on the backup p50 {p50:.1} ms, p99 {p99:.1} ms (target p50 <= {target} ms{}): ratio p50/target {:.2}",
+        ms.len(),
+        if kind == "black hole" { " = stall deadline + 50" } else { ", p99 <= 200 ms" },
+        p50 / target
+    );
+}
+
+fn main() {
+    if std::env::var(ROLE_VAR).is_ok() {
+        rank_main();
+        return;
+    }
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    if !is_root() {
+        println!("SKIPPED: the UCX rail benchmarks need root (network namespaces)");
+        return;
+    }
+    let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let want = |part: &str| only.is_empty() || only.iter().any(|o| part.contains(o.as_str()));
+    if want("shaped") {
+        shaped_aggregate();
+    }
+    if want("perftest") {
+        unshaped_vs_perftest();
+    }
+    if want("pause") {
+        println!("== failover pause (2 NICs at 1gbit, 64 MiB transfer, fault 150 ms in)");
+        pauses("NIC down", 10);
+        pauses("black hole", 5);
+    }
+}

@@ -1,0 +1,916 @@
+//! [`UcxTransport`]: `r2ccl_transport::Transport` over UCX for one rank: one rail (context + worker) per
+//! local NIC, data and probe endpoints per peer per rail, node-wide registration, probe-and-reply,
+//! endpoint errors as path errors, netlink link state, and `R2CCL_FAULT` software fault injection.
+//!
+//! Tags (64 bits): data `rail << 32 | rank` of the sender (bit 63 clear); probes set bit 63, replies also
+//! bit 62, and carry a 14-bit sequence number in bits 48..62. A receive on path `(L, P, R)` runs on rail
+//! `L`'s worker and matches only sends of rank `P` from its rail `R`. Endpoints connect rail `i` to the
+//! peer's rail `i` only (per-rail networks); a cross-rail path cannot carry data: its sends fail at once
+//! with an endpoint fault and its receives stay posted until cancelled.
+
+use crate::context::ContextConfig;
+use crate::error::UcxError;
+use crate::fault::{parse_faults, FaultKind, FaultParseError, FaultSpec};
+use crate::memory::MemRegion;
+use crate::netlink::{self, LinkMonitor};
+use crate::rail::{NicEndpointSet, PROBE_TAG_BIT};
+use crate::request::Request;
+use crate::worker::WorkerAddress;
+use r2ccl_core::subsys::NET;
+use r2ccl_core::{NicId, NodeId, RailId, Rank};
+use r2ccl_transport::{
+    Completion, CompletionKind, MemHandle, PathFault, PathId, RequestId, Transport, TransportError, TransportEvent,
+};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Tag bit of probe replies (with [`PROBE_TAG_BIT`]).
+const REPLY_BIT: u64 = 1 << 62;
+/// Sequence numbers of probes: 14 bits at bit 48.
+const SEQ_SHIFT: u32 = 48;
+const SEQ_MASK: u64 = 0x3FFF;
+/// The bits of a data tag that identify the sender (rank and rail).
+const DATA_MASK: u64 = 0x0000_FFFF_FFFF_FFFF;
+/// At most this many `ucp_worker_progress` rounds per [`Transport::progress`] call.
+const PROGRESS_ROUNDS: usize = 16;
+/// Magic and version of the address blob.
+const BLOB_MAGIC: &[u8; 4] = b"R2UX";
+const BLOB_VERSION: u8 = 1;
+/// The environment variable read by [`UcxTransportConfig::with_env_faults`].
+pub const FAULT_ENV: &str = "R2CCL_FAULT";
+
+/// Why the UCX transport could not be set up or connected.
+#[derive(Debug, thiserror::Error)]
+pub enum UcxTransportError {
+    /// A UCX call failed.
+    #[error(transparent)]
+    Ucx(#[from] UcxError),
+    /// `R2CCL_FAULT` is malformed.
+    #[error(transparent)]
+    Fault(#[from] FaultParseError),
+    /// No NIC was configured.
+    #[error("a UCX transport needs at least one NIC (got an empty device list)")]
+    NoDevices,
+    /// More rails than a tag can name.
+    #[error("{0} NICs are more than the 65536 rails a tag can name")]
+    TooManyDevices(usize),
+    /// A peer's address blob is malformed.
+    #[error("address blob {index} ({len} bytes) is malformed: {why}")]
+    BadBlob {
+        /// Position of the blob in the table.
+        index: usize,
+        /// Its length.
+        len: usize,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// Two blobs claim the same rank.
+    #[error("address blobs {first} and {second} both claim {rank}")]
+    DuplicateRank {
+        /// The rank.
+        rank: Rank,
+        /// First blob claiming it.
+        first: usize,
+        /// Second blob claiming it.
+        second: usize,
+    },
+}
+
+/// How a [`UcxTransport`] is set up. Everything UCX needs (TCP only, one device per context, keepalive)
+/// is in the per-NIC [`ContextConfig`]s; no environment variable is required.
+#[derive(Clone, Debug)]
+pub struct UcxTransportConfig {
+    /// This process's rank.
+    pub rank: Rank,
+    /// This rank's node.
+    pub node: NodeId,
+    /// One context configuration per local NIC, by rail.
+    pub nics: Vec<ContextConfig>,
+    /// Software faults to inject (those for other ranks are ignored).
+    pub faults: Vec<FaultSpec>,
+    /// Watch link state with netlink (Linux).
+    pub link_monitor: bool,
+}
+
+impl UcxTransportConfig {
+    /// TCP rails on the named interfaces, link monitoring on, no faults.
+    pub fn tcp(rank: Rank, node: NodeId, devices: &[&str]) -> Self {
+        Self {
+            rank,
+            node,
+            nics: devices.iter().map(|d| ContextConfig::tcp(*d)).collect(),
+            faults: Vec::new(),
+            link_monitor: true,
+        }
+    }
+
+    /// Adds the faults of `R2CCL_FAULT`, if set.
+    pub fn with_env_faults(mut self) -> Result<Self, FaultParseError> {
+        if let Ok(v) = std::env::var(FAULT_ENV) {
+            self.faults.extend(parse_faults(&v)?);
+        }
+        Ok(self)
+    }
+}
+
+/// A software fault that fired, with when.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FiredFault {
+    /// The NIC.
+    pub nic: NicId,
+    /// What it does.
+    pub kind: FaultKind,
+    /// When it fired.
+    pub at: Instant,
+    /// When it healed, if it did.
+    pub healed: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Peer {
+    node: NodeId,
+    addrs: Vec<WorkerAddress>,
+}
+
+#[derive(Debug)]
+struct Nic {
+    ifindex: Option<i32>,
+    link_up: bool,
+    fault_down: bool,
+    blackhole: bool,
+    slow: Option<f64>,
+    bytes: u64,
+    msgs: u64,
+    responder: Option<Request<Vec<u8>>>,
+    reported_eps: BTreeSet<Rank>,
+}
+
+impl Nic {
+    fn is_down(&self) -> bool {
+        !self.link_up || self.fault_down
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Send,
+    Recv,
+    Probe,
+}
+
+#[derive(Debug)]
+enum Held {
+    Send(Vec<u8>),
+    Recv(usize),
+    Probe,
+}
+
+#[derive(Debug)]
+enum State {
+    Live(Request<Vec<u8>>),
+    Probe {
+        send: Option<Request<Vec<u8>>>,
+        reply: Request<Vec<u8>>,
+    },
+    /// Not posted: its NIC is a black hole; posted when the fault heals.
+    Held(Held),
+    /// Never completes (a receive on a cross-rail path).
+    Stuck,
+    /// Finished on a slow NIC; reported at the instant.
+    Delayed(CompletionKind, Instant),
+}
+
+#[derive(Debug)]
+struct Out {
+    path: PathId,
+    kind: Kind,
+    posted: Instant,
+    state: State,
+}
+
+#[derive(Debug)]
+struct Fault {
+    spec: FaultSpec,
+    fired: Option<usize>,
+    healed: bool,
+}
+
+/// `r2ccl_transport::Transport` over UCX for one rank (see the module docs).
+///
+/// Use: [`UcxTransport::open`], publish [`UcxTransport::local_address_blob`] through the bootstrap,
+/// [`UcxTransport::connect_peers`] with every rank's blob, then drive it through a `Session`.
+#[derive(Debug)]
+pub struct UcxTransport {
+    // Requests first: they must be released before the endpoints and workers they use.
+    out: BTreeMap<RequestId, Out>,
+    detached: Vec<Request<Vec<u8>>>,
+    regions: BTreeMap<MemHandle, Arc<MemRegion>>,
+    set: NicEndpointSet,
+    nics: Vec<Nic>,
+    rank: Rank,
+    node: NodeId,
+    peers: BTreeMap<Rank, Peer>,
+    events: VecDeque<TransportEvent>,
+    next_req: u64,
+    next_handle: u64,
+    probe_seq: u64,
+    monitor: Option<LinkMonitor>,
+    faults: Vec<Fault>,
+    fired: Vec<FiredFault>,
+    connected_at: Option<Instant>,
+}
+
+fn rail_u16(i: usize) -> u16 {
+    u16::try_from(i).unwrap_or(u16::MAX)
+}
+
+impl UcxTransport {
+    /// Open one rail per configured NIC and start the link monitor.
+    pub fn open(cfg: UcxTransportConfig) -> Result<Self, UcxTransportError> {
+        if cfg.nics.is_empty() {
+            return Err(UcxTransportError::NoDevices);
+        }
+        if cfg.nics.len() > usize::from(u16::MAX) {
+            return Err(UcxTransportError::TooManyDevices(cfg.nics.len()));
+        }
+        let devices: Vec<String> = cfg.nics.iter().map(|c| c.device.clone()).collect();
+        let set = NicEndpointSet::open(cfg.nics)?;
+        let mut nics = Vec::with_capacity(devices.len());
+        for (i, dev) in devices.iter().enumerate() {
+            let rail = &set.rails()[i];
+            let responder = Some(rail.worker().tag_recv(PROBE_TAG_BIT, PROBE_TAG_BIT | REPLY_BIT, Vec::new())?);
+            nics.push(Nic {
+                ifindex: netlink::ifindex(dev),
+                link_up: netlink::is_running(dev).unwrap_or(true),
+                fault_down: false,
+                blackhole: false,
+                slow: None,
+                bytes: 0,
+                msgs: 0,
+                responder,
+                reported_eps: BTreeSet::new(),
+            });
+        }
+        let monitor = if cfg.link_monitor {
+            match LinkMonitor::open() {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    tracing::warn!(target: NET, error = %e, "netlink link monitor unavailable; local link drops will only be found by deadlines");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let faults: Vec<Fault> = cfg
+            .faults
+            .into_iter()
+            .filter(|f| f.applies_to(cfg.rank.0))
+            .filter(|f| {
+                let ok = usize::from(f.nic) < devices.len();
+                if !ok {
+                    tracing::warn!(target: NET, nic = f.nic, nics = devices.len(), "R2CCL_FAULT names a NIC this rank does not have; ignored");
+                }
+                ok
+            })
+            .map(|spec| Fault { spec, fired: None, healed: false })
+            .collect();
+        Ok(Self {
+            out: BTreeMap::new(),
+            detached: Vec::new(),
+            regions: BTreeMap::new(),
+            set,
+            nics,
+            rank: cfg.rank,
+            node: cfg.node,
+            peers: BTreeMap::new(),
+            events: VecDeque::new(),
+            next_req: 1,
+            next_handle: 1,
+            probe_seq: 0,
+            monitor,
+            faults,
+            fired: Vec::new(),
+            connected_at: None,
+        })
+    }
+
+    /// This rank's address blob (rank, node, and every rail's worker address) to publish to every peer.
+    pub fn local_address_blob(&self) -> Result<Vec<u8>, UcxError> {
+        let mut b = Vec::new();
+        b.extend_from_slice(BLOB_MAGIC);
+        b.push(BLOB_VERSION);
+        b.extend_from_slice(&self.rank.0.to_le_bytes());
+        b.extend_from_slice(&self.node.0.to_le_bytes());
+        b.extend_from_slice(&rail_u16(self.nics.len()).to_le_bytes());
+        for a in self.set.addresses()? {
+            let bytes = a.into_bytes();
+            b.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_le_bytes());
+            b.extend_from_slice(&bytes);
+        }
+        Ok(b)
+    }
+
+    /// Connect data and probe endpoints to every rank in `blobs` (this rank's own blob is skipped), rail
+    /// `i` to the peer's rail `i`. Fault timers (`after_ms`) start now.
+    pub fn connect_peers(&mut self, blobs: &[Vec<u8>]) -> Result<(), UcxTransportError> {
+        let mut parsed: BTreeMap<Rank, (usize, Peer)> = BTreeMap::new();
+        for (index, blob) in blobs.iter().enumerate() {
+            let (rank, peer) =
+                parse_blob(blob).map_err(|why| UcxTransportError::BadBlob { index, len: blob.len(), why })?;
+            if let Some((first, _)) = parsed.get(&rank) {
+                return Err(UcxTransportError::DuplicateRank { rank, first: *first, second: index });
+            }
+            parsed.insert(rank, (index, peer));
+        }
+        for (rank, (_, peer)) in parsed {
+            if rank == self.rank {
+                continue;
+            }
+            let k = self.nics.len().min(peer.addrs.len());
+            for (i, addr) in peer.addrs.iter().take(k).enumerate() {
+                self.set_rail_connect(i, rank, addr)?;
+            }
+            self.peers.insert(rank, peer);
+        }
+        self.connected_at = Some(Instant::now());
+        Ok(())
+    }
+
+    fn set_rail_connect(&mut self, rail: usize, peer: Rank, addr: &WorkerAddress) -> Result<(), UcxError> {
+        let r =
+            self.set.rail_mut(rail).ok_or(UcxError::OutOfRange { what: "rail", index: rail, len: self.nics.len() })?;
+        r.connect(peer, addr)?;
+        if let Some(n) = self.nics.get_mut(rail) {
+            n.reported_eps.remove(&peer);
+        }
+        Ok(())
+    }
+
+    /// The node of `rank`, once connected (or this rank's own node).
+    pub fn node_of(&self, rank: Rank) -> Option<NodeId> {
+        if rank == self.rank {
+            return Some(self.node);
+        }
+        self.peers.get(&rank).map(|p| p.node)
+    }
+
+    /// Every connected peer rank.
+    pub fn peers(&self) -> Vec<Rank> {
+        self.peers.keys().copied().collect()
+    }
+
+    /// The software faults that fired so far.
+    pub fn fired_faults(&self) -> &[FiredFault] {
+        &self.fired
+    }
+
+    /// Add a software fault at run time (`rank` is ignored: it applies to this rank).
+    pub fn inject(&mut self, spec: FaultSpec) {
+        self.faults.push(Fault { spec, fired: None, healed: false });
+    }
+
+    /// Requests outstanding (posted and not completed, cancelled or failed).
+    pub fn outstanding(&self) -> usize {
+        self.out.len()
+    }
+
+    fn nic_id(&self, rail: usize) -> NicId {
+        NicId { node: self.node, rail: RailId(rail_u16(rail)) }
+    }
+
+    fn req_id(&mut self) -> RequestId {
+        let id = RequestId(self.next_req);
+        self.next_req += 1;
+        id
+    }
+
+    /// Checks a path; returns the local rail index and whether it is cross-rail.
+    fn check_path(&self, path: PathId) -> Result<(usize, bool), TransportError> {
+        let rail = path.local.rail.index();
+        if path.local.node != self.node || rail >= self.nics.len() {
+            return Err(TransportError::NotLocalNic { nic: path.local, rank: self.rank });
+        }
+        let peer = self.peers.get(&path.peer).ok_or(TransportError::UnknownRank(path.peer))?;
+        if path.remote.node != peer.node || path.remote.rail.index() >= peer.addrs.len() {
+            return Err(TransportError::NotPeerNic { nic: path.remote, peer: path.peer });
+        }
+        Ok((rail, path.remote.rail != path.local.rail))
+    }
+
+    fn complete(&mut self, req: RequestId, path: PathId, kind: CompletionKind) {
+        self.events.push_back(TransportEvent::Completion(Completion { req, path, kind }));
+    }
+
+    /// Reconnect the endpoints to `peer` on `rail` if UCX reported them failed (a path coming back).
+    fn heal_endpoints(&mut self, rail: usize, peer: Rank) {
+        let failed = self
+            .set
+            .rails()
+            .get(rail)
+            .and_then(|r| r.peer(peer).ok())
+            .is_some_and(|e| e.data.failure().is_some() || e.probe.failure().is_some());
+        if !failed {
+            return;
+        }
+        let Some(addr) = self.peers.get(&peer).and_then(|p| p.addrs.get(rail)).cloned() else { return };
+        match self.set_rail_connect(rail, peer, &addr) {
+            Ok(()) => tracing::info!(target: NET, rail, %peer, "reconnected failed endpoints"),
+            Err(e) => tracing::warn!(target: NET, rail, %peer, error = %e, "reconnect failed"),
+        }
+    }
+
+    /// Post `held` on its path now (the NIC is healthy and not a black hole).
+    fn launch(&mut self, path: PathId, held: Held) -> State {
+        let rail = path.local.rail.index();
+        let Some(r) = self.set.rails().get(rail) else { return State::Stuck };
+        let me = u64::from(self.rank.0) | (u64::from(rail_u16(rail)) << 32);
+        let res = match held {
+            Held::Send(payload) => r.send(path.peer, me, payload).map(State::Live),
+            Held::Recv(cap) => {
+                let tag = u64::from(path.peer.0) | (u64::from(path.remote.rail.0) << 32);
+                r.recv(tag, DATA_MASK, vec![0u8; cap]).map(State::Live)
+            }
+            Held::Probe => {
+                self.probe_seq = (self.probe_seq + 1) & SEQ_MASK;
+                let seq = self.probe_seq << SEQ_SHIFT;
+                let reply_tag =
+                    PROBE_TAG_BIT | REPLY_BIT | seq | (u64::from(path.remote.rail.0) << 32) | u64::from(path.peer.0);
+                r.worker().tag_recv(reply_tag, u64::MAX, Vec::new()).and_then(|reply| {
+                    let send = r.peer(path.peer).and_then(|e| e.probe.tag_send(PROBE_TAG_BIT | seq | me, Vec::new()));
+                    match send {
+                        Ok(s) => Ok(State::Probe { send: Some(s), reply }),
+                        Err(e) => {
+                            self.detached.push(reply);
+                            Err(e)
+                        }
+                    }
+                })
+            }
+        };
+        match res {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(target: NET, %path, error = %e, "post failed at once");
+                State::Delayed(CompletionKind::Failed(PathFault::Endpoint), Instant::now())
+            }
+        }
+    }
+
+    fn post(&mut self, path: PathId, kind: Kind, held: Held) -> Result<RequestId, TransportError> {
+        let (rail, cross) = self.check_path(path)?;
+        let id = self.req_id();
+        let nic = &mut self.nics[rail];
+        let bytes = match &held {
+            Held::Send(p) => p.len() as u64,
+            _ => 0,
+        };
+        if kind != Kind::Probe {
+            nic.bytes += bytes;
+            nic.msgs += 1;
+        }
+        if nic.is_down() {
+            self.complete(id, path, CompletionKind::Failed(PathFault::LocalNicDown));
+            return Ok(id);
+        }
+        let state = if cross {
+            match kind {
+                Kind::Recv => State::Stuck,
+                Kind::Send | Kind::Probe => {
+                    self.complete(id, path, CompletionKind::Failed(PathFault::Endpoint));
+                    return Ok(id);
+                }
+            }
+        } else if nic.blackhole {
+            State::Held(held)
+        } else {
+            if kind != Kind::Recv {
+                self.heal_endpoints(rail, path.peer);
+            }
+            self.launch(path, held)
+        };
+        self.out.insert(id, Out { path, kind, posted: Instant::now(), state });
+        Ok(id)
+    }
+
+    /// The outcome of a finished live request.
+    fn outcome(&self, kind: Kind, rail: usize, req: &mut Request<Vec<u8>>) -> Option<CompletionKind> {
+        let res = req.poll()?;
+        Some(match res {
+            Ok(n) if kind == Kind::Recv => {
+                let mut buf = req.take_buffer().unwrap_or_default();
+                buf.truncate(n);
+                CompletionKind::Received(buf)
+            }
+            Ok(_) => CompletionKind::Sent,
+            Err(e) => {
+                let down = self.nics.get(rail).is_some_and(Nic::is_down);
+                tracing::debug!(target: NET, rail, error = %e, "request failed");
+                CompletionKind::Failed(if down { PathFault::LocalNicDown } else { PathFault::Endpoint })
+            }
+        })
+    }
+
+    /// Cancel one request: its real outcome if it finished, else `Cancelled`; in-flight UCX requests are
+    /// detached (kept until UCX lets go).
+    fn cancel_one(&mut self, id: RequestId) -> bool {
+        let Some(mut o) = self.out.remove(&id) else { return false };
+        let rail = o.path.local.rail.index();
+        let kind = match &mut o.state {
+            State::Live(r) => self.outcome(o.kind, rail, r),
+            State::Delayed(k, _) => Some(k.clone()),
+            _ => None,
+        };
+        self.retire(o.state);
+        self.complete(id, o.path, kind.unwrap_or(CompletionKind::Cancelled));
+        true
+    }
+
+    fn retire(&mut self, state: State) {
+        match state {
+            State::Live(mut r) => {
+                if !r.is_done() {
+                    r.cancel();
+                    self.detached.push(r);
+                }
+            }
+            State::Probe { send, mut reply } => {
+                reply.cancel();
+                self.detached.push(reply);
+                self.detached.extend(send);
+            }
+            State::Held(_) | State::Stuck | State::Delayed(..) => {}
+        }
+    }
+
+    /// A local NIC went down (link or injected): report it, then fail everything on it.
+    fn nic_down(&mut self, rail: usize) {
+        let nic = self.nic_id(rail);
+        tracing::warn!(target: NET, %nic, "local NIC down: failing its requests");
+        self.events.push_back(TransportEvent::LinkState { nic, up: false });
+        let ids: Vec<RequestId> =
+            self.out.iter().filter(|(_, o)| o.path.local.rail.index() == rail).map(|(id, _)| *id).collect();
+        for id in ids {
+            if let Some(o) = self.out.remove(&id) {
+                self.retire(o.state);
+                self.complete(id, o.path, CompletionKind::Failed(PathFault::LocalNicDown));
+            }
+        }
+    }
+
+    fn nic_up(&mut self, rail: usize) {
+        let nic = self.nic_id(rail);
+        tracing::info!(target: NET, %nic, "local NIC up");
+        self.events.push_back(TransportEvent::LinkState { nic, up: true });
+    }
+
+    fn run_faults(&mut self) {
+        let Some(t0) = self.connected_at else { return };
+        let now = Instant::now();
+        for i in 0..self.faults.len() {
+            let f = &self.faults[i];
+            let rail = usize::from(f.spec.nic);
+            match f.fired {
+                None => {
+                    let n = &self.nics[rail];
+                    if f.spec.is_due(n.bytes, n.msgs, now - t0) {
+                        let kind = f.spec.kind;
+                        self.faults[i].fired = Some(self.fired.len());
+                        self.fired.push(FiredFault { nic: self.nic_id(rail), kind, at: now, healed: None });
+                        tracing::warn!(target: NET, rail, %kind, "R2CCL_FAULT fired");
+                        self.apply_fault(rail, kind, true);
+                    }
+                }
+                Some(k) if !f.healed => {
+                    if let Some(d) = f.spec.duration {
+                        if now - self.fired[k].at >= d {
+                            let kind = f.spec.kind;
+                            self.faults[i].healed = true;
+                            self.fired[k].healed = Some(now);
+                            tracing::warn!(target: NET, rail, %kind, "R2CCL_FAULT healed");
+                            self.apply_fault(rail, kind, false);
+                        }
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    fn apply_fault(&mut self, rail: usize, kind: FaultKind, on: bool) {
+        match kind {
+            FaultKind::Down => {
+                let was_down = self.nics[rail].is_down();
+                self.nics[rail].fault_down = on;
+                let is_down = self.nics[rail].is_down();
+                if is_down && !was_down {
+                    self.nic_down(rail);
+                } else if was_down && !is_down {
+                    self.nic_up(rail);
+                }
+            }
+            FaultKind::Blackhole => {
+                self.nics[rail].blackhole = on;
+                if !on {
+                    let held: Vec<RequestId> = self
+                        .out
+                        .iter()
+                        .filter(|(_, o)| o.path.local.rail.index() == rail && matches!(o.state, State::Held(_)))
+                        .map(|(id, _)| *id)
+                        .collect();
+                    for id in held {
+                        if let Some(mut o) = self.out.remove(&id) {
+                            if let State::Held(h) = std::mem::replace(&mut o.state, State::Stuck) {
+                                o.state = self.launch(o.path, h);
+                            }
+                            self.out.insert(id, o);
+                        }
+                    }
+                }
+            }
+            FaultKind::Slow { factor } => self.nics[rail].slow = on.then_some(factor),
+        }
+    }
+
+    fn run_link_monitor(&mut self) {
+        let Some(m) = self.monitor.as_mut() else { return };
+        for change in m.poll() {
+            for rail in 0..self.nics.len() {
+                if self.nics[rail].ifindex != Some(change.ifindex) || self.nics[rail].link_up == change.up {
+                    continue;
+                }
+                let was_down = self.nics[rail].is_down();
+                self.nics[rail].link_up = change.up;
+                let is_down = self.nics[rail].is_down();
+                if is_down && !was_down {
+                    self.nic_down(rail);
+                } else if was_down && !is_down {
+                    self.nic_up(rail);
+                }
+            }
+        }
+    }
+
+    /// Answer probes that arrived on every rail and re-arm the responders.
+    fn answer_probes(&mut self) {
+        for rail in 0..self.nics.len() {
+            while let Some(resp) = self.nics[rail].responder.as_mut() {
+                let Some(res) = resp.poll() else { break };
+                let tag = resp.sender_tag().unwrap_or(0);
+                let silent = self.nics[rail].is_down() || self.nics[rail].blackhole;
+                if res.is_ok() && !silent {
+                    let peer = Rank(u32::try_from(tag & 0xFFFF_FFFF).unwrap_or(u32::MAX));
+                    let seq = tag & (SEQ_MASK << SEQ_SHIFT);
+                    let me = u64::from(self.rank.0) | (u64::from(rail_u16(rail)) << 32);
+                    let r = &self.set.rails()[rail];
+                    match r.peer(peer).and_then(|e| e.probe.tag_send(PROBE_TAG_BIT | REPLY_BIT | seq | me, Vec::new()))
+                    {
+                        Ok(s) => self.detached.push(s),
+                        Err(e) => tracing::debug!(target: NET, rail, %peer, error = %e, "probe reply failed"),
+                    }
+                }
+                let rearm =
+                    self.set.rails()[rail].worker().tag_recv(PROBE_TAG_BIT, PROBE_TAG_BIT | REPLY_BIT, Vec::new());
+                match rearm {
+                    Ok(r) => self.nics[rail].responder = Some(r),
+                    Err(e) => {
+                        tracing::warn!(target: NET, rail, error = %e, "cannot re-arm the probe responder");
+                        self.nics[rail].responder = None;
+                    }
+                }
+            }
+        }
+    }
+
+    fn report_endpoint_errors(&mut self) {
+        for rail in 0..self.nics.len() {
+            let failed: Vec<Rank> = self.set.rails()[rail].failures().into_iter().map(|(p, _, _)| p).collect();
+            for peer in failed {
+                if !self.nics[rail].reported_eps.insert(peer) {
+                    continue;
+                }
+                let Some(p) = self.peers.get(&peer) else { continue };
+                let path = PathId::new(self.nic_id(rail), peer, NicId { node: p.node, rail: RailId(rail_u16(rail)) });
+                let fault = if self.nics[rail].is_down() { PathFault::LocalNicDown } else { PathFault::Endpoint };
+                self.events.push_back(TransportEvent::PathError { path, fault });
+            }
+        }
+    }
+
+    fn collect_completions(&mut self) {
+        let now = Instant::now();
+        let ids: Vec<RequestId> = self.out.keys().copied().collect();
+        for id in ids {
+            let Some(mut o) = self.out.remove(&id) else { continue };
+            let rail = o.path.local.rail.index();
+            if self.nics[rail].blackhole {
+                self.out.insert(id, o);
+                continue;
+            }
+            let done = match &mut o.state {
+                State::Live(r) => self.outcome(o.kind, rail, r),
+                State::Probe { send, reply } => {
+                    let send_failed = send.as_mut().and_then(|s| s.poll()).is_some_and(|r| r.is_err());
+                    if send_failed {
+                        Some(CompletionKind::Failed(if self.nics[rail].is_down() {
+                            PathFault::LocalNicDown
+                        } else {
+                            PathFault::Endpoint
+                        }))
+                    } else {
+                        match reply.poll() {
+                            Some(Ok(_)) => Some(CompletionKind::ProbeOk),
+                            Some(Err(_)) => Some(CompletionKind::Failed(PathFault::Endpoint)),
+                            None => None,
+                        }
+                    }
+                }
+                State::Delayed(k, at) => (now >= *at).then(|| k.clone()),
+                State::Held(_) | State::Stuck => None,
+            };
+            let Some(kind) = done else {
+                self.out.insert(id, o);
+                continue;
+            };
+            if let CompletionKind::Received(b) = &kind {
+                self.nics[rail].bytes += b.len() as u64;
+            }
+            if let (Some(f), false) = (self.nics[rail].slow, matches!(o.state, State::Delayed(..))) {
+                let extra = now.duration_since(o.posted).mul_f64(1.0 / f - 1.0);
+                self.retire(std::mem::replace(&mut o.state, State::Delayed(kind, now + extra)));
+                self.out.insert(id, o);
+                continue;
+            }
+            self.retire(o.state);
+            self.complete(id, o.path, kind);
+        }
+        self.detached.retain_mut(|r| !r.is_done());
+    }
+}
+
+fn parse_blob(b: &[u8]) -> Result<(Rank, Peer), &'static str> {
+    let mut r = b;
+    let mut take = |n: usize| -> Result<&[u8], &'static str> {
+        if r.len() < n {
+            return Err("truncated");
+        }
+        let (h, t) = r.split_at(n);
+        r = t;
+        Ok(h)
+    };
+    if take(4)? != BLOB_MAGIC {
+        return Err("bad magic (not an r2ccl-ucx address blob)");
+    }
+    if take(1)? != [BLOB_VERSION] {
+        return Err("unsupported version");
+    }
+    let u32_of = |s: &[u8]| u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+    let rank = Rank(u32_of(take(4)?));
+    let node = NodeId(u32_of(take(4)?));
+    let n = take(2)?;
+    let rails = u16::from_le_bytes([n[0], n[1]]);
+    if rails == 0 {
+        return Err("no rails");
+    }
+    let mut addrs = Vec::with_capacity(usize::from(rails));
+    for _ in 0..rails {
+        let len = u32_of(take(4)?) as usize;
+        addrs.push(WorkerAddress::from_bytes(take(len)?.to_vec()));
+    }
+    if !r.is_empty() {
+        return Err("trailing bytes");
+    }
+    Ok((rank, Peer { node, addrs }))
+}
+
+impl Transport for UcxTransport {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn local_nics(&self) -> Vec<NicId> {
+        (0..self.nics.len()).map(|i| self.nic_id(i)).collect()
+    }
+
+    fn register(&mut self, len: usize) -> Result<MemHandle, TransportError> {
+        let region = self.set.register(vec![0; len]).map_err(|e| {
+            tracing::error!(target: NET, len, error = %e, "registration failed");
+            TransportError::OutOfBounds { offset: 0, len, size: 0 }
+        })?;
+        let h = MemHandle(self.next_handle);
+        self.next_handle += 1;
+        self.regions.insert(h, region);
+        Ok(h)
+    }
+
+    fn deregister(&mut self, handle: MemHandle) -> Result<(), TransportError> {
+        self.regions.remove(&handle).map(drop).ok_or(TransportError::UnknownHandle(handle))
+    }
+
+    fn region(&self, handle: MemHandle) -> Result<&[u8], TransportError> {
+        let r = self.regions.get(&handle).ok_or(TransportError::UnknownHandle(handle))?;
+        // SAFETY: the transport never hands a slice of its regions to a request (sends copy into a
+        // staging buffer, receives land in their own buffer), so nothing writes the region behind us.
+        Ok(unsafe { r.as_slice() })
+    }
+
+    fn region_mut(&mut self, handle: MemHandle) -> Result<&mut [u8], TransportError> {
+        let r = self.regions.get_mut(&handle).ok_or(TransportError::UnknownHandle(handle))?;
+        // Only this transport holds the Arc (see `region`), so get_mut succeeds.
+        Arc::get_mut(r).map(MemRegion::as_mut_slice).ok_or(TransportError::UnknownHandle(handle))
+    }
+
+    fn post_send(
+        &mut self,
+        _now: Duration,
+        path: PathId,
+        header: &[u8],
+        src: MemHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<RequestId, TransportError> {
+        let bytes = self.region(src)?;
+        let size = bytes.len();
+        let data = offset
+            .checked_add(len)
+            .and_then(|end| bytes.get(offset..end))
+            .ok_or(TransportError::OutOfBounds { offset, len, size })?;
+        let mut payload = Vec::with_capacity(header.len() + len);
+        payload.extend_from_slice(header);
+        payload.extend_from_slice(data);
+        self.post(path, Kind::Send, Held::Send(payload))
+    }
+
+    fn post_recv(&mut self, _now: Duration, path: PathId, capacity: usize) -> Result<RequestId, TransportError> {
+        self.post(path, Kind::Recv, Held::Recv(capacity))
+    }
+
+    fn post_probe(&mut self, _now: Duration, path: PathId) -> Result<RequestId, TransportError> {
+        self.post(path, Kind::Probe, Held::Probe)
+    }
+
+    fn cancel(&mut self, _now: Duration, req: RequestId) -> Result<(), TransportError> {
+        if self.cancel_one(req) {
+            Ok(())
+        } else {
+            Err(TransportError::UnknownRequest(req))
+        }
+    }
+
+    fn cancel_path(&mut self, _now: Duration, path: PathId) -> usize {
+        let ids: Vec<RequestId> =
+            self.out.iter().filter(|(_, o)| o.path == path && o.kind != Kind::Probe).map(|(id, _)| *id).collect();
+        ids.into_iter().filter(|&id| self.cancel_one(id)).count()
+    }
+
+    fn progress(&mut self, _now: Duration) {
+        self.run_faults();
+        self.run_link_monitor();
+        // Drain what UCX has ready (bounded), so a rendezvous pipeline is not held up by the caller's loop.
+        for _ in 0..PROGRESS_ROUNDS {
+            if self.set.progress() == 0 {
+                break;
+            }
+        }
+        self.answer_probes();
+        self.report_endpoint_errors();
+        self.collect_completions();
+    }
+
+    fn poll_event(&mut self) -> Option<TransportEvent> {
+        self.events.pop_front()
+    }
+
+    fn poll_timeout(&self) -> Option<Duration> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blobs_round_trip_and_bad_ones_are_refused() {
+        let mut b = Vec::new();
+        b.extend_from_slice(BLOB_MAGIC);
+        b.push(BLOB_VERSION);
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&2u16.to_le_bytes());
+        for a in [&b"abc"[..], &b"de"[..]] {
+            b.extend_from_slice(&(a.len() as u32).to_le_bytes());
+            b.extend_from_slice(a);
+        }
+        let (rank, peer) = parse_blob(&b).unwrap();
+        assert_eq!((rank, peer.node, peer.addrs.len()), (Rank(3), NodeId(1), 2));
+        assert_eq!(peer.addrs[1].as_bytes(), b"de");
+        assert_eq!(parse_blob(&b[..b.len() - 1]).unwrap_err(), "truncated");
+        let mut t = b.clone();
+        t.push(0);
+        assert_eq!(parse_blob(&t).unwrap_err(), "trailing bytes");
+        assert!(parse_blob(b"XXXX").is_err());
+        assert!(parse_blob(&[]).is_err());
+    }
+}

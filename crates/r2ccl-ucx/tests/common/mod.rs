@@ -1,0 +1,595 @@
+//! Shared multi-process driver: a test (or bench) binary re-executes itself as rank processes that run
+//! `r2ccl_transport::Session` over `UcxTransport`; the parent is the bootstrap table and the OOB control
+//! plane (it relays `TO <rank> ...` lines between the ranks' stdin/stdout).
+//!
+//! Each rank sends one transfer to the next rank (ring) or rank 0 sends to rank 1 (`one`), striped over
+//! all its NICs; the control plane tells peers about path failures and NIC changes, agrees replay
+//! boundaries (`min(sender_done, receiver held)`), marks stalled paths down (a silent black hole), and
+//! re-probes down paths. Every receiver checks its bytes bit for bit.
+#![allow(dead_code, reason = "each test binary uses a different part of the driver")]
+
+pub mod testbed;
+
+use r2ccl_core::{NicId, NodeId, Rank};
+use r2ccl_transport::{
+    Buffer, CommId, LaneId, MigrationRequest, PathFault, PathId, RequestId, Session, SessionConfig, SessionEvent,
+    Topology, TransferKey, Transport,
+};
+use r2ccl_ucx::{UcxTransport, UcxTransportConfig};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Marks a re-executed rank process.
+pub const ROLE_VAR: &str = "R2CCL_UCX_RANK_ROLE";
+
+/// Deterministic test bytes.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(151).wrapping_add(seed) ^ ((i >> 11) as u8).rotate_left(3)).collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap()).collect()
+}
+
+/// Wall clock in ns (comparable across the processes of one host).
+pub fn unix_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// What a rank process does.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Number of ranks.
+    pub ranks: u32,
+    /// NIC names (the same on every rank).
+    pub devices: Vec<String>,
+    /// Bytes per transfer.
+    pub bytes: usize,
+    /// `ring` (r sends to r+1) or `one` (0 sends to 1).
+    pub pattern: String,
+    /// Session chunk size.
+    pub chunk: u32,
+    /// Session window per lane.
+    pub window: u32,
+    /// Stall timeout (ms) of the stand-in detector.
+    pub stall_ms: u64,
+    /// R2CCL_FAULT for the ranks (empty: none).
+    pub fault: String,
+    /// Striping weights per NIC (empty: equal).
+    pub weights: Vec<u32>,
+}
+
+impl Scenario {
+    /// `ranks` ranks with `k` rails on `lo`.
+    pub fn loopback(ranks: u32, k: usize, bytes: usize) -> Self {
+        Self {
+            ranks,
+            devices: vec!["lo".into(); k],
+            bytes,
+            pattern: "ring".into(),
+            chunk: 256 << 10,
+            window: 8,
+            stall_ms: 300,
+            fault: String::new(),
+            weights: Vec::new(),
+        }
+    }
+
+    fn to_env(&self, cmd: &mut Command, rank: u32) {
+        cmd.env(ROLE_VAR, "rank")
+            .env("R2T_RANK", rank.to_string())
+            .env("R2T_RANKS", self.ranks.to_string())
+            .env("R2T_DEVICES", self.devices.join(","))
+            .env("R2T_BYTES", self.bytes.to_string())
+            .env("R2T_PATTERN", &self.pattern)
+            .env("R2T_CHUNK", self.chunk.to_string())
+            .env("R2T_WINDOW", self.window.to_string())
+            .env("R2T_STALL_MS", self.stall_ms.to_string())
+            .env("R2T_WEIGHTS", self.weights.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+            .env("R2CCL_FAULT", &self.fault);
+    }
+
+    fn from_env() -> (u32, Self) {
+        let get = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("rank process without {k}"));
+        let weights = get("R2T_WEIGHTS");
+        let s = Self {
+            ranks: get("R2T_RANKS").parse().unwrap(),
+            devices: get("R2T_DEVICES").split(',').map(str::to_owned).collect(),
+            bytes: get("R2T_BYTES").parse().unwrap(),
+            pattern: get("R2T_PATTERN"),
+            chunk: get("R2T_CHUNK").parse().unwrap(),
+            window: get("R2T_WINDOW").parse().unwrap(),
+            stall_ms: get("R2T_STALL_MS").parse().unwrap(),
+            fault: std::env::var("R2CCL_FAULT").unwrap_or_default(),
+            weights: weights.split(',').filter(|w| !w.is_empty()).map(|w| w.parse().unwrap()).collect(),
+        };
+        (get("R2T_RANK").parse().unwrap(), s)
+    }
+
+    /// (send to, receive from) of `rank`.
+    fn peers(&self, rank: u32) -> (Option<u32>, Option<u32>) {
+        let n = self.ranks;
+        match self.pattern.as_str() {
+            "one" => match rank {
+                0 => (Some(1), None),
+                1 => (None, Some(0)),
+                _ => (None, None),
+            },
+            _ => (Some((rank + 1) % n), Some((rank + n - 1) % n)),
+        }
+    }
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").unwrap();
+    out.flush().unwrap();
+}
+
+// ---------------------------------------------------------------- rank process
+
+struct Mig {
+    lane: LaneId,
+    boundary: u32,
+    at_ns: u64,
+    resumed_ns: Option<u64>,
+}
+
+/// The rank process: bootstrap, run the scenario, report `RESULT ...`, wait for `EXIT`.
+pub fn rank_main() {
+    let (me, sc) = Scenario::from_env();
+    let k = sc.devices.len();
+    let devs: Vec<&str> = sc.devices.iter().map(String::as_str).collect();
+    let cfg = UcxTransportConfig::tcp(Rank(me), NodeId(me), &devs).with_env_faults().unwrap();
+    let mut t = UcxTransport::open(cfg).unwrap();
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let wait_for = |prefix: &str| -> String {
+        loop {
+            let l = rx.recv().expect("parent went away");
+            if let Some(rest) = l.strip_prefix(prefix) {
+                return rest.trim().to_owned();
+            }
+        }
+    };
+    say(&format!("ADDR {}", hex(&t.local_address_blob().unwrap())));
+    let blobs: Vec<Vec<u8>> = wait_for("PEERS").split_whitespace().map(unhex).collect();
+    t.connect_peers(&blobs).unwrap();
+
+    let topo = Topology::uniform(sc.ranks, 1, k as u16, 1).unwrap();
+    let cfg = SessionConfig { chunk_size: sc.chunk, window: sc.window, ..SessionConfig::default() };
+    let mut s = Session::new(Rank(me), cfg, topo).unwrap();
+    let comm = CommId(1);
+    s.open_comm(comm);
+    let t0 = Instant::now();
+    let len = sc.bytes;
+    let (send_to, recv_from) = sc.peers(me);
+    let recv_key = recv_from.map(|src| TransferKey::new(1, 0, 0, src, me));
+    let dst = recv_key.map(|key| {
+        let h = t.register(len).unwrap();
+        s.expect_recv(t0.elapsed(), &mut t, key, Buffer { region: h, offset: 0, len: len as u64 }).unwrap();
+        h
+    });
+    let send_key = send_to.map(|d| TransferKey::new(1, 0, 0, me, d));
+    let src = send_key.map(|_| {
+        let h = t.register(len).unwrap();
+        t.region_mut(h).unwrap().copy_from_slice(&pattern(len, me as u8));
+        h
+    });
+    say("READY");
+    wait_for("GO");
+    let started = Instant::now();
+    if let (Some(key), Some(h)) = (send_key, src) {
+        let weights = if sc.weights.is_empty() { vec![1; k] } else { sc.weights.clone() };
+        s.start_send(t0.elapsed(), &t, key, Buffer { region: h, offset: 0, len: len as u64 }, &weights).unwrap();
+    }
+
+    let nic = |rank: u32, rail: u16| NicId::new(rank, rail);
+    let stall = Duration::from_millis(sc.stall_ms);
+    let probe_every = Duration::from_millis(50);
+    let mut pending: BTreeMap<LaneId, (MigrationRequest, Option<u32>)> = BTreeMap::new();
+    let mut migs: Vec<Mig> = Vec::new();
+    let mut probes: BTreeMap<PathId, (RequestId, Duration)> = BTreeMap::new();
+    let mut recv_done = recv_key.is_none();
+    let mut recv_ok = true;
+    let mut send_done = send_key.is_none();
+    let mut reported = false;
+    let mut fired_seen = 0;
+    let mut bad_chunks = 0u64;
+    let mut finish_ms = 0u128;
+    let mut idle = 0u32;
+    loop {
+        let now = t0.elapsed();
+        s.drive(now, &mut t);
+        let mut busy = false;
+        // Session events.
+        while let Some(ev) = s.poll_event() {
+            busy = true;
+            match ev {
+                SessionEvent::SendComplete(_) | SessionEvent::BetterPath { .. } => {}
+                SessionEvent::RecvComplete(key) => {
+                    finish_ms = started.elapsed().as_millis();
+                    let got = t.region(dst.unwrap()).unwrap();
+                    let want = pattern(len, key.src.0 as u8);
+                    recv_ok = got == want.as_slice();
+                    if !recv_ok {
+                        let at = got.iter().zip(&want).position(|(a, b)| a != b);
+                        eprintln!("rank {me}: transfer {key} differs first at byte {at:?}");
+                    }
+                    s.release_recv(key);
+                    say(&format!("TO {} RECVDONE", key.src.0));
+                    recv_done = true;
+                }
+                SessionEvent::PathFailed { path, fault } => {
+                    if fault != PathFault::Reported {
+                        say(&format!("TO {} PATHDOWN {} {}", path.peer.0, path.local.rail.0, path.remote.rail.0));
+                    }
+                }
+                SessionEvent::LocalNic { nic, up } => {
+                    for r in (0..sc.ranks).filter(|&r| r != me) {
+                        say(&format!("TO {r} NIC {} {}", nic.rail.0, u8::from(up)));
+                    }
+                }
+                SessionEvent::MigrationNeeded(req) => {
+                    let d = req.lane.transfer.dst.0;
+                    say(&format!("TO {d} HELDQ {} {} {}", req.lane.lane, req.start, req.end));
+                    pending.insert(req.lane, (req, None));
+                }
+                SessionEvent::ProbeDone { path, ok, req } => {
+                    if probes.get(&path).is_some_and(|(r, _)| *r == req) {
+                        probes.remove(&path);
+                    }
+                    if ok {
+                        s.handle_path_up(now, path);
+                        say(&format!("TO {} PATHUP {} {}", path.peer.0, path.local.rail.0, path.remote.rail.0));
+                    }
+                }
+                SessionEvent::BadChunk { .. } => bad_chunks += 1,
+            }
+        }
+        // Control messages from peers.
+        while let Ok(line) = rx.try_recv() {
+            busy = true;
+            let w: Vec<&str> = line.split_whitespace().collect();
+            if w.first() == Some(&"EXIT") {
+                drop(t);
+                std::process::exit(0);
+            }
+            if w.first() != Some(&"FROM") || w.len() < 3 {
+                continue;
+            }
+            let from: u32 = w[1].parse().unwrap();
+            let num = |i: usize| -> u32 { w[i].parse().unwrap() };
+            match w[2] {
+                "PATHDOWN" | "PATHUP" => {
+                    let path = PathId::new(nic(me, num(4) as u16), Rank(from), nic(from, num(3) as u16));
+                    if w[2] == "PATHDOWN" {
+                        s.handle_path_down(now, &mut t, path, PathFault::Reported);
+                    } else {
+                        s.handle_path_up(now, path);
+                    }
+                }
+                "NIC" => {
+                    let n = nic(from, num(3) as u16);
+                    if num(4) == 1 {
+                        s.handle_nic_up(now, n);
+                    } else {
+                        s.handle_nic_down(now, &mut t, n);
+                    }
+                }
+                "HELDQ" => {
+                    let key = TransferKey::new(1, 0, 0, from, me);
+                    let held = s.held(key, num(4), num(5)).unwrap();
+                    say(&format!("TO {from} HELDA {} {held}", num(3)));
+                }
+                "HELDA" => {
+                    let lane = LaneId { transfer: TransferKey::new(1, 0, 0, me, from), lane: num(3) as u16 };
+                    if let Some(p) = pending.get_mut(&lane) {
+                        p.1 = Some(num(4));
+                    }
+                }
+                "PEERMIG" => {
+                    let key = TransferKey::new(1, 0, 0, from, me);
+                    // PEERMIG lane start end sender_rail receiver_rail boundary
+                    let path = PathId::new(nic(me, num(7) as u16), Rank(from), nic(from, num(6) as u16));
+                    s.handle_peer_migrate(now, key, num(4), num(5), path, num(8)).unwrap();
+                }
+                "RECVDONE" => {
+                    if let Some(key) = send_key {
+                        s.release_send(key);
+                    }
+                    send_done = true;
+                }
+                other => panic!("rank {me}: unknown control message {other}"),
+            }
+        }
+        // Migrations whose boundary is known, once a path is usable.
+        let ready: Vec<LaneId> = pending.iter().filter(|(_, (_, h))| h.is_some()).map(|(l, _)| *l).collect();
+        for lane in ready {
+            let Some(to) = s.choose_path(lane) else { continue };
+            let (req, held) = pending.remove(&lane).unwrap();
+            let boundary = req.sender_done.min(held.unwrap());
+            let d = lane.transfer.dst.0;
+            say(&format!(
+                "TO {d} PEERMIG {} {} {} {} {} {boundary}",
+                lane.lane, req.start, req.end, to.local.rail.0, to.remote.rail.0
+            ));
+            s.handle_migrate(now, lane, to, boundary).unwrap();
+            migs.push(Mig { lane, boundary, at_ns: unix_ns(), resumed_ns: None });
+            busy = true;
+        }
+        // Data flowing again on the new path: the first chunk past the boundary completed.
+        for m in migs.iter_mut().filter(|m| m.resumed_ns.is_none()) {
+            let info = s.lanes(m.lane.transfer).into_iter().find(|l| l.id == m.lane);
+            if let Some(l) = info {
+                if l.sender_done > m.boundary || l.sender_done == l.end {
+                    m.resumed_ns = Some(unix_ns());
+                }
+            }
+        }
+        // Stand-in detector: stalled paths are down; down paths are re-probed.
+        for a in s.path_activity() {
+            if now >= a.since + stall {
+                s.handle_path_down(now, &mut t, a.path, PathFault::Timeout);
+            }
+        }
+        for p in s.down_paths() {
+            if s.is_nic_down(p.local) || p.local.rail != p.remote.rail {
+                continue;
+            }
+            match probes.get(&p) {
+                Some(&(req, at)) if now >= at + probe_every => {
+                    let _ = t.cancel(now, req);
+                    probes.remove(&p);
+                }
+                Some(_) => {}
+                None => {
+                    if let Ok(req) = s.probe(now, &mut t, p) {
+                        probes.insert(p, (req, now));
+                    }
+                }
+            }
+        }
+        // Faults that fired here.
+        let fired = t.fired_faults();
+        while fired_seen < fired.len() {
+            let ago = fired[fired_seen].at.elapsed().as_nanos() as u64;
+            say(&format!("FIRED {}", unix_ns() - ago));
+            fired_seen += 1;
+        }
+        if recv_done && send_done && !reported {
+            reported = true;
+            let st = s.stats();
+            let resumed: Vec<String> = migs.iter().filter_map(|m| m.resumed_ns).map(|n| n.to_string()).collect();
+            let migrated: Vec<String> = migs.iter().map(|m| m.at_ns.to_string()).collect();
+            say(&format!(
+                "RESULT ok={} bytes={len} ms={finish_ms} migrations={} replayed={} duplicates={} bad={bad_chunks} \
+                 path_failures={} resumed={} migrated={}",
+                recv_ok,
+                st.migrations,
+                st.chunks_replayed,
+                st.duplicates,
+                st.path_failures,
+                if resumed.is_empty() { "-".into() } else { resumed.join(",") },
+                if migrated.is_empty() { "-".into() } else { migrated.join(",") },
+            ));
+        }
+        idle = if busy { 0 } else { idle + 1 };
+        if idle > 64 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+// ---------------------------------------------------------------- parent
+
+/// One rank's `RESULT` line, parsed.
+#[derive(Clone, Debug)]
+pub struct RankResult {
+    /// The rank.
+    pub rank: u32,
+    /// key=value fields.
+    pub fields: BTreeMap<String, String>,
+}
+
+impl RankResult {
+    /// A numeric field.
+    pub fn num(&self, key: &str) -> u64 {
+        self.fields.get(key).and_then(|v| v.parse().ok()).unwrap_or(0)
+    }
+    /// A list of ns timestamps.
+    pub fn times(&self, key: &str) -> Vec<u64> {
+        self.fields.get(key).map_or(vec![], |v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+    }
+}
+
+/// What a cluster run produced.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Per rank.
+    pub results: Vec<RankResult>,
+    /// Software faults that fired (unix ns), any rank.
+    pub fired: Vec<u64>,
+    /// Faults the parent injected (unix ns).
+    pub injected: Vec<u64>,
+    /// From GO to the last RESULT.
+    pub elapsed: Duration,
+}
+
+impl Outcome {
+    /// Pause after fault time `f`: until the first lane resumed on a backup path after it.
+    pub fn pause_after(&self, f: u64) -> Option<Duration> {
+        self.results
+            .iter()
+            .flat_map(|r| r.times("resumed"))
+            .filter(|&t| t >= f)
+            .min()
+            .map(|t| Duration::from_nanos(t - f))
+    }
+
+    /// Total migrations over every rank.
+    pub fn migrations(&self) -> u64 {
+        self.results.iter().map(|r| r.num("migrations")).sum()
+    }
+
+    /// Asserts every rank reported a bit-exact receive.
+    pub fn assert_exact(&self) {
+        for r in &self.results {
+            assert_eq!(
+                r.fields.get("ok").map(String::as_str),
+                Some("true"),
+                "rank {} not exact: {:?}",
+                r.rank,
+                r.fields
+            );
+        }
+    }
+}
+
+/// A fault schedule the parent runs after GO; returns when each fault was injected (unix ns).
+pub type Injector = Box<dyn FnOnce() -> Vec<u64> + Send>;
+
+/// Start one rank process per command (`cmds[r]` is rank `r`, already pointing at this binary, possibly
+/// behind `ip netns exec`), run `sc`, relay the control plane, and collect the results.
+pub fn run_cluster(mut cmds: Vec<Command>, sc: &Scenario, inject: Option<Injector>, limit: Duration) -> Outcome {
+    let n = cmds.len();
+    let (tx, rx) = mpsc::channel::<(usize, Option<String>)>();
+    let mut children: Vec<Child> = Vec::new();
+    let mut stdins: Vec<ChildStdin> = Vec::new();
+    for (r, cmd) in cmds.iter_mut().enumerate() {
+        sc.to_env(cmd, r as u32);
+        let mut c = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        stdins.push(c.stdin.take().unwrap());
+        let out = c.stdout.take().unwrap();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send((r, Some(line))).is_err() {
+                    return;
+                }
+            }
+            let _ = tx.send((r, None));
+        });
+        children.push(c);
+    }
+    let deadline = Instant::now() + limit;
+    let send = |stdins: &mut Vec<ChildStdin>, r: usize, line: &str| {
+        let _ = writeln!(stdins[r], "{line}");
+        let _ = stdins[r].flush();
+    };
+    let mut addrs = vec![String::new(); n];
+    let mut ready = 0;
+    let mut results: Vec<Option<RankResult>> = vec![None; n];
+    let mut fired = Vec::new();
+    let mut go_at = Instant::now();
+    let mut injector: Option<std::thread::JoinHandle<Vec<u64>>> = None;
+    let mut inject = inject;
+    let mut failure: Option<String> = None;
+    while results.iter().any(Option::is_none) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok((r, line)) = rx.recv_timeout(left) else {
+            failure = Some(format!("cluster did not finish within {limit:?}; results so far: {results:?}"));
+            break;
+        };
+        let Some(line) = line else {
+            if results[r].is_none() {
+                failure = Some(format!("rank {r} exited before reporting a result"));
+                break;
+            }
+            continue;
+        };
+        let w: Vec<&str> = line.splitn(3, ' ').collect();
+        match w[0] {
+            "ADDR" => {
+                addrs[r] = w[1].to_owned();
+                if addrs.iter().all(|a| !a.is_empty()) {
+                    let table = format!("PEERS {}", addrs.join(" "));
+                    for i in 0..n {
+                        send(&mut stdins, i, &table);
+                    }
+                }
+            }
+            "READY" => {
+                ready += 1;
+                if ready == n {
+                    go_at = Instant::now();
+                    for i in 0..n {
+                        send(&mut stdins, i, "GO");
+                    }
+                    if let Some(f) = inject.take() {
+                        injector = Some(std::thread::spawn(f));
+                    }
+                }
+            }
+            "TO" => {
+                let dst: usize = w[1].parse().unwrap();
+                send(&mut stdins, dst, &format!("FROM {r} {}", w[2]));
+            }
+            "FIRED" => fired.push(w[1].parse::<u64>().unwrap()),
+            "RESULT" => {
+                let fields = line
+                    .split_whitespace()
+                    .skip(1)
+                    .filter_map(|f| f.split_once('='))
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect();
+                results[r] = Some(RankResult { rank: r as u32, fields });
+            }
+            _ => eprintln!("rank {r}: {line}"),
+        }
+    }
+    let elapsed = go_at.elapsed();
+    for i in 0..n {
+        send(&mut stdins, i, "EXIT");
+    }
+    let injected = injector.map(|h| h.join().unwrap()).unwrap_or_default();
+    let until = Instant::now() + Duration::from_secs(10);
+    for c in &mut children {
+        while c.try_wait().unwrap().is_none() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if c.try_wait().unwrap().is_none() {
+            let _ = c.kill();
+        }
+        let _ = c.wait();
+    }
+    if let Some(f) = failure {
+        panic!("{f}");
+    }
+    Outcome { results: results.into_iter().map(Option::unwrap).collect(), fired, injected, elapsed }
+}
+
+/// A command that re-executes this binary.
+pub fn self_cmd() -> Command {
+    Command::new(std::env::current_exe().unwrap())
+}
+
+/// Runs the named tests of a harness-less binary, honouring a name filter from the command line.
+pub fn run_tests(binary: &str, tests: &[(&str, fn())]) {
+    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let mut ran = 0;
+    for (name, f) in tests {
+        if filter.iter().all(|p| name.contains(p.as_str())) {
+            let start = Instant::now();
+            f();
+            eprintln!("test {name} ... ok ({:?})", start.elapsed());
+            ran += 1;
+        }
+    }
+    eprintln!("test result: ok. {ran} passed; 0 failed ({binary})");
+}

@@ -1,0 +1,129 @@
+//! Two network namespaces with two veth NICs each, joined by per-rail bridges (tbf-shaped): a NIC taken
+//! down, a silent black hole (bridge port disabled in the switch namespace) and a flap, each in the
+//! middle of a 64 MiB transfer from rank 0 to rank 1. The transfer completes bit-exact and the measured
+//! pause (fault to data flowing on the backup NIC) is printed. Needs root: otherwise prints SKIPPED.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+#![allow(clippy::print_stdout, clippy::print_stderr, reason = "a harness-less test reports on the terminal")]
+
+mod common;
+
+use common::testbed::{is_root, Testbed};
+use common::{rank_main, run_cluster, run_tests, unix_ns, Injector, Outcome, Scenario, ROLE_VAR};
+use std::sync::Arc;
+use std::time::Duration;
+
+const INJECT_AFTER: Duration = Duration::from_millis(150);
+const STALL_MS: u64 = 100;
+
+fn scenario(tb: &Testbed) -> Scenario {
+    Scenario {
+        ranks: 2,
+        devices: tb.devices(),
+        bytes: 64 << 20,
+        pattern: "one".into(),
+        chunk: 256 << 10,
+        window: 8,
+        stall_ms: STALL_MS,
+        fault: String::new(),
+        weights: Vec::new(),
+    }
+}
+
+fn run(tb: &Arc<Testbed>, inject: Injector) -> Outcome {
+    let sc = scenario(tb);
+    let o = run_cluster(vec![tb.cmd(0), tb.cmd(1)], &sc, Some(inject), Duration::from_secs(40));
+    o.assert_exact();
+    o
+}
+
+fn check(name: &str, o: &Outcome, limit: Duration) {
+    let f = *o.injected.first().expect("the fault was injected");
+    let pause = o.pause_after(f).expect("data flowed on a backup NIC after the fault");
+    eprintln!(
+        "  {name}: 64 MiB bit-exact in {:?}; pause from fault to data on the backup NIC {:.1} ms; migrations {}, \
+         replayed chunks {}",
+        o.elapsed,
+        pause.as_secs_f64() * 1e3,
+        o.migrations(),
+        o.results.iter().map(|r| r.num("replayed")).sum::<u64>()
+    );
+    assert!(o.migrations() >= 1, "{name}: the lane on the failed NIC moved");
+    assert!(pause < limit, "{name}: pause {pause:?} over {limit:?}");
+}
+
+fn with_testbed(f: impl FnOnce(&Arc<Testbed>)) {
+    if !is_root() {
+        println!("SKIPPED: network namespace tests need root (run as root; CI does)");
+        return;
+    }
+    let tb = Arc::new(Testbed::up("t", 2, 2, Some("800mbit")));
+    f(&tb);
+}
+
+fn nic_down_mid_transfer() {
+    with_testbed(|tb| {
+        let t = tb.clone();
+        let o = run(
+            tb,
+            Box::new(move || {
+                std::thread::sleep(INJECT_AFTER);
+                let at = unix_ns();
+                t.link(0, 0, false);
+                vec![at]
+            }),
+        );
+        check("NIC down", &o, Duration::from_secs(2));
+    });
+}
+
+fn silent_black_hole_mid_transfer() {
+    with_testbed(|tb| {
+        let t = tb.clone();
+        let o = run(
+            tb,
+            Box::new(move || {
+                std::thread::sleep(INJECT_AFTER);
+                let at = unix_ns();
+                t.blackhole(0, 0, true);
+                vec![at]
+            }),
+        );
+        check("black hole", &o, Duration::from_secs(2));
+    });
+}
+
+fn flap_mid_transfer() {
+    with_testbed(|tb| {
+        let t = tb.clone();
+        let o = run(
+            tb,
+            Box::new(move || {
+                std::thread::sleep(INJECT_AFTER);
+                let at = unix_ns();
+                for _ in 0..3 {
+                    t.link(0, 0, false);
+                    std::thread::sleep(Duration::from_millis(100));
+                    t.link(0, 0, true);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                vec![at]
+            }),
+        );
+        check("flap", &o, Duration::from_secs(2));
+    });
+}
+
+fn main() {
+    if std::env::var(ROLE_VAR).is_ok() {
+        rank_main();
+        return;
+    }
+    run_tests(
+        "netns",
+        &[
+            ("nic_down_mid_transfer", nic_down_mid_transfer),
+            ("silent_black_hole_mid_transfer", silent_black_hole_mid_transfer),
+            ("flap_mid_transfer", flap_mid_transfer),
+        ],
+    );
+}

@@ -1,0 +1,94 @@
+//! Two and four rank processes over UCX on loopback (`lo`, K rails per rank all on `lo`), driven by
+//! r2ccl-transport's `Session` above `UcxTransport`, with `R2CCL_FAULT` software fault injection: a NIC
+//! that goes down, a silent black hole and a slow NIC in the middle of the transfers. Every transfer
+//! completes bit-exact, lanes migrate to the remaining NIC and replay from the agreed boundary.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+#![allow(clippy::print_stdout, clippy::print_stderr, reason = "a harness-less test reports on the terminal")]
+
+mod common;
+
+use common::{rank_main, run_cluster, run_tests, self_cmd, Outcome, Scenario, ROLE_VAR};
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(40);
+
+fn run(sc: &Scenario) -> Outcome {
+    let cmds = (0..sc.ranks).map(|_| self_cmd()).collect();
+    run_cluster(cmds, sc, None, LIMIT)
+}
+
+fn report(name: &str, o: &Outcome) {
+    let pause = o.fired.iter().filter_map(|&f| o.pause_after(f)).min();
+    eprintln!(
+        "  {name}: {} ranks done in {:?}, migrations {}, replayed chunks {}, duplicates {}, pause after fault {:?}",
+        o.results.len(),
+        o.elapsed,
+        o.migrations(),
+        o.results.iter().map(|r| r.num("replayed")).sum::<u64>(),
+        o.results.iter().map(|r| r.num("duplicates")).sum::<u64>(),
+        pause,
+    );
+}
+
+fn two_ranks_without_faults_are_bit_exact() {
+    let sc = Scenario::loopback(2, 2, 32 << 20);
+    let o = run(&sc);
+    o.assert_exact();
+    assert_eq!(o.migrations(), 0, "no fault, no migration: {:?}", o.results);
+    report("no fault", &o);
+}
+
+fn two_ranks_nic_down_mid_transfer_migrates_and_stays_exact() {
+    let mut sc = Scenario::loopback(2, 2, 64 << 20);
+    sc.fault = "rank=0,nic=0,after_bytes=12M,kind=down".into();
+    let o = run(&sc);
+    o.assert_exact();
+    assert_eq!(o.fired.len(), 1, "the fault fired once");
+    assert!(o.migrations() >= 1, "a lane moved off the dead NIC: {:?}", o.results);
+    assert!(o.results.iter().any(|r| r.num("path_failures") >= 1));
+    let pause = o.pause_after(o.fired[0]).expect("data flowed again after the fault");
+    report("nic down", &o);
+    assert!(pause < Duration::from_secs(5), "pause {pause:?}");
+}
+
+fn two_ranks_silent_black_hole_is_detected_by_the_stall_deadline() {
+    let mut sc = Scenario::loopback(2, 2, 64 << 20);
+    sc.fault = "rank=*,nic=1,after_bytes=12M,kind=blackhole".into();
+    let o = run(&sc);
+    o.assert_exact();
+    assert_eq!(o.fired.len(), 2, "both ranks blackholed NIC 1");
+    assert!(o.migrations() >= 2, "both lanes on NIC 1 moved: {:?}", o.results);
+    report("black hole", &o);
+}
+
+fn four_ranks_ring_with_a_down_nic_and_a_slow_nic() {
+    let mut sc = Scenario::loopback(4, 2, 24 << 20);
+    sc.fault = "rank=1,nic=0,after_bytes=6M,kind=down; rank=3,nic=1,kind=slow:0.5".into();
+    let o = run(&sc);
+    o.assert_exact();
+    assert_eq!(o.fired.len(), 2);
+    assert!(o.migrations() >= 2, "rank 1's lane and rank 0's lane toward rank 1's dead NIC moved: {:?}", o.results);
+    report("4 ranks", &o);
+}
+
+fn main() {
+    if std::env::var(ROLE_VAR).is_ok() {
+        rank_main();
+        return;
+    }
+    run_tests(
+        "session_loopback",
+        &[
+            ("two_ranks_without_faults_are_bit_exact", two_ranks_without_faults_are_bit_exact),
+            (
+                "two_ranks_nic_down_mid_transfer_migrates_and_stays_exact",
+                two_ranks_nic_down_mid_transfer_migrates_and_stays_exact,
+            ),
+            (
+                "two_ranks_silent_black_hole_is_detected_by_the_stall_deadline",
+                two_ranks_silent_black_hole_is_detected_by_the_stall_deadline,
+            ),
+            ("four_ranks_ring_with_a_down_nic_and_a_slow_nic", four_ranks_ring_with_a_down_nic_and_a_slow_nic),
+        ],
+    );
+}
