@@ -1,0 +1,31 @@
+//! Benchmarks: one 1024-GPU AllReduce with failures, and the whole `reproduce`.
+#![allow(clippy::print_stdout, clippy::unwrap_used, reason = "benchmark output")]
+#![allow(clippy::disallowed_methods, reason = "benchmarks measure wall-clock time")]
+
+use r2ccl_sim::collective::{AllReduceJob, Strategy};
+use r2ccl_sim::workload::allreduce_run;
+use r2ccl_sim::{reproduce, EngineConfig, Fabric, FabricSpec, Failure, RepairMode};
+use std::time::Instant;
+
+fn main() {
+    let fab = Fabric::new(FabricSpec::new(128, 8, 8, 400.0)).unwrap();
+    let job = AllReduceJob { nodes: (0..128).collect(), bytes: 256.0 * 1048576.0, intra: true, chunks: 1 };
+    let fails = [Failure::known_down(3, 2), Failure::down_at(70, 5, 0.002)];
+    let e = EngineConfig::with_repair(RepairMode::Spread);
+    for s in [Strategy::Balance, Strategy::HotRepair, Strategy::Recursive] {
+        let t = Instant::now();
+        let r = allreduce_run(&fab, s, &job, &fails, &e).unwrap();
+        let wall = t.elapsed().as_secs_f64();
+        println!(
+            "1024-GPU AllReduce 256 MiB, 2 failures, {:<10}: simulated {:.4} s, {} flows, {} events, wall {:.3} s (target < 1 s)",
+            s.name(),
+            r.makespan,
+            r.flows,
+            r.events,
+            wall
+        );
+    }
+    let t = Instant::now();
+    let tables = reproduce::all_tables().unwrap();
+    println!("reproduce: {} tables in {:.2} s (target < 120 s)", tables.len(), t.elapsed().as_secs_f64());
+}

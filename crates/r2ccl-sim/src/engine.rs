@@ -1,0 +1,972 @@
+//! The flow-level, event-driven simulation engine.
+//!
+//! Input: a [`Dag`] of tasks (compute delays and transfers between GPUs) with dependencies, a failure
+//! timeline and the engine settings. Transfers become flows on fabric paths; concurrent flows share links
+//! max-min fairly (progressive filling), recomputed at every flow arrival or departure and every capacity
+//! change, but only inside the connected component of flows that the change touches (max-min allocations
+//! decompose over components, so this is exact). Time is simulated: `f64` seconds from the start of the run.
+//!
+//! Failures change link capacities at their time; the engine learns of them only after a detection delay
+//! (error completion, or the stall timeout of a silent black hole). Until then flows on a dead NIC stall.
+//! On detection, in-flight flows on the dead NIC are moved per [`RepairMode`] (live migration) and the bytes
+//! of the partially sent chunk are replayed; flows that start later are routed around known failures.
+
+use crate::error::SimError;
+use crate::fabric::{Endpoint, Fabric, LinkId};
+use serde::{Deserialize, Serialize};
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+/// Index of a task in a [`Dag`].
+pub type TaskId = u32;
+
+/// Bit mask of rails a transfer may use (bit r = rail r).
+pub type RailMask = u64;
+
+/// Every rail.
+pub const ALL_RAILS: RailMask = u64::MAX;
+
+/// One unit of work.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Op {
+    /// Compute or fixed delay of this many seconds.
+    Delay(f64),
+    /// Move `bytes` from `src` to `dst`, spread over the usable rails of `rails` weighted by bandwidth.
+    Transfer {
+        /// Sending GPU.
+        src: Endpoint,
+        /// Receiving GPU.
+        dst: Endpoint,
+        /// Payload, bytes.
+        bytes: f64,
+        /// Rails the schedule assigned to this transfer.
+        rails: RailMask,
+        /// Weight in weighted max-min sharing (its target rate in any common unit; schedules use
+        /// bytes times the number of transfers of its kind that run one after another on a link).
+        weight: f64,
+    },
+}
+
+/// A DAG of tasks: a task starts when all its dependencies have finished.
+#[derive(Clone, Debug, Default)]
+pub struct Dag {
+    ops: Vec<Op>,
+    edges: Vec<(TaskId, TaskId)>,
+}
+
+impl Dag {
+    /// An empty DAG.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add `op` after all of `deps`; returns its id.
+    pub fn add(&mut self, op: Op, deps: &[TaskId]) -> TaskId {
+        let id = self.ops.len() as TaskId;
+        self.ops.push(op);
+        for &d in deps {
+            self.edges.push((d, id));
+        }
+        id
+    }
+
+    /// A zero-length task after all of `deps` (a barrier).
+    pub fn barrier(&mut self, deps: &[TaskId]) -> TaskId {
+        self.add(Op::Delay(0.0), deps)
+    }
+
+    /// Add a dependency `before -> after` to existing tasks.
+    pub fn depend(&mut self, before: TaskId, after: TaskId) {
+        self.edges.push((before, after));
+    }
+
+    /// Number of tasks.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether the DAG has no task.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// The tasks.
+    pub fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+}
+
+/// How a transfer whose assigned rails are all known-failed is routed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RepairMode {
+    /// No resilience: the transfer keeps its failed path and stalls (fail-stop CCL).
+    None,
+    /// Hot repair with one backup NIC: the next healthy rail (same rail on both ends).
+    SingleBackup,
+    /// Balance: spread over every rail usable on both ends, weighted by bandwidth.
+    Spread,
+}
+
+/// What goes wrong with one NIC.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum FailureKind {
+    /// Link down with an error completion: detected after `detect_error_s`.
+    Down,
+    /// Silent black hole: packets vanish, detected after the stall timeout.
+    BlackHole,
+    /// Degraded speed: the NIC keeps `fraction` of its line rate.
+    Degraded {
+        /// Remaining fraction of the line rate, in (0, 1).
+        fraction: f64,
+    },
+}
+
+/// The kinds as written in scenario files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum KindName {
+    Down,
+    BlackHole,
+    Degraded,
+}
+
+/// A failure as written in a scenario file (flat, unknown keys rejected).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FailureToml {
+    node: u32,
+    rail: u32,
+    kind: KindName,
+    #[serde(default)]
+    fraction: Option<f64>,
+    at_s: f64,
+    #[serde(default)]
+    until_s: Option<f64>,
+}
+
+impl TryFrom<FailureToml> for Failure {
+    type Error = String;
+    fn try_from(t: FailureToml) -> Result<Self, String> {
+        let kind = match (t.kind, t.fraction) {
+            (KindName::Down, None) => FailureKind::Down,
+            (KindName::BlackHole, None) => FailureKind::BlackHole,
+            (KindName::Degraded, Some(fraction)) => FailureKind::Degraded { fraction },
+            (KindName::Degraded, None) => return Err("failure kind `degraded` needs `fraction`".into()),
+            (k, Some(_)) => return Err(format!("`fraction` is only for kind `degraded`, not {k:?}")),
+        };
+        Ok(Failure { node: t.node, rail: t.rail, kind, at_s: t.at_s, until_s: t.until_s })
+    }
+}
+
+impl From<Failure> for FailureToml {
+    fn from(f: Failure) -> Self {
+        let (kind, fraction) = match f.kind {
+            FailureKind::Down => (KindName::Down, None),
+            FailureKind::BlackHole => (KindName::BlackHole, None),
+            FailureKind::Degraded { fraction } => (KindName::Degraded, Some(fraction)),
+        };
+        Self { node: f.node, rail: f.rail, kind, fraction, at_s: f.at_s, until_s: f.until_s }
+    }
+}
+
+/// One failure of NIC `rail` on `node` between `at_s` and `until_s`.
+///
+/// In scenario files: `{ node, rail, kind = "down" | "black_hole" | "degraded", fraction (degraded only),
+/// at_s, until_s (optional) }`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "FailureToml", into = "FailureToml")]
+pub struct Failure {
+    /// Node index.
+    pub node: u32,
+    /// Rail (NIC index) on that node.
+    pub rail: u32,
+    /// What happens.
+    pub kind: FailureKind,
+    /// Start, seconds from the start of the run (negative: already failed and known at the start).
+    pub at_s: f64,
+    /// End (NIC back), if it comes back.
+    pub until_s: Option<f64>,
+}
+
+impl Failure {
+    /// A NIC that is down (and known) before the run starts.
+    pub fn known_down(node: u32, rail: u32) -> Self {
+        Self { node, rail, kind: FailureKind::Down, at_s: -1.0e6, until_s: None }
+    }
+
+    /// A NIC that goes down at `at_s` for good.
+    pub fn down_at(node: u32, rail: u32, at_s: f64) -> Self {
+        Self { node, rail, kind: FailureKind::Down, at_s, until_s: None }
+    }
+
+    /// Remaining capacity fraction while failed.
+    pub fn remaining(&self) -> f64 {
+        match self.kind {
+            FailureKind::Down | FailureKind::BlackHole => 0.0,
+            FailureKind::Degraded { fraction } => fraction,
+        }
+    }
+
+    /// Check the failure against the fabric shape, naming what is wrong.
+    pub fn validate(&self, fabric: &Fabric, index: usize) -> Result<(), SimError> {
+        let s = fabric.spec();
+        if self.node >= s.nodes {
+            return Err(SimError::NoSuchComponent {
+                index,
+                what: format!("node {} (the fabric has {} nodes)", self.node, s.nodes),
+            });
+        }
+        if self.rail >= s.nics_per_node {
+            return Err(SimError::NoSuchComponent {
+                index,
+                what: format!("NIC rail {} on node {} (nodes have {} NICs)", self.rail, self.node, s.nics_per_node),
+            });
+        }
+        if let FailureKind::Degraded { fraction } = self.kind {
+            if !(fraction > 0.0 && fraction < 1.0) {
+                return Err(SimError::BadFailure { index, why: format!("degraded fraction {fraction} not in (0, 1)") });
+            }
+        }
+        if !self.at_s.is_finite() {
+            return Err(SimError::BadFailure { index, why: format!("at_s {} is not finite", self.at_s) });
+        }
+        if let Some(u) = self.until_s {
+            if !(u.is_finite() && u > self.at_s) {
+                return Err(SimError::BadFailure {
+                    index,
+                    why: format!("until_s {u} is not after at_s {}", self.at_s),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Engine settings.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    /// How transfers on known-failed rails are moved.
+    pub repair: RepairMode,
+    /// Detection delay of a link-down with an error completion, seconds.
+    #[serde(default = "d_err")]
+    pub detect_error_s: f64,
+    /// Detection delay of a silent black hole (the stall timeout), seconds.
+    #[serde(default = "d_bh")]
+    pub detect_blackhole_s: f64,
+    /// Delay before a degraded NIC's measured bandwidth is used for weighting, seconds.
+    #[serde(default = "d_deg")]
+    pub detect_degraded_s: f64,
+    /// Delay before a recovered NIC is trusted again (probes with hysteresis), seconds.
+    #[serde(default = "d_rec")]
+    pub recover_detect_s: f64,
+    /// Chunk size of the replay boundary, bytes: a migrated flow resends its partially sent chunk.
+    #[serde(default = "d_chunk")]
+    pub replay_chunk_bytes: f64,
+}
+
+fn d_err() -> f64 {
+    0.005
+}
+fn d_bh() -> f64 {
+    0.05
+}
+fn d_deg() -> f64 {
+    0.1
+}
+fn d_rec() -> f64 {
+    1.0
+}
+fn d_chunk() -> f64 {
+    4.0 * 1024.0 * 1024.0
+}
+
+impl EngineConfig {
+    /// Defaults with the given repair mode.
+    pub fn with_repair(repair: RepairMode) -> Self {
+        Self {
+            repair,
+            detect_error_s: d_err(),
+            detect_blackhole_s: d_bh(),
+            detect_degraded_s: d_deg(),
+            recover_detect_s: d_rec(),
+            replay_chunk_bytes: d_chunk(),
+        }
+    }
+}
+
+/// Outcome of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunResult {
+    /// Time the last task finished (or the time the run stalled), seconds.
+    pub makespan: f64,
+    /// Finish time per task (`NaN` for tasks that never finished).
+    pub finish: Vec<f64>,
+    /// Whether the run stalled: some transfer can never finish (fail-stop hang).
+    pub stalled: bool,
+    /// Flows (subflows) created.
+    pub flows: usize,
+    /// Events processed.
+    pub events: usize,
+    /// Bytes resent because of live migration.
+    pub replayed_bytes: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    FailStart(u32),
+    Detect(u32),
+    FailEnd(u32),
+    RecoverDetect(u32),
+    DelayDone(u32),
+    FlowStart(u32),
+    SubDone(u32, u32),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Item {
+    t: f64,
+    seq: u64,
+    ev: Ev,
+}
+impl PartialEq for Item {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Item {}
+impl PartialOrd for Item {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Item {
+    fn cmp(&self, o: &Self) -> Ordering {
+        // Min-heap on (t, seq).
+        o.t.total_cmp(&self.t).then(o.seq.cmp(&self.seq))
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Sub {
+    task: u32,
+    path_start: u32,
+    path_len: u8,
+    alive: bool,
+    ver: u32,
+    rate: f64,
+    remaining: f64,
+    orig: f64,
+    weight: f64,
+    t_upd: f64,
+}
+
+/// Simulate `dag` on `fabric` under `failures`.
+pub fn simulate(fabric: &Fabric, dag: &Dag, failures: &[Failure], cfg: &EngineConfig) -> Result<RunResult, SimError> {
+    for (i, f) in failures.iter().enumerate() {
+        f.validate(fabric, i)?;
+    }
+    let mut sim = Sim::new(fabric, dag, failures, cfg);
+    sim.run();
+    Ok(sim.result())
+}
+
+struct Sim<'a> {
+    fabric: &'a Fabric,
+    dag: &'a Dag,
+    failures: &'a [Failure],
+    cfg: &'a EngineConfig,
+    heap: BinaryHeap<Item>,
+    seq: u64,
+    now: f64,
+    cap: Vec<f64>,
+    nominal_nic: f64,
+    known: Vec<f64>,
+    nic_state: Vec<f64>,
+    link_subs: Vec<Vec<u32>>,
+    subs: Vec<Sub>,
+    paths: Vec<LinkId>,
+    succ_start: Vec<u32>,
+    succ: Vec<u32>,
+    deps_left: Vec<u32>,
+    subs_left: Vec<u32>,
+    finish: Vec<f64>,
+    done: usize,
+    dirty: Vec<LinkId>,
+    // Component scratch.
+    gen: u32,
+    link_mark: Vec<u32>,
+    sub_mark: Vec<u32>,
+    frozen: Vec<u32>,
+    cap_rem: Vec<f64>,
+    cnt: Vec<u32>,
+    wsum: Vec<f64>,
+    comp_links: Vec<LinkId>,
+    comp_subs: Vec<u32>,
+    stack: Vec<LinkId>,
+    scratch_path: Vec<LinkId>,
+    events: usize,
+    replayed: f64,
+}
+
+impl<'a> Sim<'a> {
+    fn new(fabric: &'a Fabric, dag: &'a Dag, failures: &'a [Failure], cfg: &'a EngineConfig) -> Self {
+        let n = dag.ops.len();
+        let mut deps_left = vec![0u32; n];
+        let mut succ_start = vec![0u32; n + 1];
+        for &(a, b) in &dag.edges {
+            deps_left[b as usize] += 1;
+            succ_start[a as usize + 1] += 1;
+        }
+        for i in 0..n {
+            succ_start[i + 1] += succ_start[i];
+        }
+        let mut fill = succ_start.clone();
+        let mut succ = vec![0u32; dag.edges.len()];
+        for &(a, b) in &dag.edges {
+            succ[fill[a as usize] as usize] = b;
+            fill[a as usize] += 1;
+        }
+        let s = fabric.spec();
+        let nics = (s.nodes * s.nics_per_node) as usize;
+        let links = fabric.link_count();
+        let mut sim = Self {
+            fabric,
+            dag,
+            failures,
+            cfg,
+            heap: BinaryHeap::new(),
+            seq: 0,
+            now: 0.0,
+            cap: fabric.capacities().to_vec(),
+            nominal_nic: s.nic_bytes_per_s(),
+            known: vec![s.nic_bytes_per_s(); nics],
+            nic_state: vec![1.0; nics],
+            link_subs: vec![Vec::new(); links],
+            subs: Vec::new(),
+            paths: Vec::new(),
+            succ_start,
+            succ,
+            deps_left,
+            subs_left: vec![0; n],
+            finish: vec![f64::NAN; n],
+            done: 0,
+            dirty: Vec::new(),
+            gen: 0,
+            link_mark: vec![0; links],
+            sub_mark: Vec::new(),
+            frozen: Vec::new(),
+            cap_rem: vec![0.0; links],
+            cnt: vec![0; links],
+            wsum: vec![0.0; links],
+            comp_links: Vec::new(),
+            comp_subs: Vec::new(),
+            stack: Vec::new(),
+            scratch_path: Vec::new(),
+            events: 0,
+            replayed: 0.0,
+        };
+        for (i, f) in failures.iter().enumerate() {
+            sim.push(f.at_s, Ev::FailStart(i as u32));
+        }
+        for t in 0..n {
+            if sim.deps_left[t] == 0 {
+                sim.start_task(t as u32, 0.0);
+            }
+        }
+        sim
+    }
+
+    fn push(&mut self, t: f64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Item { t, seq: self.seq, ev });
+    }
+
+    fn nic_index(&self, node: u32, rail: u32) -> usize {
+        (node * self.fabric.spec().nics_per_node + rail) as usize
+    }
+
+    fn start_task(&mut self, task: u32, at: f64) {
+        match self.dag.ops[task as usize] {
+            Op::Delay(d) => self.push(at + d.max(0.0), Ev::DelayDone(task)),
+            Op::Transfer { src, dst, .. } => {
+                let lat = self.fabric.path_latency(src, dst);
+                self.push(at + lat, Ev::FlowStart(task));
+            }
+        }
+    }
+
+    fn task_done(&mut self, task: u32) {
+        self.finish[task as usize] = self.now;
+        self.done += 1;
+        let (a, b) = (self.succ_start[task as usize] as usize, self.succ_start[task as usize + 1] as usize);
+        for i in a..b {
+            let s = self.succ[i];
+            self.deps_left[s as usize] -= 1;
+            if self.deps_left[s as usize] == 0 {
+                self.start_task(s, self.now);
+            }
+        }
+    }
+
+    fn run(&mut self) {
+        while let Some(first) = self.heap.pop() {
+            self.now = self.now.max(first.t);
+            let horizon = self.now + 1e-12 * (1.0 + self.now.abs());
+            self.handle(first.ev);
+            while let Some(top) = self.heap.peek() {
+                if top.t > horizon {
+                    break;
+                }
+                let it = *top;
+                self.heap.pop();
+                self.handle(it.ev);
+            }
+            if !self.dirty.is_empty() {
+                self.recompute();
+            }
+            if self.done == self.dag.ops.len() {
+                // All work done; remaining events are failure bookkeeping only.
+                break;
+            }
+        }
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        self.events += 1;
+        match ev {
+            Ev::DelayDone(t) => self.task_done(t),
+            Ev::FlowStart(t) => self.flow_start(t),
+            Ev::SubDone(s, ver) => {
+                let sub = &self.subs[s as usize];
+                if !sub.alive || sub.ver != ver {
+                    return;
+                }
+                let task = sub.task;
+                self.kill_sub(s);
+                self.subs_left[task as usize] -= 1;
+                if self.subs_left[task as usize] == 0 {
+                    self.task_done(task);
+                }
+            }
+            Ev::FailStart(i) => {
+                let f = self.failures[i as usize];
+                let frac = f.remaining();
+                let nic = self.nic_index(f.node, f.rail);
+                self.nic_state[nic] = frac;
+                let (up, down) = (self.fabric.nic_up(f.node, f.rail), self.fabric.nic_down(f.node, f.rail));
+                for l in [up, down] {
+                    self.cap[l as usize] = self.fabric.capacities()[l as usize] * frac;
+                    self.dirty.push(l);
+                }
+                let delay = match f.kind {
+                    FailureKind::Down => self.cfg.detect_error_s,
+                    FailureKind::BlackHole => self.cfg.detect_blackhole_s,
+                    FailureKind::Degraded { .. } => self.cfg.detect_degraded_s,
+                };
+                self.push(f.at_s + delay, Ev::Detect(i));
+                if let Some(u) = f.until_s {
+                    self.push(u, Ev::FailEnd(i));
+                }
+            }
+            Ev::Detect(i) => {
+                let f = self.failures[i as usize];
+                if f.until_s.is_some_and(|u| u <= self.now) {
+                    return;
+                }
+                let nic = self.nic_index(f.node, f.rail);
+                self.known[nic] = self.nominal_nic * f.remaining();
+                if f.remaining() == 0.0 && self.cfg.repair != RepairMode::None {
+                    self.migrate(f.node, f.rail);
+                }
+            }
+            Ev::FailEnd(i) => {
+                let f = self.failures[i as usize];
+                let nic = self.nic_index(f.node, f.rail);
+                self.nic_state[nic] = 1.0;
+                for l in [self.fabric.nic_up(f.node, f.rail), self.fabric.nic_down(f.node, f.rail)] {
+                    self.cap[l as usize] = self.fabric.capacities()[l as usize];
+                    self.dirty.push(l);
+                }
+                self.push(self.now + self.cfg.recover_detect_s, Ev::RecoverDetect(i));
+            }
+            Ev::RecoverDetect(i) => {
+                let f = self.failures[i as usize];
+                let nic = self.nic_index(f.node, f.rail);
+                if self.nic_state[nic] >= 1.0 {
+                    self.known[nic] = self.nominal_nic;
+                }
+            }
+        }
+    }
+
+    fn usable(&self, node: u32, rail: u32) -> f64 {
+        self.known[self.nic_index(node, rail)]
+    }
+
+    /// Rails (src rail, dst rail, weight) for a transfer under the current knowledge.
+    fn resolve(&self, src: Endpoint, dst: Endpoint, mask: RailMask, out: &mut Vec<(u32, u32, f64)>) {
+        out.clear();
+        if src.node == dst.node {
+            out.push((0, 0, 1.0));
+            return;
+        }
+        let k = self.fabric.spec().nics_per_node;
+        let in_mask = |r: u32| r < 64 && mask & (1u64 << r) != 0;
+        let first = (0..k).find(|&r| in_mask(r)).unwrap_or(0);
+        for r in (0..k).filter(|&r| in_mask(r)) {
+            let w = self.usable(src.node, r).min(self.usable(dst.node, r));
+            if w > 0.0 {
+                out.push((r, r, w));
+            }
+        }
+        if !out.is_empty() {
+            return;
+        }
+        match self.cfg.repair {
+            RepairMode::None => {
+                out.push((first, first, 1.0));
+                return;
+            }
+            RepairMode::SingleBackup => {
+                for i in 1..k {
+                    let b = (first + i) % k;
+                    if self.usable(src.node, b) > 0.0 && self.usable(dst.node, b) > 0.0 {
+                        out.push((b, b, 1.0));
+                        return;
+                    }
+                }
+            }
+            RepairMode::Spread => {
+                for r in 0..k {
+                    let w = self.usable(src.node, r).min(self.usable(dst.node, r));
+                    if w > 0.0 {
+                        out.push((r, r, w));
+                    }
+                }
+                if !out.is_empty() {
+                    return;
+                }
+            }
+        }
+        // No common rail: cross-rail through the spine.
+        let best = |node: u32| {
+            (0..k)
+                .filter(|&r| self.usable(node, r) > 0.0)
+                .max_by(|&a, &b| self.usable(node, a).total_cmp(&self.usable(node, b)).then(b.cmp(&a)))
+        };
+        match (best(src.node), best(dst.node)) {
+            (Some(a), Some(b)) => out.push((a, b, 1.0)),
+            _ => out.push((first, first, 1.0)),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments, reason = "one flat call site per routing outcome")]
+    fn add_sub(&mut self, task: u32, src: Endpoint, dst: Endpoint, rs: u32, rd: u32, bytes: f64, weight: f64) {
+        let mut path = std::mem::take(&mut self.scratch_path);
+        self.fabric.path(src, dst, rs, rd, &mut path);
+        let id = self.subs.len() as u32;
+        let path_start = self.paths.len() as u32;
+        self.paths.extend_from_slice(&path);
+        for &l in &path {
+            self.link_subs[l as usize].push(id);
+            self.dirty.push(l);
+        }
+        self.subs.push(Sub {
+            task,
+            path_start,
+            path_len: path.len() as u8,
+            alive: true,
+            ver: 0,
+            rate: 0.0,
+            remaining: bytes,
+            orig: bytes,
+            weight: weight.max(1e-30),
+            t_upd: self.now,
+        });
+        self.sub_mark.push(0);
+        self.frozen.push(0);
+        if path.is_empty() {
+            // Same GPU: nothing to move.
+            self.push(self.now, Ev::SubDone(id, 0));
+        }
+        self.scratch_path = path;
+    }
+
+    fn flow_start(&mut self, task: u32) {
+        let Op::Transfer { src, dst, bytes, rails, weight } = self.dag.ops[task as usize] else {
+            return;
+        };
+        if bytes <= 0.0 {
+            self.task_done(task);
+            return;
+        }
+        let mut parts = Vec::new();
+        self.resolve(src, dst, rails, &mut parts);
+        let total: f64 = parts.iter().map(|p| p.2).sum();
+        self.subs_left[task as usize] = parts.len() as u32;
+        for (rs, rd, w) in parts {
+            self.add_sub(task, src, dst, rs, rd, bytes * w / total, weight * w / total);
+        }
+    }
+
+    fn kill_sub(&mut self, s: u32) {
+        let (start, len) = {
+            let sub = &mut self.subs[s as usize];
+            sub.alive = false;
+            (sub.path_start as usize, sub.path_len as usize)
+        };
+        for i in start..start + len {
+            let l = self.paths[i];
+            let v = &mut self.link_subs[l as usize];
+            if let Some(p) = v.iter().position(|&x| x == s) {
+                v.swap_remove(p);
+            }
+            self.dirty.push(l);
+        }
+    }
+
+    fn settle(&mut self, s: u32) {
+        let now = self.now;
+        let sub = &mut self.subs[s as usize];
+        sub.remaining = (sub.remaining - sub.rate * (now - sub.t_upd)).max(0.0);
+        sub.t_upd = now;
+    }
+
+    /// Live migration of every in-flight flow on NIC (node, rail).
+    fn migrate(&mut self, node: u32, rail: u32) {
+        let mut victims: Vec<u32> = Vec::new();
+        for l in [self.fabric.nic_up(node, rail), self.fabric.nic_down(node, rail)] {
+            victims.extend(self.link_subs[l as usize].iter().copied());
+        }
+        victims.sort_unstable();
+        victims.dedup();
+        let mut parts = Vec::new();
+        for s in victims {
+            self.settle(s);
+            let (task, remaining, orig, sw) = {
+                let sub = &self.subs[s as usize];
+                (sub.task, sub.remaining, sub.orig, sub.weight)
+            };
+            let Op::Transfer { src, dst, rails, .. } = self.dag.ops[task as usize] else {
+                continue;
+            };
+            let sent = orig - remaining;
+            let chunk = self.cfg.replay_chunk_bytes;
+            let replay = if chunk > 0.0 { sent % chunk } else { 0.0 };
+            self.replayed += replay;
+            let bytes = remaining + replay;
+            self.kill_sub(s);
+            self.resolve(src, dst, rails, &mut parts);
+            let total: f64 = parts.iter().map(|p| p.2).sum();
+            self.subs_left[task as usize] += parts.len() as u32 - 1;
+            for &(rs, rd, w) in &parts {
+                self.add_sub(task, src, dst, rs, rd, bytes * w / total, sw * w / total);
+            }
+        }
+    }
+
+    /// Recompute max-min fair rates in the components touched by dirty links.
+    fn recompute(&mut self) {
+        self.gen = self.gen.wrapping_add(1);
+        if self.gen == 0 {
+            self.link_mark.iter_mut().for_each(|m| *m = 0);
+            self.sub_mark.iter_mut().for_each(|m| *m = 0);
+            self.frozen.iter_mut().for_each(|m| *m = 0);
+            self.gen = 1;
+        }
+        let gen = self.gen;
+        self.comp_links.clear();
+        self.comp_subs.clear();
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for &l in &dirty {
+            if self.link_mark[l as usize] != gen {
+                self.link_mark[l as usize] = gen;
+                self.stack.push(l);
+            }
+        }
+        dirty.clear();
+        self.dirty = dirty;
+        while let Some(l) = self.stack.pop() {
+            self.comp_links.push(l);
+            for i in 0..self.link_subs[l as usize].len() {
+                let s = self.link_subs[l as usize][i];
+                if self.sub_mark[s as usize] == gen {
+                    continue;
+                }
+                self.sub_mark[s as usize] = gen;
+                self.comp_subs.push(s);
+                let sub = &self.subs[s as usize];
+                for j in sub.path_start as usize..sub.path_start as usize + sub.path_len as usize {
+                    let l2 = self.paths[j];
+                    if self.link_mark[l2 as usize] != gen {
+                        self.link_mark[l2 as usize] = gen;
+                        self.stack.push(l2);
+                    }
+                }
+            }
+        }
+        for i in 0..self.comp_subs.len() {
+            let s = self.comp_subs[i];
+            self.settle(s);
+        }
+        // Progressive filling.
+        let mut active: Vec<LinkId> = Vec::with_capacity(self.comp_links.len());
+        for &l in &self.comp_links {
+            let n = self.link_subs[l as usize].len() as u32;
+            if n > 0 {
+                self.cap_rem[l as usize] = self.cap[l as usize];
+                self.cnt[l as usize] = n;
+                self.wsum[l as usize] = self.link_subs[l as usize].iter().map(|&s| self.subs[s as usize].weight).sum();
+                active.push(l);
+            }
+        }
+        let mut unfrozen = self.comp_subs.len();
+        while unfrozen > 0 && !active.is_empty() {
+            let mut best = f64::INFINITY;
+            for &l in &active {
+                let share = self.cap_rem[l as usize].max(0.0) / self.wsum[l as usize];
+                best = best.min(share);
+            }
+            let lim = best * (1.0 + 1e-9);
+            let mut i = 0;
+            while i < active.len() {
+                let l = active[i];
+                let share = self.cap_rem[l as usize].max(0.0) / self.wsum[l as usize];
+                if share <= lim {
+                    for k in 0..self.link_subs[l as usize].len() {
+                        let s = self.link_subs[l as usize][k];
+                        if self.frozen[s as usize] == gen {
+                            continue;
+                        }
+                        self.frozen[s as usize] = gen;
+                        unfrozen -= 1;
+                        let w = self.subs[s as usize].weight;
+                        let rate = best * w;
+                        self.subs[s as usize].rate = rate;
+                        let sub = &self.subs[s as usize];
+                        for j in sub.path_start as usize..sub.path_start as usize + sub.path_len as usize {
+                            let l2 = self.paths[j] as usize;
+                            self.cap_rem[l2] -= rate;
+                            self.cnt[l2] -= 1;
+                            self.wsum[l2] -= w;
+                        }
+                    }
+                }
+                i += 1;
+            }
+            active.retain(|&l| self.cnt[l as usize] > 0);
+        }
+        for i in 0..self.comp_subs.len() {
+            let s = self.comp_subs[i];
+            let sub = &mut self.subs[s as usize];
+            sub.ver = sub.ver.wrapping_add(1);
+            let (rate, rem, ver) = (sub.rate, sub.remaining, sub.ver);
+            if rem <= 0.0 {
+                self.push(self.now, Ev::SubDone(s, ver));
+            } else if rate > 0.0 {
+                self.push(self.now + rem / rate, Ev::SubDone(s, ver));
+            }
+        }
+    }
+
+    fn result(&self) -> RunResult {
+        let stalled = self.done < self.dag.ops.len();
+        let makespan = if stalled { self.now } else { self.finish.iter().copied().fold(0.0, f64::max) };
+        RunResult {
+            makespan,
+            finish: self.finish.clone(),
+            stalled,
+            flows: self.subs.len(),
+            events: self.events,
+            replayed_bytes: self.replayed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fabric::FabricSpec;
+
+    fn fab(nodes: u32, nics: u32) -> Fabric {
+        let mut s = FabricSpec::new(nodes, 1, nics, 8.0); // 1 GB/s per NIC
+        s.nic_latency_us = 0.0;
+        s.nvlink_latency_us = 0.0;
+        Fabric::new(s).unwrap()
+    }
+
+    #[test]
+    fn two_flows_share_a_link_fairly() {
+        let f = fab(3, 1);
+        let mut dag = Dag::new();
+        let a = Endpoint::new(0, 0);
+        dag.add(Op::Transfer { src: a, dst: Endpoint::new(1, 0), bytes: 1e9, rails: 1, weight: 1.0 }, &[]);
+        dag.add(Op::Transfer { src: a, dst: Endpoint::new(2, 0), bytes: 2e9, rails: 1, weight: 1.0 }, &[]);
+        let r = simulate(&f, &dag, &[], &EngineConfig::with_repair(RepairMode::None)).unwrap();
+        // Both at 0.5 GB/s until the first finishes at 2 s, then the second alone: 1e9 left at 1 GB/s.
+        assert!((r.finish[0] - 2.0).abs() < 1e-9, "{:?}", r.finish);
+        assert!((r.finish[1] - 3.0).abs() < 1e-9, "{:?}", r.finish);
+    }
+
+    #[test]
+    fn dependencies_and_delays_chain() {
+        let f = fab(2, 1);
+        let mut dag = Dag::new();
+        let d = dag.add(Op::Delay(0.5), &[]);
+        let t = dag.add(
+            Op::Transfer { src: Endpoint::new(0, 0), dst: Endpoint::new(1, 0), bytes: 1e9, rails: 1, weight: 1.0 },
+            &[d],
+        );
+        dag.add(Op::Delay(0.25), &[t]);
+        let r = simulate(&f, &dag, &[], &EngineConfig::with_repair(RepairMode::None)).unwrap();
+        assert!((r.makespan - 1.75).abs() < 1e-9);
+    }
+
+    #[test]
+    fn failure_without_repair_stalls_and_with_repair_migrates() {
+        let f = fab(2, 2);
+        let mut dag = Dag::new();
+        dag.add(
+            Op::Transfer { src: Endpoint::new(0, 0), dst: Endpoint::new(1, 0), bytes: 1e9, rails: 1, weight: 1.0 },
+            &[],
+        );
+        let fail = [Failure::down_at(0, 0, 0.5)];
+        let r = simulate(&f, &dag, &fail, &EngineConfig::with_repair(RepairMode::None)).unwrap();
+        assert!(r.stalled);
+        let mut cfg = EngineConfig::with_repair(RepairMode::SingleBackup);
+        cfg.replay_chunk_bytes = 0.0;
+        let r = simulate(&f, &dag, &fail, &cfg).unwrap();
+        assert!(!r.stalled);
+        // 0.5 s at 1 GB/s, detection 5 ms stalled, then 0.5e9 on rail 1.
+        assert!((r.makespan - 1.005).abs() < 1e-9, "{}", r.makespan);
+    }
+
+    #[test]
+    fn nic_coming_back_resumes_a_stalled_flow() {
+        let f = fab(2, 1);
+        let mut dag = Dag::new();
+        dag.add(
+            Op::Transfer { src: Endpoint::new(0, 0), dst: Endpoint::new(1, 0), bytes: 1e9, rails: 1, weight: 1.0 },
+            &[],
+        );
+        let fail = [Failure { node: 1, rail: 0, kind: FailureKind::BlackHole, at_s: 0.25, until_s: Some(0.75) }];
+        let r = simulate(&f, &dag, &fail, &EngineConfig::with_repair(RepairMode::None)).unwrap();
+        assert!((r.makespan - 1.5).abs() < 1e-9, "{}", r.makespan);
+    }
+
+    #[test]
+    fn degraded_nic_slows_its_flows() {
+        let f = fab(2, 1);
+        let mut dag = Dag::new();
+        dag.add(
+            Op::Transfer { src: Endpoint::new(0, 0), dst: Endpoint::new(1, 0), bytes: 1e9, rails: 1, weight: 1.0 },
+            &[],
+        );
+        let fail =
+            [Failure { node: 0, rail: 0, kind: FailureKind::Degraded { fraction: 0.5 }, at_s: 0.0, until_s: None }];
+        let r = simulate(&f, &dag, &fail, &EngineConfig::with_repair(RepairMode::Spread)).unwrap();
+        assert!((r.makespan - 2.0).abs() < 1e-9, "{}", r.makespan);
+    }
+}
