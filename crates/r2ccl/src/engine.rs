@@ -10,9 +10,10 @@
 //! told to the other (bilateral awareness); the sender of each affected lane picks the next
 //! path of its backup chain and asks the receiver, which answers with the replay boundary
 //! min(sender done, what it holds) and starts listening on the new path; the sender then
-//! replays from that boundary. A receipt from the receiver completes a send, so a source
-//! region is never overwritten while a replay may still need it. Down paths are probed and
-//! traffic fails back when they answer.
+//! replays from that boundary. Sends from buffers that later steps overwrite go out of a
+//! private copy, and a collective finishes only when every receiver confirmed its bytes, so a
+//! replay always finds the bytes first sent. Down paths are probed and traffic fails back when
+//! they answer.
 
 use crate::ctrl::Ctrl;
 use r2ccl_algo::{Buf, RankSchedule, Region, StepKind};
@@ -156,6 +157,7 @@ struct Exec {
     by_recv: BTreeMap<TransferKey, usize>,
     ready: VecDeque<usize>,
     done: usize,
+    unacked: BTreeSet<TransferKey>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -274,13 +276,12 @@ impl Engine {
         let mut out = Vec::new();
         for (i, st) in x.state.iter().enumerate() {
             if *st == StepState::Running {
-                match x.sched.steps()[i].kind {
-                    StepKind::Send { peer, .. } => out.push(format!("send to {peer} (no receipt)")),
-                    StepKind::Recv { peer, .. } => out.push(format!("receive from {peer}")),
-                    _ => {}
+                if let StepKind::Recv { peer, .. } = x.sched.steps()[i].kind {
+                    out.push(format!("receive from {peer}"));
                 }
             }
         }
+        out.extend(x.unacked.iter().map(|k| format!("receipt of {k} from {}", k.dst)));
         out.truncate(8);
         out
     }
@@ -329,9 +330,18 @@ impl Engine {
         let n = sched.steps().len();
         let mut staging = vec![0u64; n];
         for (i, s) in sched.steps().iter().enumerate() {
-            if let StepKind::Recv { dst, reduce: true, .. } = s.kind {
-                staging[i] = end;
-                end += dst.len;
+            match s.kind {
+                StepKind::Recv { dst, reduce: true, .. } => {
+                    staging[i] = end;
+                    end += dst.len;
+                }
+                // Sends from buffers that later steps overwrite go out of a private copy, so
+                // a replay after a failure still finds the bytes that were first sent.
+                StepKind::Send { src, .. } if src.buf != Buf::Input => {
+                    staging[i] = end;
+                    end += src.len;
+                }
+                _ => {}
             }
         }
         let len = usize::try_from(end).map_err(|_| EngineError::BufferSize { got: usize::MAX, want: end })?;
@@ -390,6 +400,7 @@ impl Engine {
             by_recv,
             ready,
             done: 0,
+            unacked: BTreeSet::new(),
         });
         tracing::debug!(target: subsys::COLL, rank = %self.rank, seq, steps = n, "collective started");
         self.advance(now, t)
@@ -503,8 +514,18 @@ impl Engine {
                     if weights.iter().all(|&w| w == 0) {
                         weights.iter_mut().for_each(|w| *w = 1);
                     }
-                    let buf = Buffer { region: h, offset: region_abs(&base, &src) as usize, len: src.len };
+                    let mut offset = region_abs(&base, &src) as usize;
+                    if src.buf != Buf::Input {
+                        let ws = t.region_mut(h)?;
+                        let stage = x.staging[i] as usize;
+                        ws.copy_within(offset..offset + src.len as usize, stage);
+                        offset = stage;
+                    }
+                    x.unacked.insert(key);
+                    let buf = Buffer { region: h, offset, len: src.len };
                     self.session.start_send(now, t, key, buf, &weights)?;
+                    // The bytes are safe in the send buffer: later steps may reuse the region.
+                    self.complete_step(i);
                 }
                 StepKind::Recv { dst, reduce, .. } => {
                     let key = x.keys[i].ok_or(EngineError::BadRegion(dst))?;
@@ -515,7 +536,7 @@ impl Engine {
             }
         }
         self.process_session_events(now, t)?;
-        let finished = self.exec.as_ref().is_some_and(|x| x.done == x.state.len());
+        let finished = self.exec.as_ref().is_some_and(|x| x.done == x.state.len() && x.unacked.is_empty());
         if finished {
             if let Some(x) = self.exec.take() {
                 if let Some((r, n)) = x.sched.finalize {
@@ -761,9 +782,8 @@ impl Engine {
                     return Ok(());
                 }
                 self.session.release_send(key);
-                let step = self.exec.as_ref().and_then(|x| x.by_send.get(&key).copied());
-                if let Some(i) = step {
-                    self.complete_step(i);
+                if let Some(x) = &mut self.exec {
+                    x.unacked.remove(&key);
                 }
             }
         }

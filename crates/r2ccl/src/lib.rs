@@ -12,6 +12,7 @@
 
 pub mod agree;
 pub mod bootstrap;
+pub mod comm;
 pub mod ctrl;
 pub mod engine;
 pub mod metrics;

@@ -292,6 +292,8 @@ impl OobMesh {
                 writers.push(None);
                 continue;
             };
+            // Control messages are small and latency-bound: no Nagle delay.
+            s.set_nodelay(true).map_err(|source| OobError::Io { rank: peer as u32, source })?;
             let reader = s.try_clone().map_err(|source| OobError::Io { rank: peer as u32, source })?;
             // Heartbeat writes must not block forever on a dead peer's full buffer.
             s.set_write_timeout(Some(peer_timeout)).map_err(|source| OobError::Io { rank: peer as u32, source })?;

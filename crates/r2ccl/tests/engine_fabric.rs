@@ -1,7 +1,11 @@
 //! Engines of every rank over the in-memory fabric, driven in one thread with an instant
 //! control plane: collectives are bit-exact with and without NIC failures in the middle,
 //! and failures produce migrations, never errors, while every node keeps a NIC.
-#![allow(clippy::unwrap_used, clippy::needless_range_loop, reason = "test code: a panic is a failure; rank loops index several per-rank tables")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::needless_range_loop,
+    reason = "test code: a panic is a failure; rank loops index several per-rank tables"
+)]
 
 use proptest::prelude::*;
 use r2ccl::engine::{Engine, EngineConfig, EngineEvent};
@@ -88,10 +92,13 @@ impl Cluster {
 
     /// Run one collective on every rank; returns every rank's output.
     fn run(&mut self, seq: u64, coll: Collective, dtype: DType, count: u64, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        self.run_with(seq, ScheduleRequest::new(coll, dtype, count), inputs)
+    }
+
+    fn run_with(&mut self, seq: u64, req: ScheduleRequest, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
         let world = self.engines.len();
         let layout = Layout::uniform(self.nodes, self.rpn, self.nics).unwrap();
         let af = AlgoFabric::new(layout, HealthView::uniform(self.nodes, self.nics, 100_000)).unwrap();
-        let req = ScheduleRequest::new(coll, dtype, count);
         let mut out_lens = Vec::new();
         for r in 0..world {
             let sched = build_rank_schedule(&af, &req, Rank(r as u32)).unwrap();
@@ -160,6 +167,20 @@ fn allreduce_is_exact_without_faults() {
         assert!(o == &want);
     }
     assert_eq!(c.migrations(), 0);
+}
+
+#[test]
+fn latency_optimal_tree_and_tiny_sizes_are_exact() {
+    for world in [2u32, 3, 4] {
+        let mut c = Cluster::new(world, 1, 2, 7);
+        for (seq, count) in [(1u64, 2usize), (2, 1), (3, 0), (4, 33)] {
+            let inputs = inputs_f32(world as usize, count, seq as u32);
+            let req = ScheduleRequest::new(Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, count as u64)
+                .with_algorithm(r2ccl_algo::Algorithm::Tree);
+            let out = c.run_with(seq, req, &inputs);
+            assert!(out.iter().all(|o| o == &allreduce_expected(&inputs)), "world {world} count {count}");
+        }
+    }
 }
 
 #[test]

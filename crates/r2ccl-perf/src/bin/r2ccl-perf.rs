@@ -1,0 +1,400 @@
+//! r2ccl-perf: nccl-tests-style collective benchmark for r2ccl, and its `launch` mode that
+//! starts N local ranks (optionally with an injected NIC failure).
+#![allow(clippy::print_stdout, clippy::print_stderr, reason = "a command-line tool reports on the terminal")]
+
+use anyhow::{anyhow, bail, Context, Result};
+use r2ccl::comm::{CommOptions, Communicator};
+use r2ccl_algo::Collective;
+use r2ccl_core::kernels::{finalize_avg_bytes, reduce_bytes};
+use r2ccl_core::{DType, Rank, ReduceOp};
+use r2ccl_perf::args::{Coll, PerfArgs};
+use r2ccl_perf::report::{self, Measure, Report, Row};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "usage:
+  r2ccl-perf <collective> [flags]                 one rank, started by a launcher (mpirun, srun, torchrun, R2CCL_*)
+  r2ccl-perf launch -n N [--nics K] [--fail SPEC] [--duration S] <collective> [flags]
+                                                  start N ranks on this host over loopback (K NICs each)
+collectives: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv
+flags (as nccl-tests): -b MIN -e MAX -f FACTOR -i STEP -n ITERS -w WARMUP -c CHECK -o OP -d TYPE -r ROOT
+                       -N CYCLES (0 = timeline: run until --duration, print bus bandwidth every second) -T TIMEOUT --json FILE
+--fail SPEC is an R2CCL_FAULT spec, e.g. 'rank=1,nic=0,after_ms=1500,kind=down'";
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let result = match argv.first().map(String::as_str) {
+        Some("launch") => launch(&argv[1..]),
+        Some("-h" | "--help") | None => {
+            println!("{USAGE}");
+            Ok(true)
+        }
+        Some(_) => rank_main(&argv),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("r2ccl-perf: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `--duration` is ours: how long a timeline run (`-N 0`) lasts.
+fn split_duration(argv: &[String]) -> Result<(Vec<String>, Option<f64>)> {
+    let mut out = Vec::new();
+    let mut dur = None;
+    let mut it = argv.iter();
+    while let Some(a) = it.next() {
+        if a == "--duration" {
+            let v = it.next().ok_or_else(|| anyhow!("--duration needs seconds"))?;
+            dur = Some(v.parse::<f64>().map_err(|_| anyhow!("--duration: bad seconds `{v}`"))?);
+        } else {
+            out.push(a.clone());
+        }
+    }
+    Ok((out, dur))
+}
+
+fn launch(argv: &[String]) -> Result<bool> {
+    let mut n = 4u32;
+    let mut nics = 2usize;
+    let mut fail: Option<String> = None;
+    // Launch options come before the collective name; everything from it on goes to the ranks.
+    let mut it = argv.iter();
+    let mut rest = Vec::new();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-n" | "--ranks" => n = it.next().context("-n needs a number")?.parse().context("-n: not a number")?,
+            "--nics" => nics = it.next().context("--nics needs a number")?.parse().context("--nics: not a number")?,
+            "--fail" => fail = Some(it.next().context("--fail needs a spec")?.clone()),
+            _ => {
+                rest.push(a.clone());
+                rest.extend(it.by_ref().cloned());
+            }
+        }
+    }
+    if rest.is_empty() {
+        bail!("launch: name a collective after the launch options\n{USAGE}");
+    }
+    if n == 0 || n > 64 || nics == 0 || nics > 8 {
+        bail!("launch: -n must be 1..=64 and --nics 1..=8");
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let secret = r2ccl::bootstrap::Secret::generate()?.to_hex();
+    let exe = std::env::current_exe()?;
+    let nic_list = vec!["lo"; nics].join(",");
+    let mut children = Vec::new();
+    for r in 0..n {
+        let mut cmd = Command::new(&exe);
+        cmd.args(&rest)
+            .env("R2CCL_RANK", r.to_string())
+            .env("R2CCL_WORLD_SIZE", n.to_string())
+            .env("R2CCL_ROOT", format!("127.0.0.1:{port}"))
+            .env("R2CCL_SECRET", &secret)
+            .env("R2CCL_NICS", &nic_list)
+            .env("R2CCL_NODE", format!("node{r}"))
+            .env_remove("R2CCL_UNIQUE_ID");
+        if let Some(f) = &fail {
+            cmd.env("R2CCL_FAULT", f);
+        }
+        if r != 0 {
+            cmd.stdout(std::process::Stdio::null());
+        }
+        children.push(cmd.spawn().with_context(|| format!("starting rank {r}"))?);
+    }
+    let mut ok = true;
+    for (r, mut c) in children.into_iter().enumerate() {
+        let status = c.wait()?;
+        if !status.success() {
+            eprintln!("r2ccl-perf: rank {r} exited with {status}");
+            ok = false;
+        }
+    }
+    Ok(ok)
+}
+
+/// Element `i` of rank `r`'s input: small integers, so every reduction order gives the same
+/// floating-point result; `Prod` uses 1 and 2 so products stay exact.
+fn fill(dtype: DType, op: ReduceOp, rank: u32, seed: u64, elems: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(elems as usize * dtype.size());
+    for i in 0..elems {
+        let v = if op == ReduceOp::Prod {
+            1 + ((i + u64::from(rank) + seed) % 7 == 0) as i64
+        } else {
+            ((i.wrapping_mul(7) + u64::from(rank) * 13 + seed) % 17) as i64
+        };
+        match dtype {
+            DType::I8 => out.push(v as i8 as u8),
+            DType::U8 => out.push(v as u8),
+            DType::I32 => out.extend((v as i32).to_le_bytes()),
+            DType::U32 => out.extend((v as u32).to_le_bytes()),
+            DType::I64 => out.extend(v.to_le_bytes()),
+            DType::U64 => out.extend((v as u64).to_le_bytes()),
+            DType::F16 => out.extend(half::f16::from_f32(v as f32).to_le_bytes()),
+            DType::Bf16 => out.extend(half::bf16::from_f32(v as f32).to_le_bytes()),
+            DType::F32 => out.extend((v as f32).to_le_bytes()),
+            DType::F64 => out.extend((v as f64).to_le_bytes()),
+        }
+    }
+    out
+}
+
+struct Case {
+    coll: Collective,
+    count: u64,
+    bytes: u64,
+    input: Vec<u8>,
+    out_len: usize,
+    expected: Option<Vec<u8>>,
+}
+
+/// Build this rank's input and expected output for one size, with nccl-tests' size rules.
+fn case(c: Coll, dtype: DType, op: ReduceOp, args: &PerfArgs, (rank, world): (u32, u32), bytes: u64) -> Result<Case> {
+    let (root, check) = (args.root, args.check);
+    let es = dtype.size() as u64;
+    let p = u64::from(world);
+    let (coll, count) = match c {
+        Coll::AllReduce => (Collective::AllReduce { op }, bytes / es),
+        Coll::AllGather => (Collective::AllGather, bytes / es / p),
+        Coll::ReduceScatter => (Collective::ReduceScatter { op }, bytes / es / p),
+        Coll::Broadcast => (Collective::Broadcast { root: Rank(root) }, bytes / es),
+        Coll::Reduce => (Collective::Reduce { op, root: Rank(root) }, bytes / es),
+        Coll::AllToAll => (Collective::AlltoAll, bytes / es / p),
+        Coll::SendRecv => (Collective::SendRecv { src: Rank(0), dst: Rank(1 % world) }, bytes / es),
+    };
+    let (in_elems, out_elems) = match c {
+        Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::SendRecv => (count, count),
+        Coll::AllGather => (count, count * p),
+        Coll::ReduceScatter => (count * p, count),
+        Coll::AllToAll => (count * p, count * p),
+    };
+    let inputs: Vec<Vec<u8>> = (0..world).map(|r| fill(dtype, op, r, 0, in_elems)).collect();
+    let input = inputs[rank as usize].clone();
+    let blk = (count * es) as usize;
+    let reduce_all = |range: std::ops::Range<usize>| -> Result<Vec<u8>> {
+        let mut acc = inputs[0][range.clone()].to_vec();
+        for inp in &inputs[1..] {
+            reduce_bytes(dtype, op, &mut acc, &inp[range.clone()])?;
+        }
+        if op == ReduceOp::Avg {
+            finalize_avg_bytes(dtype, &mut acc, world)?;
+        }
+        Ok(acc)
+    };
+    let expected = if !check {
+        None
+    } else {
+        match c {
+            Coll::AllReduce => Some(reduce_all(0..blk)?),
+            Coll::Reduce => (rank == root).then(|| reduce_all(0..blk)).transpose()?,
+            Coll::ReduceScatter => Some(reduce_all(rank as usize * blk..(rank as usize + 1) * blk)?),
+            Coll::AllGather => Some(inputs.concat()),
+            Coll::Broadcast => Some(inputs[root as usize].clone()),
+            Coll::AllToAll => Some(
+                (0..world as usize)
+                    .flat_map(|i| inputs[i][rank as usize * blk..(rank as usize + 1) * blk].to_vec())
+                    .collect(),
+            ),
+            Coll::SendRecv => (rank == 1 % world).then(|| inputs[0].clone()),
+        }
+    };
+    Ok(Case { coll, count, bytes, input, out_len: (out_elems * es) as usize, expected })
+}
+
+fn wrong(dtype: DType, got: &[u8], want: &Option<Vec<u8>>) -> u64 {
+    let Some(want) = want else { return 0 };
+    if got.len() != want.len() {
+        return (want.len() / dtype.size()) as u64;
+    }
+    got.chunks(dtype.size()).zip(want.chunks(dtype.size())).filter(|(a, b)| a != b).count() as u64
+}
+
+fn rank_main(argv: &[String]) -> Result<bool> {
+    let coll: Coll = argv[0].parse().map_err(|e| anyhow!("{e}\n{USAGE}"))?;
+    let (flags, duration) = split_duration(&argv[1..])?;
+    let args = PerfArgs::parse(&flags).map_err(|e| anyhow!("{e}"))?;
+    let cfg = r2ccl_config::load()?;
+    let spec = r2ccl_log::LogSpec::parse(&cfg.log.level, &cfg.log.subsys, &cfg.log.file)?;
+    r2ccl_log::init(&spec)?;
+    if !cfg.metrics.addr.is_empty() {
+        r2ccl::metrics::install_prometheus(cfg.metrics.addr.parse()?)?;
+    }
+    let opts = CommOptions::from_env(cfg)?;
+    let (rank, world) = (opts.rank, opts.world);
+    if args.root >= world {
+        bail!("-r {}: root must be below the world size {world}", args.root);
+    }
+    let comm = Communicator::init(opts)?;
+    let timeout = if args.timeout_s == 0 { Duration::from_secs(120) } else { Duration::from_secs(args.timeout_s) };
+    let main = rank == 0;
+    if main {
+        println!(
+            "# r2ccl-perf {}: nranks {world} minBytes {} maxBytes {} step: {}({}) warmup iters: {} iters: {} validation: {}",
+            coll.name(),
+            args.min_bytes,
+            args.max_bytes,
+            if args.step_factor >= 2 { args.step_factor } else { args.step_bytes },
+            if args.step_factor >= 2 { "factor" } else { "bytes" },
+            args.warmup,
+            args.iters,
+            u8::from(args.check)
+        );
+        println!("#\n# Using ranks on nodes {:?}\n#", comm.node_of());
+    }
+    if args.cycles == 0 {
+        return timeline(&comm, coll, &args, duration.unwrap_or(10.0), timeout);
+    }
+    if main {
+        print!("{}", report::header());
+    }
+    let ops: Vec<ReduceOp> = if coll.has_op() { args.ops.clone() } else { vec![ReduceOp::Sum] };
+    let mut rows = Vec::new();
+    for _cycle in 0..args.cycles {
+        for &dtype in &args.dtypes {
+            for &op in &ops {
+                for bytes in args.sizes() {
+                    let c = case(coll, dtype, op, &args, (rank, world), bytes)?;
+                    let mut measures = Vec::new();
+                    for in_place in [false, true] {
+                        let out_init =
+                            if in_place && c.input.len() == c.out_len { c.input.clone() } else { vec![0u8; c.out_len] };
+                        let mut last = Vec::new();
+                        for _ in 0..args.warmup {
+                            last = comm
+                                .start(c.coll, dtype, c.count, c.input.clone(), out_init.clone(), timeout)?
+                                .wait()?
+                                .0;
+                        }
+                        let t = Instant::now();
+                        for _ in 0..args.iters {
+                            last = comm
+                                .start(c.coll, dtype, c.count, c.input.clone(), out_init.clone(), timeout)?
+                                .wait()?
+                                .0;
+                        }
+                        let secs = t.elapsed().as_secs_f64() / f64::from(args.iters);
+                        measures.push(Measure::new(coll, world, c.bytes, secs, wrong(dtype, &last, &c.expected)));
+                    }
+                    let row = Row {
+                        bytes: c.bytes,
+                        count: c.bytes / dtype.size() as u64,
+                        dtype,
+                        op: coll.has_op().then_some(op),
+                        root: coll.has_root().then_some(args.root),
+                        out_of_place: measures[0],
+                        in_place: measures[1],
+                    };
+                    if main {
+                        println!("{}", report::format_row(&row));
+                    }
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    let events: Vec<String> =
+        comm.take_events().into_iter().map(|e| format!("{:>7} ms  {}", e.at_ms, e.text)).collect();
+    let ok = report::wrong_total(&rows) == 0;
+    if main {
+        print!("{}", report::footer(&rows));
+        for e in &events {
+            println!("# event {e}");
+        }
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_string_pretty(&Report::new(coll, world, rows, events))?)?;
+        }
+    } else if !ok {
+        eprintln!("r2ccl-perf: rank {rank}: {} wrong elements", report::wrong_total(&rows));
+    }
+    Ok(ok)
+}
+
+/// `-N 0`: repeat the largest size, print bus bandwidth every second with the events of
+/// that second, until `duration` seconds passed (rank 0 decides and tells the others).
+fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, timeout: Duration) -> Result<bool> {
+    let (rank, world) = (comm.rank(), comm.world());
+    let dtype = args.dtypes[0];
+    let op = args.ops[0];
+    let c = case(coll, dtype, op, args, (rank, world), args.max_bytes)?;
+    let main = rank == 0;
+    let start = Instant::now();
+    let mut window = (Instant::now(), 0u32, 0.0f64);
+    let mut samples: Vec<(f64, f64, bool)> = Vec::new();
+    let mut wrong_total = 0;
+    let mut strategy;
+    let mut event_in_window = false;
+    let mut events_all = Vec::new();
+    if main {
+        println!("#  time(s)   busbw(GB/s)  strategy   events");
+    }
+    loop {
+        let t = Instant::now();
+        let (out, rep) = comm.start(c.coll, dtype, c.count, c.input.clone(), vec![0u8; c.out_len], timeout)?.wait()?;
+        let secs = t.elapsed().as_secs_f64();
+        wrong_total += wrong(dtype, &out, &c.expected);
+        strategy = rep.strategy;
+        window.1 += 1;
+        window.2 += secs;
+        let evs = comm.take_events();
+        if main {
+            for e in &evs {
+                println!("#   event {:>7} ms  {}", e.at_ms, e.text);
+            }
+        }
+        event_in_window |= !evs.is_empty();
+        events_all.extend(evs);
+        // Rank 0 decides when to stop; everyone follows (a 4-byte broadcast).
+        let stop_flag = u32::from(main && start.elapsed().as_secs_f64() >= duration);
+        let mut flag = [0u8; 4];
+        comm.run(Collective::Broadcast { root: Rank(0) }, DType::U32, 1, &stop_flag.to_le_bytes(), &mut flag)?;
+        if window.0.elapsed() >= Duration::from_secs(1) || u32::from_le_bytes(flag) == 1 {
+            let busbw = Measure::new(coll, world, c.bytes, window.2 / f64::from(window.1.max(1)), 0).busbw;
+            let at = start.elapsed().as_secs_f64();
+            if main {
+                println!("{at:>10.1} {busbw:>13.3}  {strategy:<10} {}", if event_in_window { "failover" } else { "" });
+            }
+            samples.push((at, busbw, event_in_window));
+            window = (Instant::now(), 0, 0.0);
+            event_in_window = false;
+        }
+        if u32::from_le_bytes(flag) == 1 {
+            break;
+        }
+    }
+    if main {
+        let first_event = samples.iter().position(|s| s.2);
+        let avg = |s: &[(f64, f64, bool)]| {
+            if s.is_empty() {
+                0.0
+            } else {
+                s.iter().map(|x| x.1).sum::<f64>() / s.len() as f64
+            }
+        };
+        match first_event {
+            Some(i) => {
+                let last_event = samples.iter().rposition(|s| s.2).unwrap_or(i);
+                println!(
+                    "# bus bandwidth before the failure {:.3} GB/s, during {:.3} GB/s, after {:.3} GB/s (strategy {strategy})",
+                    avg(&samples[..i]),
+                    avg(&samples[i..=last_event]),
+                    avg(&samples[last_event + 1..])
+                );
+            }
+            None => println!("# bus bandwidth {:.3} GB/s, no failover (strategy {strategy})", avg(&samples)),
+        }
+        println!("# Out of bounds values : {wrong_total} {}", if wrong_total == 0 { "OK" } else { "FAILED" });
+        println!("# Avg bus bandwidth    : {:.4} \n#", avg(&samples));
+        if let Some(path) = &args.json {
+            let ev: Vec<String> = events_all.iter().map(|e| format!("{} ms {}", e.at_ms, e.text)).collect();
+            std::fs::write(
+                path,
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"timeline": samples, "events": ev, "wrong": wrong_total}),
+                )?,
+            )?;
+        }
+    }
+    Ok(wrong_total == 0)
+}

@@ -1,0 +1,124 @@
+//! Multi-process runs of r2ccl-perf over UCX on loopback: every collective and data type,
+//! software-injected NIC failures, and bounded errors.
+#![allow(clippy::unwrap_used, reason = "a panic here is a test failure with a message")]
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn perf(args: &[&str], env: &[(&str, &str)]) -> (Output, Duration) {
+    let start = Instant::now();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_r2ccl-perf"));
+    cmd.args(args).env("R2CCL_DEBUG", "ERROR");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (out, start.elapsed())
+}
+
+fn text(o: &Output) -> String {
+    format!("{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn every_collective_is_exact_on_four_ranks() {
+    for coll in ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv"] {
+        let (o, _) = perf(
+            &[
+                "launch", "-n", "4", "--nics", "2", coll, "-b", "4K", "-e", "256K", "-f", "8", "-n", "2", "-w", "1",
+                "-r", "1",
+            ],
+            &[],
+        );
+        let t = text(&o);
+        assert!(o.status.success(), "{coll}: {t}");
+        assert!(t.contains("# Out of bounds values : 0 OK"), "{coll}: {t}");
+    }
+}
+
+#[test]
+fn every_dtype_and_op_is_exact() {
+    let (o, _) = perf(
+        &[
+            "launch",
+            "-n",
+            "3",
+            "--nics",
+            "1",
+            "all_reduce",
+            "-b",
+            "3K",
+            "-e",
+            "3K",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "-d",
+            "all",
+            "-o",
+            "all",
+        ],
+        &[],
+    );
+    let t = text(&o);
+    assert!(o.status.success() && t.contains("# Out of bounds values : 0 OK"), "{t}");
+    assert_eq!(t.lines().filter(|l| l.trim_start().starts_with("3072")).count(), 50, "10 types x 5 ops: {t}");
+}
+
+#[test]
+fn nic_failure_mid_run_is_repaired_and_exact() {
+    let (o, _) = perf(
+        &[
+            "launch",
+            "-n",
+            "4",
+            "--nics",
+            "2",
+            "--fail",
+            "rank=1,nic=0,after_bytes=8M,kind=down",
+            "all_reduce",
+            "-b",
+            "4M",
+            "-e",
+            "4M",
+            "-n",
+            "6",
+            "-w",
+            "1",
+        ],
+        &[],
+    );
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("# Out of bounds values : 0 OK"), "{t}");
+    assert!(t.contains("failover"), "a failover event is reported: {t}");
+}
+
+#[test]
+fn bad_arguments_are_one_line_errors() {
+    let (o, _) = perf(&["all_reduce", "-x", "1"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("unknown flag `-x`"));
+    let (o, _) =
+        perf(&["launch", "-n", "2", "all_reduce", "-n", "1", "-w", "0"], &[("R2CCL_FAULT", "nic=zero,kind=down")]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("R2CCL_FAULT"), "{}", text(&o));
+}
+
+#[test]
+fn a_rank_without_peers_times_out_cleanly() {
+    let (o, took) = perf(
+        &["all_reduce", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0"],
+        &[
+            ("R2CCL_RANK", "1"),
+            ("R2CCL_WORLD_SIZE", "2"),
+            ("R2CCL_ROOT", "127.0.0.1:9"),
+            ("R2CCL_SECRET", "000102030405060708090a0b0c0d0e0f"),
+            ("R2CCL_BOOTSTRAP__CONNECT_TIMEOUT_MS", "1500"),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("bootstrap"), "{}", text(&o));
+    assert!(took < Duration::from_secs(15), "bounded: {took:?}");
+}

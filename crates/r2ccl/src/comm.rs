@@ -1,0 +1,915 @@
+//! The communicator: bootstrap, OOB mesh, UCX transport and the engine, driven by one
+//! progress thread per communicator; callers talk to it over crossbeam channels.
+//!
+//! Init: rendezvous at rank 0 (node names and OOB addresses), the authenticated OOB mesh,
+//! node numbering from the node names, one UCX context per data NIC, an allgather of UCX
+//! addresses over the OOB mesh, then the engine. Every step has a deadline.
+//!
+//! Per collective: the schedule is planned from the health view agreed in the previous
+//! round (every rank contributes its local view at the start of each collective, off the
+//! critical path; the next collective uses the merge, so every rank plans from the same
+//! view), the arguments are checked against the ring neighbour's, and the engine runs the
+//! schedule. NIC failures are repaired under the call; a lost peer, an abort or mismatched
+//! arguments end the call with an error naming them.
+
+use crate::agree::{decode_view, encode_view, Agreement};
+use crate::bootstrap::{join, LaunchInfo, PeerInfo, Root, Secret};
+use crate::engine::{Engine, EngineConfig, EngineEvent};
+use crate::oob::{Channel, OobEvent, OobMesh};
+use crossbeam_channel::{Receiver, Sender};
+use r2ccl_algo::{build_rank_schedule, Algorithm, Collective, Fabric, Layout, ScheduleRequest, Strategy};
+use r2ccl_config::Config;
+use r2ccl_core::{subsys, DType, HealthView, NicId, NodeId, Rank};
+use r2ccl_transport::{SessionConfig, Topology};
+use r2ccl_ucx::{ContextConfig, UcxTransport, UcxTransportConfig};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Why a communicator call failed. Every variant says what was seen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommError {
+    /// Bootstrap or OOB setup failed.
+    #[error("bootstrap: {0}")]
+    Bootstrap(String),
+    /// The transport could not be set up.
+    #[error("transport setup: {0}")]
+    Transport(String),
+    /// Invalid options or arguments.
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    /// A peer process is gone (its OOB connection closed or went silent).
+    #[error("rank {rank} is lost: {why}")]
+    PeerLost {
+        /// The lost rank.
+        rank: u32,
+        /// What was seen.
+        why: String,
+    },
+    /// Ranks called the collective with different arguments.
+    #[error("collective arguments differ across ranks: {0}")]
+    Mismatch(String),
+    /// The collective did not finish by its deadline.
+    #[error("collective #{seq} timed out after {waited_ms} ms; waiting on: {waiting}")]
+    Timeout {
+        /// Collective sequence number.
+        seq: u64,
+        /// How long it ran.
+        waited_ms: u64,
+        /// What it was waiting for.
+        waiting: String,
+    },
+    /// The engine failed (for example a node lost every NIC).
+    #[error("collective #{seq} failed: {why}")]
+    Failed {
+        /// Collective sequence number.
+        seq: u64,
+        /// Why.
+        why: String,
+    },
+    /// The communicator was aborted (locally or by a peer).
+    #[error("communicator aborted: {0}")]
+    Aborted(String),
+}
+
+/// How to start a communicator.
+#[derive(Clone, Debug)]
+pub struct CommOptions {
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world: u32,
+    /// `host:port` of rank 0's rendezvous listener (rank 0 binds it).
+    pub root: String,
+    /// The job secret.
+    pub secret: Secret,
+    /// Node identity (ranks with the same name share NICs).
+    pub node: String,
+    /// Data NIC interface names, by rail.
+    pub nics: Vec<String>,
+    /// Validated configuration (deadlines, chunking, detection timing).
+    pub config: Config,
+    /// Read `R2CCL_FAULT` for software fault injection.
+    pub env_faults: bool,
+}
+
+impl CommOptions {
+    /// Options from the launcher environment (`R2CCL_UNIQUE_ID`, `R2CCL_*`, OpenMPI, Slurm,
+    /// torchrun) and the loaded configuration. Data NICs default to `lo` when none are
+    /// configured (single-host runs); node identity defaults to the host name.
+    pub fn from_env(config: Config) -> Result<Self, CommError> {
+        let launch = LaunchInfo::from_process_env().map_err(|e| CommError::Invalid(e.to_string()))?;
+        if launch.secret_is_derived {
+            tracing::warn!(target: subsys::BOOTSTRAP, "no R2CCL_SECRET or unique id: using a secret derived from the job id");
+        }
+        let node = if config.bootstrap.node.is_empty() { r2ccl_log_host() } else { config.bootstrap.node.clone() };
+        let nics = if config.transport.nics.is_empty() { vec!["lo".to_owned()] } else { config.transport.nics.clone() };
+        Ok(Self {
+            rank: launch.rank,
+            world: launch.world_size,
+            root: launch.root,
+            secret: launch.secret,
+            node,
+            nics,
+            config,
+            env_faults: true,
+        })
+    }
+}
+
+fn r2ccl_log_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+/// What a finished collective reports besides its data.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CollReport {
+    /// Collective sequence number.
+    pub seq: u64,
+    /// Strategy the plan chose.
+    pub strategy: &'static str,
+    /// Health epoch the plan used.
+    pub epoch: u64,
+    /// Wall time inside the progress thread.
+    pub seconds: f64,
+}
+
+/// A failover or health event, rendered for logs and tools.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommEvent {
+    /// Milliseconds since the communicator started.
+    pub at_ms: u64,
+    /// One line describing it.
+    pub text: String,
+}
+
+enum Req {
+    Coll {
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        input: Vec<u8>,
+        output: Vec<u8>,
+        reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
+    },
+    Abort(String),
+    Shutdown,
+}
+
+/// A communicator of `world` ranks. Cheap to call from one thread; the work happens on its
+/// progress thread.
+pub struct Communicator {
+    rank: u32,
+    world: u32,
+    node_of: Vec<u32>,
+    tx: Sender<Req>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    error: Mutex<Option<CommError>>,
+    events: Mutex<Vec<CommEvent>>,
+}
+
+/// A collective started with [`Communicator::start`].
+pub struct Handle {
+    rx: Receiver<Result<(Vec<u8>, CollReport), CommError>>,
+    deadline: Duration,
+}
+
+impl Handle {
+    /// Wait for completion (bounded by the collective deadline plus a margin).
+    pub fn wait(self) -> Result<(Vec<u8>, CollReport), CommError> {
+        self.rx
+            .recv_timeout(self.deadline + Duration::from_secs(5))
+            .unwrap_or_else(|_| Err(CommError::Aborted("the progress thread stopped answering".into())))
+    }
+
+    /// The result if the collective finished, without waiting.
+    pub fn test(&self) -> Option<Result<(Vec<u8>, CollReport), CommError>> {
+        self.rx.try_recv().ok()
+    }
+}
+
+impl Communicator {
+    /// Start a communicator; returns when every rank is connected or with a bounded error.
+    pub fn init(opts: CommOptions) -> Result<Self, CommError> {
+        if opts.world == 0 || opts.rank >= opts.world {
+            return Err(CommError::Invalid(format!("rank {} of world {}", opts.rank, opts.world)));
+        }
+        if opts.nics.is_empty() {
+            return Err(CommError::Invalid("no data NICs".into()));
+        }
+        let (rank, world) = (opts.rank, opts.world);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (init_tx, init_rx) = crossbeam_channel::bounded(1);
+        let shared = Arc::new(Shared::default());
+        let sh = shared.clone();
+        let connect_timeout = Duration::from_millis(opts.config.bootstrap.connect_timeout_ms);
+        let thread = std::thread::Builder::new()
+            .name(format!("r2ccl-progress-{}", opts.rank))
+            .spawn(move || match Progress::init(opts, sh) {
+                Ok(p) => {
+                    let _ = init_tx.send(Ok(p.node_of.clone()));
+                    p.run(&rx);
+                }
+                Err(e) => {
+                    let _ = init_tx.send(Err(e));
+                }
+            })
+            .map_err(|e| CommError::Bootstrap(format!("cannot start the progress thread: {e}")))?;
+        let node_of = init_rx
+            .recv_timeout(connect_timeout * 2 + Duration::from_secs(5))
+            .map_err(|_| CommError::Bootstrap("initialisation did not finish by its deadline".into()))??;
+        Ok(Self { rank, world, node_of, tx, thread: Some(thread), shared })
+    }
+
+    /// This rank.
+    pub const fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub const fn world(&self) -> u32 {
+        self.world
+    }
+
+    /// Node index of every rank.
+    pub fn node_of(&self) -> &[u32] {
+        &self.node_of
+    }
+
+    /// Start a collective without waiting. `input` is this rank's send buffer and `output`
+    /// the receive buffer's current contents, sized as the collective needs (see
+    /// [`r2ccl_algo::Collective`]).
+    pub fn start(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        input: Vec<u8>,
+        output: Vec<u8>,
+        deadline: Duration,
+    ) -> Result<Handle, CommError> {
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        let (reply, rx) = crossbeam_channel::bounded(1);
+        self.tx
+            .send(Req::Coll { coll, dtype, count, input, output, reply })
+            .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
+        Ok(Handle { rx, deadline })
+    }
+
+    /// Run a collective and wait for it: `output` receives the result.
+    pub fn run(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<CollReport, CommError> {
+        let h = self.start(coll, dtype, count, input.to_vec(), output.to_vec(), Duration::from_secs(120))?;
+        let (out, report) = h.wait()?;
+        if out.len() != output.len() {
+            return Err(CommError::Invalid(format!("output of {} bytes for a buffer of {}", out.len(), output.len())));
+        }
+        output.copy_from_slice(&out);
+        Ok(report)
+    }
+
+    /// AllReduce of `count` elements of `dtype` (in place when `input` and `output` hold the same bytes).
+    pub fn all_reduce(
+        &self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DType,
+        op: r2ccl_core::ReduceOp,
+    ) -> Result<CollReport, CommError> {
+        let count = (input.len() / dtype.size()) as u64;
+        self.run(Collective::AllReduce { op }, dtype, count, input, output)
+    }
+
+    /// The communicator's asynchronous error, if one happened (a lost peer, an abort).
+    pub fn async_error(&self) -> Option<CommError> {
+        self.shared.error.lock().ok().and_then(|e| e.clone())
+    }
+
+    /// Failover and health events since the last call.
+    pub fn take_events(&self) -> Vec<CommEvent> {
+        self.shared.events.lock().map(|mut e| std::mem::take(&mut *e)).unwrap_or_default()
+    }
+
+    /// Abort: every rank's running and future collectives fail with `reason`. Never blocks on peers.
+    pub fn abort(&self, reason: &str) {
+        let _ = self.tx.send(Req::Abort(reason.to_owned()));
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Req::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Local address to bind the OOB listener on: the address this host uses to reach the root.
+fn oob_bind_addr(root: &str) -> IpAddr {
+    let target = root.to_socket_addrs().ok().and_then(|mut a| a.next());
+    match target {
+        Some(SocketAddr::V4(a)) if a.ip().is_loopback() => IpAddr::from([127, 0, 0, 1]),
+        Some(a) => std::net::UdpSocket::bind(if a.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })
+            .and_then(|s| s.connect(a).and_then(|()| s.local_addr()))
+            .map_or(IpAddr::from([127, 0, 0, 1]), |l| l.ip()),
+        None => IpAddr::from([127, 0, 0, 1]),
+    }
+}
+
+struct Progress {
+    rank: u32,
+    world: u32,
+    node_of: Vec<u32>,
+    nics: usize,
+    mesh: OobMesh,
+    transport: UcxTransport,
+    engine: Engine,
+    shared: Arc<Shared>,
+    start: Instant,
+    cfg: Config,
+    agreed: HealthView,
+    agreement: Option<Agreement>,
+    stash: BTreeMap<u64, Vec<(u32, HealthView)>>,
+    seq: u64,
+    descs: BTreeMap<u64, String>,
+    peer_descs: BTreeMap<u64, String>,
+    broken: Option<CommError>,
+    departed: std::collections::BTreeSet<u32>,
+}
+
+struct Current {
+    seq: u64,
+    reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
+    out_len: usize,
+    strategy: &'static str,
+    epoch: u64,
+    started: Instant,
+    deadline: Instant,
+}
+
+impl Progress {
+    fn init(opts: CommOptions, shared: Arc<Shared>) -> Result<Self, CommError> {
+        let cfg = opts.config.clone();
+        let deadline = Instant::now() + Duration::from_millis(cfg.bootstrap.connect_timeout_ms);
+        let bind_ip = oob_bind_addr(&opts.root);
+        let oob = TcpListener::bind((bind_ip, 0))
+            .map_err(|e| CommError::Bootstrap(format!("OOB listener on {bind_ip}: {e}")))?;
+        let oob_addr = oob.local_addr().map_err(|e| CommError::Bootstrap(e.to_string()))?.to_string();
+        let me = PeerInfo {
+            rank: opts.rank,
+            node: opts.node.clone(),
+            oob_addr,
+            blob: (opts.nics.len() as u32).to_le_bytes().to_vec(),
+        };
+        let table = if opts.rank == 0 {
+            let addr = opts
+                .root
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut a| a.next())
+                .ok_or_else(|| CommError::Invalid(format!("cannot resolve rendezvous address {}", opts.root)))?;
+            let root = Root::bind(addr, opts.secret.clone()).map_err(|e| CommError::Bootstrap(e.to_string()))?;
+            let (table, stats) = root.run(opts.world, me, deadline).map_err(|e| CommError::Bootstrap(e.to_string()))?;
+            if stats.rejected > 0 {
+                crate::metrics::count_rejected("bootstrap", stats.rejected);
+            }
+            table
+        } else {
+            join(&opts.root, &opts.secret, opts.world, me, deadline).map_err(|e| CommError::Bootstrap(e.to_string()))?
+        };
+        // Node numbering: by first appearance in rank order, identical on every rank.
+        let mut names: Vec<&str> = Vec::new();
+        let node_of: Vec<u32> = table
+            .iter()
+            .map(|p| match names.iter().position(|n| *n == p.node) {
+                Some(i) => i as u32,
+                None => {
+                    names.push(&p.node);
+                    (names.len() - 1) as u32
+                }
+            })
+            .collect();
+        let nic_counts: Vec<u32> =
+            table.iter().map(|p| p.blob.get(..4).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect();
+        if nic_counts.iter().any(|&k| k as usize != opts.nics.len()) {
+            return Err(CommError::Invalid(format!("ranks disagree on the number of data NICs: {nic_counts:?}")));
+        }
+        let mesh = OobMesh::establish(
+            oob,
+            opts.rank,
+            &table,
+            &opts.secret,
+            Duration::from_millis(cfg.bootstrap.peer_timeout_ms),
+            deadline,
+        )
+        .map_err(|e| CommError::Bootstrap(e.to_string()))?;
+        let node = NodeId(node_of[opts.rank as usize]);
+        let mut ucfg = UcxTransportConfig {
+            rank: Rank(opts.rank),
+            node,
+            nics: opts.nics.iter().map(|d| ContextConfig::tcp(d.clone())).collect(),
+            faults: Vec::new(),
+            link_monitor: true,
+        };
+        if opts.env_faults {
+            ucfg = ucfg.with_env_faults().map_err(|e| CommError::Invalid(format!("R2CCL_FAULT: {e}")))?;
+        }
+        let mut transport = UcxTransport::open(ucfg).map_err(|e| CommError::Transport(e.to_string()))?;
+        let blob = transport.local_address_blob().map_err(|e| CommError::Transport(e.to_string()))?;
+        // Allgather of UCX addresses over the OOB mesh.
+        mesh.broadcast(Channel::Control, &blob);
+        let mut blobs: Vec<Option<Vec<u8>>> = vec![None; opts.world as usize];
+        blobs[opts.rank as usize] = Some(blob);
+        while blobs.iter().any(Option::is_none) {
+            match mesh.recv_deadline(deadline) {
+                Some(OobEvent::Message { from, channel: Channel::Control, payload }) => {
+                    if let Some(b) = blobs.get_mut(from as usize) {
+                        *b = Some(payload);
+                    }
+                }
+                Some(OobEvent::PeerLost { rank, why }) => return Err(CommError::PeerLost { rank, why }),
+                Some(_) => {}
+                None => {
+                    let missing: Vec<usize> =
+                        blobs.iter().enumerate().filter(|(_, b)| b.is_none()).map(|(i, _)| i).collect();
+                    return Err(CommError::Bootstrap(format!(
+                        "no transport address from rank(s) {missing:?} by the deadline"
+                    )));
+                }
+            }
+        }
+        let blobs: Vec<Vec<u8>> = blobs.into_iter().flatten().collect();
+        transport.connect_peers(&blobs).map_err(|e| CommError::Transport(e.to_string()))?;
+        let nodes = names.len();
+        let nics = opts.nics.len();
+        let topo = transport_topology(&node_of, nics)?;
+        let ecfg = EngineConfig {
+            comm: 1,
+            session: SessionConfig {
+                chunk_size: u32::try_from(cfg.transport.chunk_bytes).unwrap_or(1 << 20),
+                window: cfg.transport.max_inflight_chunks,
+                ..SessionConfig::default()
+            },
+            stall_timeout: Duration::from_millis(cfg.detect.progress_margin_ms.max(1) * 5),
+            probe_interval: Duration::from_millis(cfg.detect.probe_interval_ms),
+            migrate_retry: Duration::from_millis(cfg.detect.oob_retry_ms.max(10)),
+        };
+        let engine =
+            Engine::new(Rank(opts.rank), opts.world, ecfg, topo).map_err(|e| CommError::Transport(e.to_string()))?;
+        let agreed = HealthView::uniform(nodes, nics, 100_000);
+        for n in 0..nodes {
+            for r in 0..nics {
+                crate::metrics::set_nic_up(&format!("node{n}"), &format!("nic{r}"), true);
+            }
+        }
+        tracing::info!(target: subsys::INIT, rank = opts.rank, world = opts.world, nodes, nics, "communicator ready");
+        Ok(Self {
+            rank: opts.rank,
+            world: opts.world,
+            node_of,
+            nics,
+            mesh,
+            transport,
+            engine,
+            shared,
+            start: Instant::now(),
+            cfg,
+            agreed,
+            agreement: None,
+            stash: BTreeMap::new(),
+            seq: 0,
+            descs: BTreeMap::new(),
+            peer_descs: BTreeMap::new(),
+            broken: None,
+            departed: std::collections::BTreeSet::new(),
+        })
+    }
+}
+
+/// The transport topology: every node has `nics` NICs; each NIC's backup chain is the
+/// node's other NICs in rail order, starting after it.
+fn transport_topology(node_of: &[u32], nics: usize) -> Result<Topology, CommError> {
+    let nodes = node_of.iter().max().map_or(0, |&m| m as usize + 1);
+    let k = u16::try_from(nics).map_err(|_| CommError::Invalid(format!("{nics} NICs")))?;
+    let mut chains = BTreeMap::new();
+    for n in 0..nodes as u32 {
+        for r in 0..k {
+            let chain = (1..k).map(|d| NicId::new(n, (r + d) % k)).collect();
+            chains.insert(NicId::new(n, r), chain);
+        }
+    }
+    Topology::new(node_of.iter().map(|&n| NodeId(n)).collect(), vec![k; nodes], chains)
+        .map_err(|e| CommError::Invalid(e.to_string()))
+}
+
+const ABORT_MISMATCH: u8 = 1;
+const ABORT_REASON: u8 = 2;
+/// A rank is done with the communicator and leaves; its disconnect is not a failure.
+const DEPART: u8 = 3;
+
+impl Progress {
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    fn note(&self, text: String) {
+        tracing::info!(target: subsys::NET, rank = self.rank, "{text}");
+        if let Ok(mut e) = self.shared.events.lock() {
+            e.push(CommEvent { at_ms: self.start.elapsed().as_millis() as u64, text });
+        }
+    }
+
+    fn set_broken(&mut self, e: CommError) {
+        if self.broken.is_none() {
+            tracing::error!(target: subsys::COLL, rank = self.rank, error = %e, "communicator broken");
+            if let Ok(mut slot) = self.shared.error.lock() {
+                *slot = Some(e.clone());
+            }
+            self.broken = Some(e);
+        }
+    }
+
+    fn fail(&mut self, current: &mut Option<Current>, e: CommError) {
+        if let Some(c) = current.take() {
+            self.engine.abandon();
+            let _ = c.reply.send(Err(e));
+        }
+    }
+
+    fn local_view(&self) -> HealthView {
+        let mut v = self.agreed.clone();
+        for nic in self.engine.down_nics() {
+            let _ = v.set_failed(*nic);
+        }
+        v
+    }
+
+    fn layout(&self) -> Result<Layout, CommError> {
+        Layout::from_rank_nodes(self.node_of.iter().map(|&n| NodeId(n)).collect(), self.nics)
+            .map_err(|e| CommError::Invalid(e.to_string()))
+    }
+
+    fn run(mut self, rx: &Receiver<Req>) {
+        let mut current: Option<Current> = None;
+        let mut queue: std::collections::VecDeque<Req> = std::collections::VecDeque::new();
+        loop {
+            let idle = current.is_none() && queue.is_empty();
+            let wait = if idle { Duration::from_millis(1) } else { Duration::ZERO };
+            match rx.recv_timeout(wait) {
+                Ok(Req::Shutdown) | Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    self.depart(&mut current);
+                    return;
+                }
+                Ok(Req::Abort(reason)) => {
+                    let mut msg = vec![ABORT_REASON];
+                    msg.extend_from_slice(reason.as_bytes());
+                    self.mesh.broadcast(Channel::Abort, &msg);
+                    let e = CommError::Aborted(reason);
+                    self.set_broken(e.clone());
+                    self.fail(&mut current, e);
+                }
+                Ok(req) => queue.push_back(req),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            }
+            if current.is_none() {
+                if let Some(req) = queue.front() {
+                    if let Some(e) = self.broken.clone() {
+                        if let Some(Req::Coll { reply, .. }) = queue.pop_front() {
+                            let _ = reply.send(Err(e));
+                        }
+                    } else if self.ready_to_plan(matches!(req, Req::Coll { .. })) {
+                        if let Some(Req::Coll { coll, dtype, count, input, output, reply }) = queue.pop_front() {
+                            current = self.start_coll(coll, dtype, count, &input, &output, reply);
+                        }
+                    }
+                }
+            }
+            while let Some(ev) = self.mesh.recv_deadline(Instant::now()) {
+                self.on_oob(ev, &mut current);
+            }
+            let now = self.now();
+            if let Err(e) = self.engine.drive(now, &mut self.transport) {
+                let seq = current.as_ref().map_or(0, |c| c.seq);
+                self.fail(&mut current, CommError::Failed { seq, why: e.to_string() });
+            }
+            self.flush_engine();
+            if let Some(c) = &current {
+                if self.engine.take_finished() == Some(c.seq) {
+                    if let Some(c) = current.take() {
+                        let out = self.engine.output(&self.transport, c.out_len);
+                        let secs = c.started.elapsed().as_secs_f64();
+                        crate::metrics::record_collective("collective", c.strategy, secs);
+                        let report = CollReport { seq: c.seq, strategy: c.strategy, epoch: c.epoch, seconds: secs };
+                        let _ = c.reply.send(
+                            out.map(|o| (o, report)).map_err(|e| CommError::Failed { seq: c.seq, why: e.to_string() }),
+                        );
+                    }
+                } else if Instant::now() > c.deadline {
+                    let waiting = self.engine.waiting().join("; ");
+                    let e =
+                        CommError::Timeout { seq: c.seq, waited_ms: c.started.elapsed().as_millis() as u64, waiting };
+                    self.fail(&mut current, e);
+                }
+            }
+            if !idle && current.is_some() {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Leave: tell every peer, then keep serving them (acknowledgements of their last
+    /// transfers) until each has left too or the peer timeout passes.
+    fn depart(&mut self, current: &mut Option<Current>) {
+        self.fail(current, CommError::Aborted("communicator destroyed".into()));
+        self.mesh.broadcast(Channel::Abort, &[DEPART]);
+        self.departed.insert(self.rank);
+        let deadline = Instant::now() + Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms);
+        while (self.departed.len() as u32) < self.world && Instant::now() < deadline {
+            while let Some(ev) = self.mesh.recv_deadline(Instant::now() + Duration::from_millis(1)) {
+                self.on_oob(ev, current);
+            }
+            let now = self.now();
+            let _ = self.engine.drive(now, &mut self.transport);
+            self.flush_engine();
+        }
+    }
+
+    /// Whether the previous round's views are all in (so the next plan can be made).
+    fn ready_to_plan(&mut self, is_coll: bool) -> bool {
+        if !is_coll {
+            return true;
+        }
+        match &self.agreement {
+            None => true,
+            Some(a) => a.is_complete(),
+        }
+    }
+
+    fn start_coll(
+        &mut self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        input: &[u8],
+        output: &[u8],
+        reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
+    ) -> Option<Current> {
+        // Adopt the view agreed in the previous round.
+        if let Some(a) = self.agreement.take() {
+            if let Some(mut v) = a.result() {
+                let changed = v.failed_nics() != self.agreed.failed_nics() || v.nodes() != self.agreed.nodes();
+                if changed {
+                    v.set_epoch(self.agreed.epoch().next());
+                    crate::metrics::record_epoch(v.epoch().0);
+                    for nic in v.failed_nics() {
+                        crate::metrics::set_nic_up(
+                            &format!("node{}", nic.node.0),
+                            &format!("nic{}", nic.rail.0),
+                            false,
+                        );
+                    }
+                    self.note(format!(
+                        "health {}: failed NICs {:?}; re-planning",
+                        v.epoch(),
+                        v.failed_nics().iter().map(ToString::to_string).collect::<Vec<_>>()
+                    ));
+                    self.agreed = v;
+                }
+            }
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        // Contribute this rank's view to round `seq` (used by collective seq + 1).
+        let local = self.local_view();
+        self.mesh.broadcast(Channel::Agree, &encode_view(seq, &local));
+        let mut a = Agreement::new(seq, self.rank, self.world, local);
+        for (from, v) in self.stash.remove(&seq).unwrap_or_default() {
+            let _ = a.handle_view(from, seq, &v);
+        }
+        self.agreement = Some(a);
+        self.stash.retain(|&r, _| r > seq);
+        // Argument check with the ring neighbour.
+        let desc = format!("{coll:?} {dtype} count={count}");
+        let mut msg = seq.to_le_bytes().to_vec();
+        msg.extend_from_slice(desc.as_bytes());
+        if self.world > 1 {
+            let _ = self.mesh.send((self.rank + 1) % self.world, Channel::Control, &msg);
+        }
+        let prev = (self.rank + self.world - 1) % self.world;
+        if let Some(theirs) = self.peer_descs.remove(&seq) {
+            if theirs != desc {
+                let text = format!("collective #{seq}: rank {prev} called {theirs}, rank {} called {desc}", self.rank);
+                self.broadcast_mismatch(seq, &text);
+                let _ = reply.send(Err(CommError::Mismatch(text.clone())));
+                self.set_broken(CommError::Mismatch(text));
+                return None;
+            }
+        } else {
+            self.descs.insert(seq, desc);
+        }
+        let plan = self.plan(coll, dtype, count);
+        let (sched, strategy) = match plan {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return None;
+            }
+        };
+        let out_len = sched.output_len as usize;
+        if input.len() as u64 != sched.input_len || output.len() != out_len {
+            let _ = reply.send(Err(CommError::Invalid(format!(
+                "{} needs a {}-byte input and a {}-byte output, got {} and {}",
+                coll.name(),
+                sched.input_len,
+                out_len,
+                input.len(),
+                output.len()
+            ))));
+            return None;
+        }
+        let now = self.now();
+        if let Err(e) = self.engine.start(now, &mut self.transport, seq, sched, input, output) {
+            let _ = reply.send(Err(CommError::Failed { seq, why: e.to_string() }));
+            return None;
+        }
+        let started = Instant::now();
+        Some(Current {
+            seq,
+            reply,
+            out_len,
+            strategy,
+            epoch: self.agreed.epoch().0,
+            started,
+            deadline: started + Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.max(1000) * 12),
+        })
+    }
+
+    fn plan(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+    ) -> Result<(r2ccl_algo::RankSchedule, &'static str), CommError> {
+        let fabric = Fabric::new(self.layout()?, self.agreed.clone())
+            .map_err(|e| CommError::Failed { seq: self.seq, why: e.to_string() })?;
+        let bytes = count * dtype.size() as u64;
+        let small = bytes < 64 * 1024
+            && matches!(coll, Collective::AllReduce { .. } | Collective::Broadcast { .. } | Collective::Reduce { .. });
+        let algorithm = if small { Algorithm::Tree } else { Algorithm::Ring };
+        let req = ScheduleRequest::new(coll, dtype, count).with_algorithm(algorithm).with_strategy(Strategy::Balance);
+        let sched =
+            build_rank_schedule(&fabric, &req, Rank(self.rank)).map_err(|e| CommError::Invalid(e.to_string()))?;
+        Ok((sched, if small { "tree" } else { "balance" }))
+    }
+
+    fn broadcast_mismatch(&self, seq: u64, text: &str) {
+        let mut msg = vec![ABORT_MISMATCH];
+        msg.extend_from_slice(&seq.to_le_bytes());
+        msg.extend_from_slice(text.as_bytes());
+        self.mesh.broadcast(Channel::Abort, &msg);
+    }
+
+    fn on_oob(&mut self, ev: OobEvent, current: &mut Option<Current>) {
+        match ev {
+            OobEvent::Message { from, channel: Channel::Detect, payload } => {
+                let now = self.now();
+                if let Err(e) = self.engine.handle_ctrl(now, &mut self.transport, Rank(from), &payload) {
+                    let seq = current.as_ref().map_or(0, |c| c.seq);
+                    self.fail(current, CommError::Failed { seq, why: e.to_string() });
+                }
+            }
+            OobEvent::Message { from, channel: Channel::Agree, payload } => match decode_view(from, &payload) {
+                Ok((round, view)) => {
+                    let mine = self.agreement.as_ref().map(Agreement::round);
+                    if mine == Some(round) {
+                        if let Some(a) = &mut self.agreement {
+                            if let Err(e) = a.handle_view(from, round, &view) {
+                                crate::metrics::count_malformed("oob", 1);
+                                tracing::warn!(target: subsys::BOOTSTRAP, from, %e, "refused a health view");
+                            }
+                        }
+                    } else if mine.is_none_or(|m| round > m) {
+                        self.stash.entry(round).or_default().push((from, view));
+                    }
+                }
+                Err(e) => {
+                    crate::metrics::count_malformed("oob", 1);
+                    tracing::warn!(target: subsys::BOOTSTRAP, from, %e, "malformed health view");
+                }
+            },
+            OobEvent::Message { from, channel: Channel::Control, payload } => {
+                if payload.len() < 8 {
+                    crate::metrics::count_malformed("oob", 1);
+                    return;
+                }
+                let seq = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
+                let theirs = String::from_utf8_lossy(&payload[8..]).into_owned();
+                match self.descs.remove(&seq) {
+                    Some(mine) if mine != theirs => {
+                        let text =
+                            format!("collective #{seq}: rank {from} called {theirs}, rank {} called {mine}", self.rank);
+                        self.broadcast_mismatch(seq, &text);
+                        self.set_broken(CommError::Mismatch(text.clone()));
+                        self.fail(current, CommError::Mismatch(text));
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.peer_descs.insert(seq, theirs);
+                    }
+                }
+            }
+            OobEvent::Message { from, channel: Channel::Abort, payload } if payload.first() == Some(&DEPART) => {
+                self.departed.insert(from);
+            }
+            OobEvent::Message { from, channel: Channel::Abort, payload } => {
+                let e = match payload.first() {
+                    Some(&ABORT_MISMATCH) if payload.len() >= 9 => {
+                        CommError::Mismatch(String::from_utf8_lossy(&payload[9..]).into_owned())
+                    }
+                    Some(&ABORT_REASON) => {
+                        CommError::Aborted(format!("rank {from}: {}", String::from_utf8_lossy(&payload[1..])))
+                    }
+                    _ => CommError::Aborted(format!("rank {from} aborted")),
+                };
+                self.set_broken(e.clone());
+                self.fail(current, e);
+            }
+            OobEvent::Message { channel: Channel::Heartbeat, .. } => {}
+            OobEvent::PeerLost { rank, .. } if self.departed.contains(&rank) => {
+                tracing::debug!(target: subsys::BOOTSTRAP, rank, "peer left the communicator");
+            }
+            OobEvent::PeerLost { rank, why } => {
+                let e = CommError::PeerLost { rank, why };
+                self.note(e.to_string());
+                self.set_broken(e.clone());
+                self.fail(current, e);
+            }
+        }
+    }
+
+    fn flush_engine(&mut self) {
+        while let Some((to, bytes)) = self.engine.poll_outbox() {
+            // A failed send shows up as PeerLost from the mesh.
+            let _ = self.mesh.send(to.0, Channel::Detect, &bytes);
+        }
+        while let Some(ev) = self.engine.poll_event() {
+            match ev {
+                EngineEvent::PathFailed { path, fault, .. } => self.note(format!("path {path} failed ({fault:?})")),
+                EngineEvent::Migrated { lane, from, to, boundary, replayed, failback, stopped_at, at } => {
+                    let pause = at.saturating_sub(stopped_at).as_secs_f64();
+                    let verdict = if self.engine.down_nics().contains(&from.local) {
+                        "local_nic"
+                    } else if self.engine.down_nics().contains(&from.remote) {
+                        "remote_nic"
+                    } else if failback {
+                        "recovered"
+                    } else {
+                        "link"
+                    };
+                    let chunk = u64::from(self.engine.session().config().chunk_size);
+                    crate::metrics::count_failover(
+                        if failback { "failback" } else { "path_failure" },
+                        verdict,
+                        pause,
+                        u64::from(replayed) * chunk,
+                    );
+                    self.note(format!(
+                        "{} {lane}: {from} -> {to}, replay from chunk {boundary} ({replayed} chunks again), verdict {verdict}, pause {:.1} ms",
+                        if failback { "fail-back" } else { "failover" },
+                        pause * 1e3
+                    ));
+                }
+                EngineEvent::NicState { nic, up, local } => {
+                    crate::metrics::set_nic_up(&format!("node{}", nic.node.0), &format!("nic{}", nic.rail.0), up);
+                    self.note(format!(
+                        "NIC {nic} {} ({})",
+                        if up { "up" } else { "down" },
+                        if local { "local link state" } else { "reported by its node" }
+                    ));
+                }
+                EngineEvent::PathRecovered { path } => self.note(format!("path {path} answers probes again")),
+                EngineEvent::BadInput { from, what } => {
+                    crate::metrics::count_malformed("chunk_header", 1);
+                    tracing::warn!(target: subsys::NET, rank = self.rank, %from, %what, "refused peer input");
+                }
+            }
+        }
+    }
+}
