@@ -25,7 +25,8 @@ commands:
   testbed up|down|status|check|fault   multi-NIC cluster from network namespaces (root)
   codegen regenerate crates/r2ccl-ucx-sys/src/bindings.rs with bindgen (needs libclang-dev)
   bench   run every benchmark (kernel/memcpy ratio, planner and schedule timings, ...)
-  demo    the main job: multi-rank benchmark with a NIC failure (arrives with the facade, issue 6)";
+  demo    the main job: 4 ranks x 2 NICs on loopback, AllReduce timeline with a NIC failure injected
+          mid-run (R2CCL_FAULT); prints bus bandwidth before/during/after, failovers and the strategy";
 
 fn main() {
     if let Err(e) = run() {
@@ -56,19 +57,47 @@ fn run() -> Result<()> {
         Some("codegen") => codegen::run(&root),
         Some("testbed") => testbed::main(&args[1..]),
         Some("bench") => cmd("cargo", &["bench", "--workspace"]),
-        Some("demo") => {
-            bail!(
-                "`cargo xtask demo` (4 ranks x 2 NICs with an injected NIC failure) arrives with the facade \
-                 and r2ccl-perf (issue 6); it is not available yet. Meanwhile `cargo xtask bench` runs the \
-                 benchmarks that exist."
-            )
-        }
+        Some("demo") => demo(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             println!("{USAGE}");
             Ok(())
         }
         Some(other) => bail!("unknown command `{other}`\n{USAGE}"),
     }
+}
+
+/// The main job: build r2ccl-perf (release) and run its failure demo.
+fn demo(extra: &[String]) -> Result<()> {
+    cmd("cargo", &["build", "--release", "--quiet", "-p", "r2ccl-perf"])?;
+    let exe = workspace_root().join("target/release/r2ccl-perf");
+    let mut args: Vec<String> = [
+        "launch",
+        "-n",
+        "4",
+        "--nics",
+        "2",
+        "--fail",
+        "rank=1,nic=0,after_ms=3000,kind=down",
+        "all_reduce",
+        "-b",
+        "16M",
+        "-e",
+        "16M",
+        "-N",
+        "0",
+        "--duration",
+        "8",
+    ]
+    .iter()
+    .map(ToString::to_string)
+    .collect();
+    args.extend(extra.iter().cloned());
+    println!("$ r2ccl-perf {}", args.join(" "));
+    let status = Command::new(&exe).args(&args).env("R2CCL_DEBUG", "ERROR").status()?;
+    if !status.success() {
+        bail!("the demo failed ({status}); see the lines above");
+    }
+    Ok(())
 }
 
 /// The workspace root: the parent of this crate's manifest directory.
