@@ -24,8 +24,7 @@ fn defaults_need_nothing() {
 
 #[test]
 fn env_overrides_file_overrides_defaults() {
-    let file =
-        temp_file("prec", "[detect]\nprobe_timeout_ms = 30\nprobe_interval_ms = 900\n[log]\nlevel = \"INFO\"\n");
+    let file = temp_file("prec", "[detect]\nprobe_timeout_ms = 30\nprobe_interval_ms = 900\n[log]\nlevel = \"INFO\"\n");
     let c = load_from(env(&[
         ("R2CCL_CONFIG", &file),
         ("R2CCL_DETECT__PROBE_TIMEOUT_MS", "40"),
@@ -83,10 +82,7 @@ fn wrong_type_names_key_value_and_expectation() {
 #[test]
 fn out_of_range_names_key_value_and_range() {
     let msg = load_str("[detect]\ngood_probes = 0\n", "f").unwrap_err().to_string();
-    assert!(
-        msg.contains("detect.good_probes") && msg.contains("value 0") && msg.contains("1..=1000"),
-        "{msg}"
-    );
+    assert!(msg.contains("detect.good_probes") && msg.contains("value 0") && msg.contains("1..=1000"), "{msg}");
     let msg = load_from(env(&[("R2CCL_TRANSPORT__CHUNK_BYTES", "3000000")])).unwrap_err().to_string();
     assert!(msg.contains("transport.chunk_bytes") && msg.contains("power of two"), "{msg}");
     let msg = load_from(env(&[("R2CCL_DEBUG", "LOUD")])).unwrap_err().to_string();
