@@ -92,7 +92,7 @@ fn nic_failure_mid_run_is_repaired_and_exact() {
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     assert!(t.contains("# Out of bounds values : 0 OK"), "{t}");
-    assert!(t.contains("failover"), "a failover event is reported: {t}");
+    assert!(t.contains("NIC node1/nic0 down"), "the failure is detected and reported to rank 0: {t}");
 }
 
 #[test]

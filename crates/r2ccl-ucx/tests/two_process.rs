@@ -82,6 +82,19 @@ fn child(role: &str) {
 
 // ---- parent side ----
 
+/// Like `read_tagged`, but keeps progressing `w` while waiting: the child's flush and close
+/// need this side's worker to answer.
+fn read_tagged_progressing(w: &Worker, r: &mut BufReader<ChildStdout>, prefix: &'static str) -> String {
+    std::thread::scope(|s| {
+        let reader = s.spawn(move || read_tagged(r, prefix));
+        while !reader.is_finished() {
+            w.progress();
+            std::thread::yield_now();
+        }
+        reader.join().unwrap()
+    })
+}
+
 struct Peer {
     child: Child,
     stdin: ChildStdin,
@@ -116,7 +129,7 @@ fn sixty_four_mib_round_trip_between_two_processes_is_bit_exact() {
     assert_eq!(send.poll().unwrap().unwrap(), BIG);
     assert_eq!(recv.poll().unwrap().unwrap(), BIG);
     assert!(recv.take_buffer().unwrap() == data, "64 MiB came back different");
-    read_tagged(&mut peer.stdout, "DONE");
+    read_tagged_progressing(&w, &mut peer.stdout, "DONE");
     writeln!(peer.stdin, "BYE").unwrap();
     peer.stdin.flush().unwrap();
     // Keep progressing while the child closes its endpoint gracefully.
@@ -139,7 +152,7 @@ fn an_endpoint_to_a_peer_that_dies_reports_an_error_without_hanging() {
     let mut recv = w.tag_recv(4, u64::MAX, vec![0u8; 16]).unwrap();
     let mut send = ep.tag_send(3, vec![1u8; 16]).unwrap();
     wait_all(&[&w], &mut [&mut send as &mut dyn Pending, &mut recv], DEADLINE).unwrap();
-    read_tagged(&mut peer.stdout, "DYING");
+    read_tagged_progressing(&w, &mut peer.stdout, "DYING");
     let died = Instant::now();
     peer.child.wait().unwrap();
 

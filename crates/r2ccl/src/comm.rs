@@ -351,6 +351,7 @@ struct Progress {
     descs: BTreeMap<u64, String>,
     peer_descs: BTreeMap<u64, String>,
     broken: Option<CommError>,
+    policy_topo: Option<r2ccl_policy::Topology>,
     departed: std::collections::BTreeSet<u32>,
 }
 
@@ -467,13 +468,30 @@ impl Progress {
                 window: cfg.transport.max_inflight_chunks,
                 ..SessionConfig::default()
             },
-            stall_timeout: Duration::from_millis(cfg.detect.progress_margin_ms.max(1) * 5),
+            // Progress deadline: the margin plus the time a full window of chunks takes at a
+            // pessimistic 100 MB/s (a loaded host must not look like a black hole).
+            stall_timeout: Duration::from_millis(
+                cfg.detect.progress_margin_ms
+                    + cfg.transport.chunk_bytes * u64::from(cfg.transport.max_inflight_chunks) / 100_000,
+            ),
             probe_interval: Duration::from_millis(cfg.detect.probe_interval_ms),
             migrate_retry: Duration::from_millis(cfg.detect.oob_retry_ms.max(10)),
         };
         let engine =
             Engine::new(Rank(opts.rank), opts.world, ecfg, topo).map_err(|e| CommError::Transport(e.to_string()))?;
-        let agreed = HealthView::uniform(nodes, nics, 100_000);
+        let agreed = HealthView::uniform(nodes, nics, NIC_MBPS);
+        // The planner models ranks numbered node by node with the same count on every node.
+        let rpn = opts.world as usize / nodes.max(1);
+        let contiguous = rpn * nodes == opts.world as usize
+            && node_of.iter().enumerate().all(|(r, &n)| n as usize == r / rpn.max(1));
+        let policy_topo = if contiguous {
+            r2ccl_policy::Topology::uniform(nodes, nics, NIC_MBPS)
+                .and_then(|t| t.with_ranks_per_node(rpn as u32))
+                .and_then(|t| t.with_alpha(LOOPBACK_ALPHA_S))
+                .ok()
+        } else {
+            None
+        };
         for n in 0..nodes {
             for r in 0..nics {
                 crate::metrics::set_nic_up(&format!("node{n}"), &format!("nic{r}"), true);
@@ -498,6 +516,7 @@ impl Progress {
             descs: BTreeMap::new(),
             peer_descs: BTreeMap::new(),
             broken: None,
+            policy_topo,
             departed: std::collections::BTreeSet::new(),
         })
     }
@@ -518,6 +537,11 @@ fn transport_topology(node_of: &[u32], nics: usize) -> Result<Topology, CommErro
     Topology::new(node_of.iter().map(|&n| NodeId(n)).collect(), vec![k; nodes], chains)
         .map_err(|e| CommError::Invalid(e.to_string()))
 }
+
+/// Nominal NIC rate assumed when no topology says otherwise, Mbit/s (only ratios matter to the planner).
+const NIC_MBPS: u64 = 100_000;
+/// Per-message latency assumed by the planner's cost model, seconds.
+const LOOPBACK_ALPHA_S: f64 = 20e-6;
 
 const ABORT_MISMATCH: u8 = 1;
 const ABORT_REASON: u8 = 2;
@@ -761,14 +785,31 @@ impl Progress {
         })
     }
 
+    /// This rank's schedule for a collective: the planner's choice when the layout is one the
+    /// planner models (ranks numbered node by node, the same count on every node), forced by
+    /// `policy.strategy` when that is not `auto`; otherwise Balance on the agreed view.
     fn plan(
         &self,
         coll: Collective,
         dtype: DType,
         count: u64,
     ) -> Result<(r2ccl_algo::RankSchedule, &'static str), CommError> {
-        let fabric = Fabric::new(self.layout()?, self.agreed.clone())
-            .map_err(|e| CommError::Failed { seq: self.seq, why: e.to_string() })?;
+        let failed = |why: String| CommError::Failed { seq: self.seq, why };
+        if let Some(topo) = &self.policy_topo {
+            let plan = r2ccl_policy::plan_payload(topo, &self.agreed, coll, dtype, count)
+                .map_err(|e| failed(e.to_string()))?;
+            let forced = r2ccl_policy::Strategy::ALL.into_iter().find(|s| s.name() == self.cfg.policy.strategy);
+            let strategy = match forced {
+                Some(s) if plan.candidate(s).is_some() => s,
+                _ => plan.chosen,
+            };
+            let req = plan.request_for(strategy).map_err(|e| failed(e.to_string()))?;
+            let fabric = r2ccl_policy::schedule_fabric(topo, &self.agreed).map_err(|e| failed(e.to_string()))?;
+            let sched =
+                build_rank_schedule(&fabric, &req, Rank(self.rank)).map_err(|e| CommError::Invalid(e.to_string()))?;
+            return Ok((sched, strategy.name()));
+        }
+        let fabric = Fabric::new(self.layout()?, self.agreed.clone()).map_err(|e| failed(e.to_string()))?;
         let bytes = count * dtype.size() as u64;
         let small = bytes < 64 * 1024
             && matches!(coll, Collective::AllReduce { .. } | Collective::Broadcast { .. } | Collective::Reduce { .. });
