@@ -122,3 +122,62 @@ fn a_rank_without_peers_times_out_cleanly() {
     assert!(text(&o).contains("bootstrap"), "{}", text(&o));
     assert!(took < Duration::from_secs(15), "bounded: {took:?}");
 }
+
+#[test]
+fn a_killed_rank_gives_survivors_a_clean_bounded_error() {
+    let (o, took) = perf(
+        &[
+            "launch",
+            "-n",
+            "3",
+            "--nics",
+            "1",
+            "all_reduce",
+            "-b",
+            "64K",
+            "-e",
+            "64K",
+            "-n",
+            "200",
+            "-w",
+            "0",
+            "--kill-rank",
+            "2:5",
+        ],
+        &[],
+    );
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.matches("rank 2 is lost").count() >= 2, "both survivors name the lost rank: {t}");
+    assert!(took < Duration::from_secs(30), "bounded: {took:?}");
+}
+
+#[test]
+fn mismatched_counts_give_every_rank_an_error_naming_them() {
+    let (o, took) = perf(
+        &[
+            "launch",
+            "-n",
+            "3",
+            "--nics",
+            "1",
+            "all_reduce",
+            "-b",
+            "4K",
+            "-e",
+            "4K",
+            "-n",
+            "3",
+            "-w",
+            "0",
+            "--skew-rank",
+            "1",
+        ],
+        &[],
+    );
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.matches("collective arguments differ").count() >= 3, "every rank reports the mismatch: {t}");
+    assert!(t.contains("count=1024") && t.contains("count=1027"), "the message names both counts: {t}");
+    assert!(took < Duration::from_secs(30), "bounded: {took:?}");
+}

@@ -897,6 +897,8 @@ impl Progress {
                 tracing::debug!(target: subsys::BOOTSTRAP, rank, "peer left the communicator");
             }
             OobEvent::PeerLost { rank, why } => {
+                // A lost rank will never say goodbye: do not wait for it when leaving.
+                self.departed.insert(rank);
                 let e = CommError::PeerLost { rank, why };
                 self.note(e.to_string());
                 self.set_broken(e.clone());

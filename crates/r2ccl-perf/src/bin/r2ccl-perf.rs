@@ -14,12 +14,13 @@ use std::time::{Duration, Instant};
 
 const USAGE: &str = "usage:
   r2ccl-perf <collective> [flags]                 one rank, started by a launcher (mpirun, srun, torchrun, R2CCL_*)
-  r2ccl-perf launch -n N [--nics K] [--fail SPEC] [--duration S] <collective> [flags]
+  r2ccl-perf launch -n N [--nics K] [--fail SPEC] <collective> [flags] [--duration S]
                                                   start N ranks on this host over loopback (K NICs each)
 collectives: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv
 flags (as nccl-tests): -b MIN -e MAX -f FACTOR -i STEP -n ITERS -w WARMUP -c CHECK -o OP -d TYPE -r ROOT
                        -N CYCLES (0 = timeline: run until --duration, print bus bandwidth every second) -T TIMEOUT --json FILE
---fail SPEC is an R2CCL_FAULT spec, e.g. 'rank=1,nic=0,after_ms=1500,kind=down'";
+--fail SPEC is an R2CCL_FAULT spec, e.g. 'rank=1,nic=0,after_ms=1500,kind=down'
+drills: --kill-rank R:N (rank R exits before its N-th collective), --skew-rank R (rank R passes a different count)";
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -41,20 +42,39 @@ fn main() -> ExitCode {
     }
 }
 
-/// `--duration` is ours: how long a timeline run (`-N 0`) lasts.
-fn split_duration(argv: &[String]) -> Result<(Vec<String>, Option<f64>)> {
+/// Our flags beyond nccl-tests': `--duration S` (timeline length) and two fault drills used
+/// by the tests: `--kill-rank R:N` (rank R exits abruptly before its N-th collective) and
+/// `--skew-rank R` (rank R passes one element more, a mismatched argument).
+#[derive(Default)]
+struct Extra {
+    duration: Option<f64>,
+    kill: Option<(u32, u64)>,
+    skew: Option<u32>,
+}
+
+fn split_extra(argv: &[String]) -> Result<(Vec<String>, Extra)> {
     let mut out = Vec::new();
-    let mut dur = None;
+    let mut x = Extra::default();
     let mut it = argv.iter();
     while let Some(a) = it.next() {
-        if a == "--duration" {
-            let v = it.next().ok_or_else(|| anyhow!("--duration needs seconds"))?;
-            dur = Some(v.parse::<f64>().map_err(|_| anyhow!("--duration: bad seconds `{v}`"))?);
-        } else {
-            out.push(a.clone());
+        match a.as_str() {
+            "--duration" => {
+                let v = it.next().ok_or_else(|| anyhow!("--duration needs seconds"))?;
+                x.duration = Some(v.parse::<f64>().map_err(|_| anyhow!("--duration: bad seconds `{v}`"))?);
+            }
+            "--kill-rank" => {
+                let v = it.next().ok_or_else(|| anyhow!("--kill-rank needs RANK:N"))?;
+                let (r, n) = v.split_once(':').ok_or_else(|| anyhow!("--kill-rank: expected RANK:N, got `{v}`"))?;
+                x.kill = Some((r.parse().context("--kill-rank RANK")?, n.parse().context("--kill-rank N")?));
+            }
+            "--skew-rank" => {
+                let v = it.next().ok_or_else(|| anyhow!("--skew-rank needs a rank"))?;
+                x.skew = Some(v.parse().context("--skew-rank")?);
+            }
+            _ => out.push(a.clone()),
         }
     }
-    Ok((out, dur))
+    Ok((out, x))
 }
 
 fn launch(argv: &[String]) -> Result<bool> {
@@ -213,7 +233,7 @@ fn wrong(dtype: DType, got: &[u8], want: &Option<Vec<u8>>) -> u64 {
 
 fn rank_main(argv: &[String]) -> Result<bool> {
     let coll: Coll = argv[0].parse().map_err(|e| anyhow!("{e}\n{USAGE}"))?;
-    let (flags, duration) = split_duration(&argv[1..])?;
+    let (flags, extra) = split_extra(&argv[1..])?;
     let args = PerfArgs::parse(&flags).map_err(|e| anyhow!("{e}"))?;
     let cfg = r2ccl_config::load()?;
     let spec = r2ccl_log::LogSpec::parse(&cfg.log.level, &cfg.log.subsys, &cfg.log.file)?;
@@ -244,24 +264,34 @@ fn rank_main(argv: &[String]) -> Result<bool> {
         println!("#\n# Using ranks on nodes {:?}\n#", comm.node_of());
     }
     if args.cycles == 0 {
-        return timeline(&comm, coll, &args, duration.unwrap_or(10.0), timeout);
+        return timeline(&comm, coll, &args, extra.duration.unwrap_or(10.0), timeout);
     }
     if main {
         print!("{}", report::header());
     }
     let ops: Vec<ReduceOp> = if coll.has_op() { args.ops.clone() } else { vec![ReduceOp::Sum] };
     let mut rows = Vec::new();
+    let mut calls = 0u64;
     for _cycle in 0..args.cycles {
         for &dtype in &args.dtypes {
             for &op in &ops {
                 for bytes in args.sizes() {
-                    let c = case(coll, dtype, op, &args, (rank, world), bytes)?;
+                    let skewed = extra.skew == Some(rank);
+                    let c = case(
+                        coll,
+                        dtype,
+                        op,
+                        &args,
+                        (rank, world),
+                        bytes + if skewed { world as u64 * dtype.size() as u64 } else { 0 },
+                    )?;
                     let mut measures = Vec::new();
                     for in_place in [false, true] {
                         let out_init =
                             if in_place && c.input.len() == c.out_len { c.input.clone() } else { vec![0u8; c.out_len] };
                         let mut last = Vec::new();
                         for _ in 0..args.warmup {
+                            drill(&extra, rank, &mut calls);
                             last = comm
                                 .start(c.coll, dtype, c.count, c.input.clone(), out_init.clone(), timeout)?
                                 .wait()?
@@ -269,6 +299,7 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                         }
                         let t = Instant::now();
                         for _ in 0..args.iters {
+                            drill(&extra, rank, &mut calls);
                             last = comm
                                 .start(c.coll, dtype, c.count, c.input.clone(), out_init.clone(), timeout)?
                                 .wait()?
@@ -309,6 +340,15 @@ fn rank_main(argv: &[String]) -> Result<bool> {
         eprintln!("r2ccl-perf: rank {rank}: {} wrong elements", report::wrong_total(&rows));
     }
     Ok(ok)
+}
+
+/// Fault drill: exit abruptly (no destructors, no goodbye) before the N-th collective.
+fn drill(extra: &Extra, rank: u32, calls: &mut u64) {
+    *calls += 1;
+    if extra.kill == Some((rank, *calls)) {
+        eprintln!("r2ccl-perf: rank {rank}: --kill-rank drill, exiting abruptly");
+        std::process::exit(9);
+    }
 }
 
 /// `-N 0`: repeat the largest size, print bus bandwidth every second with the events of
