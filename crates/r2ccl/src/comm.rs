@@ -146,13 +146,42 @@ pub struct CommEvent {
     pub text: String,
 }
 
+/// The caller's memory for one collective: owned (non-blocking [`Communicator::start`]) or
+/// borrowed for the duration of a blocking [`Communicator::run`], which saves two copies.
+enum Bufs {
+    Owned { input: Vec<u8>, output: Vec<u8> },
+    Borrowed { input: *const u8, in_len: usize, output: *mut u8, out_len: usize },
+}
+
+// SAFETY: a `Borrowed` pair is only created by `Communicator::run`, which blocks without a
+// timeout until the progress thread has replied; the progress thread replies only after its
+// last access to the buffers, so the pointers are valid and unaliased whenever it uses them.
+unsafe impl Send for Bufs {}
+
+impl Bufs {
+    fn input(&self) -> &[u8] {
+        match self {
+            Bufs::Owned { input, .. } => input,
+            // SAFETY: see the `Send` impl: the caller's slice outlives every use.
+            Bufs::Borrowed { input, in_len, .. } => unsafe { std::slice::from_raw_parts(*input, *in_len) },
+        }
+    }
+
+    fn output(&self) -> &[u8] {
+        match self {
+            Bufs::Owned { output, .. } => output,
+            // SAFETY: see the `Send` impl.
+            Bufs::Borrowed { output, out_len, .. } => unsafe { std::slice::from_raw_parts(*output, *out_len) },
+        }
+    }
+}
+
 enum Req {
     Coll {
         coll: Collective,
         dtype: DType,
         count: u64,
-        input: Vec<u8>,
-        output: Vec<u8>,
+        bufs: Bufs,
         reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
     },
     Abort(String),
@@ -261,7 +290,7 @@ impl Communicator {
         }
         let (reply, rx) = crossbeam_channel::bounded(1);
         self.tx
-            .send(Req::Coll { coll, dtype, count, input, output, reply })
+            .send(Req::Coll { coll, dtype, count, bufs: Bufs::Owned { input, output }, reply })
             .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
         Ok(Handle { rx, deadline })
     }
@@ -275,13 +304,26 @@ impl Communicator {
         input: &[u8],
         output: &mut [u8],
     ) -> Result<CollReport, CommError> {
-        let h = self.start(coll, dtype, count, input.to_vec(), output.to_vec(), Duration::from_secs(120))?;
-        let (out, report) = h.wait()?;
-        if out.len() != output.len() {
-            return Err(CommError::Invalid(format!("output of {} bytes for a buffer of {}", out.len(), output.len())));
+        if let Some(e) = self.async_error() {
+            return Err(e);
         }
-        output.copy_from_slice(&out);
-        Ok(report)
+        let (reply, rx) = crossbeam_channel::bounded(1);
+        let bufs = Bufs::Borrowed {
+            input: input.as_ptr(),
+            in_len: input.len(),
+            output: output.as_mut_ptr(),
+            out_len: output.len(),
+        };
+        self.tx
+            .send(Req::Coll { coll, dtype, count, bufs, reply })
+            .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
+        // No timeout here on purpose: the progress thread bounds every collective by its own
+        // deadline and always replies (or drops the sender when it exits), and the borrowed
+        // buffers must stay alive until it has.
+        match rx.recv() {
+            Ok(r) => r.map(|(_, report)| report),
+            Err(_) => Err(CommError::Aborted("the progress thread stopped".into())),
+        }
     }
 
     /// AllReduce of `count` elements of `dtype` (in place when `input` and `output` hold the same bytes).
@@ -358,6 +400,8 @@ struct Progress {
 struct Current {
     seq: u64,
     reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
+    /// The caller's output buffer of a blocking call (written here, never after the reply).
+    borrowed: Option<(*mut u8, usize)>,
     out_len: usize,
     strategy: &'static str,
     epoch: u64,
@@ -475,6 +519,7 @@ impl Progress {
                     + cfg.transport.chunk_bytes * u64::from(cfg.transport.max_inflight_chunks) / 100_000,
             ),
             probe_interval: Duration::from_millis(cfg.detect.probe_interval_ms),
+            probe_timeout: Duration::from_millis(cfg.detect.localize_timeout_ms.max(cfg.detect.probe_timeout_ms)),
             migrate_retry: Duration::from_millis(cfg.detect.oob_retry_ms.max(10)),
         };
         let engine =
@@ -593,6 +638,8 @@ impl Progress {
     fn run(mut self, rx: &Receiver<Req>) {
         let mut current: Option<Current> = None;
         let mut queue: std::collections::VecDeque<Req> = std::collections::VecDeque::new();
+        let mut last_moved = (0, 0, 0);
+        let mut idle_spins = 0u32;
         loop {
             let idle = current.is_none() && queue.is_empty();
             let wait = if idle { Duration::from_millis(1) } else { Duration::ZERO };
@@ -619,8 +666,8 @@ impl Progress {
                             let _ = reply.send(Err(e));
                         }
                     } else if self.ready_to_plan(matches!(req, Req::Coll { .. })) {
-                        if let Some(Req::Coll { coll, dtype, count, input, output, reply }) = queue.pop_front() {
-                            current = self.start_coll(coll, dtype, count, &input, &output, reply);
+                        if let Some(Req::Coll { coll, dtype, count, bufs, reply }) = queue.pop_front() {
+                            current = self.start_coll(coll, dtype, count, bufs, reply);
                         }
                     }
                 }
@@ -637,7 +684,14 @@ impl Progress {
             if let Some(c) = &current {
                 if self.engine.take_finished() == Some(c.seq) {
                     if let Some(c) = current.take() {
-                        let out = self.engine.output(&self.transport, c.out_len);
+                        let out = match c.borrowed {
+                            Some((ptr, len)) => {
+                                // SAFETY: the caller is blocked in `run` until the reply below.
+                                let dst = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+                                self.engine.output_into(&self.transport, dst).map(|()| Vec::new())
+                            }
+                            None => self.engine.output(&self.transport, c.out_len),
+                        };
                         let secs = c.started.elapsed().as_secs_f64();
                         crate::metrics::record_collective("collective", c.strategy, secs);
                         let report = CollReport { seq: c.seq, strategy: c.strategy, epoch: c.epoch, seconds: secs };
@@ -652,8 +706,20 @@ impl Progress {
                     self.fail(&mut current, e);
                 }
             }
-            if !idle && current.is_some() {
-                std::thread::yield_now();
+            // Back off when nothing moves: ranks that share cores (many ranks per host, or an
+            // oversubscribed CI machine) must not starve the peer they are waiting for.
+            let stats = self.engine.session().stats();
+            let moved = (stats.chunks_sent, stats.chunks_applied, stats.chunks_posted);
+            if moved == last_moved {
+                idle_spins += 1;
+                if idle_spins > 64 {
+                    std::thread::sleep(Duration::from_micros(50));
+                } else {
+                    std::thread::yield_now();
+                }
+            } else {
+                idle_spins = 0;
+                last_moved = moved;
             }
         }
     }
@@ -691,10 +757,10 @@ impl Progress {
         coll: Collective,
         dtype: DType,
         count: u64,
-        input: &[u8],
-        output: &[u8],
+        bufs: Bufs,
         reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
     ) -> Option<Current> {
+        let (input, output) = (bufs.input(), bufs.output());
         // Adopt the view agreed in the previous round.
         if let Some(a) = self.agreement.take() {
             if let Some(mut v) = a.result() {
@@ -774,9 +840,14 @@ impl Progress {
             return None;
         }
         let started = Instant::now();
+        let borrowed = match bufs {
+            Bufs::Borrowed { output, out_len, .. } => Some((output, out_len)),
+            Bufs::Owned { .. } => None,
+        };
         Some(Current {
             seq,
             reply,
+            borrowed,
             out_len,
             strategy,
             epoch: self.agreed.epoch().0,

@@ -37,6 +37,8 @@ pub struct EngineConfig {
     pub stall_timeout: Duration,
     /// Re-probe period of failed paths.
     pub probe_interval: Duration,
+    /// How long a stalled path's probe may take before the path is declared failed.
+    pub probe_timeout: Duration,
     /// Resend period of an unanswered migration request.
     pub migrate_retry: Duration,
 }
@@ -48,6 +50,7 @@ impl Default for EngineConfig {
             session: SessionConfig::default(),
             stall_timeout: Duration::from_millis(100),
             probe_interval: Duration::from_millis(100),
+            probe_timeout: Duration::from_millis(50),
             migrate_retry: Duration::from_millis(50),
         }
     }
@@ -185,6 +188,10 @@ pub struct Engine {
     no_path: Vec<(MigrationRequest, Duration)>,
     epochs: BTreeMap<LaneId, u32>,
     probes: BTreeMap<PathId, Duration>,
+    /// Stalled paths being probed, with the time the probe must have answered by.
+    suspects: BTreeMap<PathId, Duration>,
+    /// Paths whose stall was explained by a probe answer: not suspected again before this time.
+    quiet: BTreeMap<PathId, Duration>,
     notified: BTreeSet<PathId>,
     down_nics: BTreeSet<NicId>,
     health_changed: bool,
@@ -221,6 +228,8 @@ impl Engine {
             no_path: Vec::new(),
             epochs: BTreeMap::new(),
             probes: BTreeMap::new(),
+            suspects: BTreeMap::new(),
+            quiet: BTreeMap::new(),
             notified: BTreeSet::new(),
             down_nics: BTreeSet::new(),
             health_changed: false,
@@ -349,7 +358,17 @@ impl Engine {
         {
             let ws = t.region_mut(h)?;
             ws[..input.len()].copy_from_slice(input);
-            ws[input.len()..input.len() + output.len()].copy_from_slice(output);
+            // Only schedules that leave output bytes unwritten (Send/Recv away from the
+            // receiver, Reduce away from the root) need the caller's bytes preserved.
+            let writes_all = sched.steps().iter().any(|s| match s.kind {
+                StepKind::Copy { dst, .. } | StepKind::Reduce { dst, .. } | StepKind::Recv { dst, .. } => {
+                    dst.buf == Buf::Output && dst.offset == 0 && dst.len == sched.output_len
+                }
+                _ => false,
+            });
+            if !writes_all {
+                ws[input.len()..input.len() + output.len()].copy_from_slice(output);
+            }
         }
         // Dense per-pair message numbers: both ends sort the same tag set the same way.
         let mut send_tags: BTreeMap<Rank, Vec<(u64, usize)>> = BTreeMap::new();
@@ -411,6 +430,17 @@ impl Engine {
         let (h, _) = self.work.ok_or(EngineError::BufferSize { got: 0, want: len as u64 })?;
         let ws = t.region(h)?;
         Ok(ws.get(self.last_output_base..self.last_output_base + len).map(<[u8]>::to_vec).unwrap_or_default())
+    }
+
+    /// Copy the output buffer of the collective that finished last into `dst`.
+    pub fn output_into<T: Transport + ?Sized>(&self, t: &T, dst: &mut [u8]) -> Result<(), EngineError> {
+        let (h, _) = self.work.ok_or(EngineError::BufferSize { got: 0, want: dst.len() as u64 })?;
+        let ws = t.region(h)?;
+        let src = ws
+            .get(self.last_output_base..self.last_output_base + dst.len())
+            .ok_or(EngineError::BufferSize { got: ws.len(), want: (self.last_output_base + dst.len()) as u64 })?;
+        dst.copy_from_slice(src);
+        Ok(())
     }
 
     /// Abandon the running collective (after a timeout or an abort); its transfers are released.
@@ -559,16 +589,29 @@ impl Engine {
     pub fn drive<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T) -> Result<(), EngineError> {
         self.session.drive(now, t);
         self.process_session_events(now, t)?;
+        // Progress deadline: a stalled path is first probed (a slow peer answers, a black hole
+        // does not); only an unanswered probe declares it failed.
         let stalled: Vec<PathId> = self
             .session
             .path_activity()
             .into_iter()
             .filter(|a| now >= a.since + self.cfg.stall_timeout)
             .map(|a| a.path)
+            .filter(|p| !self.suspects.contains_key(p) && self.quiet.get(p).is_none_or(|&q| now >= q))
             .collect();
         for p in stalled {
-            tracing::warn!(target: subsys::DETECT, rank = %self.rank, path = %p, "no progress: path declared failed");
-            self.session.handle_path_down(now, t, p, PathFault::Timeout);
+            match self.session.probe(now, t, p) {
+                Ok(_) => {
+                    tracing::debug!(target: subsys::DETECT, rank = %self.rank, path = %p, "no progress: probing");
+                    self.suspects.insert(p, now + self.cfg.probe_timeout);
+                }
+                Err(_) => self.declare_stalled(now, t, p),
+            }
+        }
+        let expired: Vec<PathId> = self.suspects.iter().filter(|(_, &d)| now >= d).map(|(&p, _)| p).collect();
+        for p in expired {
+            self.suspects.remove(&p);
+            self.declare_stalled(now, t, p);
         }
         for p in self.session.down_paths() {
             if self.session.is_nic_down(p.local) || self.session.is_nic_down(p.remote) {
@@ -602,10 +645,15 @@ impl Engine {
         self.advance(now, t)
     }
 
+    fn declare_stalled<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T, p: PathId) {
+        tracing::warn!(target: subsys::DETECT, rank = %self.rank, path = %p, "no progress and no probe answer: path declared failed");
+        self.session.handle_path_down(now, t, p, PathFault::Timeout);
+    }
+
     /// The next time [`Engine::drive`] has timer work (stall deadlines, probes, resends).
     pub fn poll_timeout(&self) -> Option<Duration> {
         let stall = self.session.path_activity().into_iter().map(|a| a.since + self.cfg.stall_timeout).min();
-        let probe = self.probes.values().copied().min();
+        let probe = self.probes.values().chain(self.suspects.values()).copied().min();
         let retry = self.migrations.values().map(|m| m.sent_at + self.cfg.migrate_retry).min();
         [stall, probe, retry].into_iter().flatten().min()
     }
@@ -649,6 +697,14 @@ impl Engine {
                     Ok(()) | Err(SessionError::LaneNotActive(_) | SessionError::UnknownLane(_)) => {}
                     Err(e) => return Err(e.into()),
                 },
+                SessionEvent::ProbeDone { path, ok, .. } if self.suspects.contains_key(&path) => {
+                    self.suspects.remove(&path);
+                    if ok {
+                        self.quiet.insert(path, now + self.cfg.stall_timeout);
+                    } else {
+                        self.declare_stalled(now, t, path);
+                    }
+                }
                 SessionEvent::ProbeDone { path, ok, .. } => {
                     if ok && self.session.is_path_down(path) {
                         self.probes.remove(&path);

@@ -289,21 +289,20 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                     for in_place in [false, true] {
                         let out_init =
                             if in_place && c.input.len() == c.out_len { c.input.clone() } else { vec![0u8; c.out_len] };
-                        let mut last = Vec::new();
+                        // In place: the receive buffer starts as the send buffer and is passed as both.
+                        let mut last = out_init.clone();
                         for _ in 0..args.warmup {
                             drill(&extra, rank, &mut calls);
-                            last = comm
-                                .start(c.coll, dtype, c.count, c.input.clone(), out_init.clone(), timeout)?
-                                .wait()?
-                                .0;
+                            last.copy_from_slice(&out_init);
+                            run_once(&comm, &c, dtype, in_place, &mut last)?;
                         }
                         let t = Instant::now();
                         for _ in 0..args.iters {
                             drill(&extra, rank, &mut calls);
-                            last = comm
-                                .start(c.coll, dtype, c.count, c.input.clone(), out_init.clone(), timeout)?
-                                .wait()?
-                                .0;
+                            if in_place {
+                                last.copy_from_slice(&out_init);
+                            }
+                            run_once(&comm, &c, dtype, in_place, &mut last)?;
                         }
                         let secs = t.elapsed().as_secs_f64() / f64::from(args.iters);
                         measures.push(Measure::new(coll, world, c.bytes, secs, wrong(dtype, &last, &c.expected)));
@@ -340,6 +339,17 @@ fn rank_main(argv: &[String]) -> Result<bool> {
         eprintln!("r2ccl-perf: rank {rank}: {} wrong elements", report::wrong_total(&rows));
     }
     Ok(ok)
+}
+
+/// One blocking collective; in place, the output buffer is also the input.
+fn run_once(comm: &Communicator, c: &Case, dtype: DType, in_place: bool, out: &mut [u8]) -> Result<()> {
+    if in_place && c.input.len() == out.len() {
+        let input = out.to_vec();
+        comm.run(c.coll, dtype, c.count, &input, out)?;
+    } else {
+        comm.run(c.coll, dtype, c.count, &c.input, out)?;
+    }
+    Ok(())
 }
 
 /// Fault drill: exit abruptly (no destructors, no goodbye) before the N-th collective.
