@@ -115,6 +115,8 @@ fn launch(argv: &[String]) -> Result<bool> {
             .env("R2CCL_SECRET", &secret)
             .env("R2CCL_NICS", &nic_list)
             .env("R2CCL_NODE", format!("node{r}"))
+            // Ranks leave one after another; UCX would log every refused reconnect to a rank that left.
+            .env("UCX_LOG_LEVEL", std::env::var("UCX_LOG_LEVEL").unwrap_or_else(|_| "fatal".into()))
             .env_remove("R2CCL_UNIQUE_ID");
         if let Some(f) = &fail {
             cmd.env("R2CCL_FAULT", f);
