@@ -8,6 +8,7 @@
 
 mod ci;
 mod codegen;
+mod e2e;
 mod setup;
 mod testbed;
 mod tidy;
@@ -23,6 +24,7 @@ commands:
   ci      setup, then fmt check, clippy -D warnings, build, tests, per-crate builds, tidy, cargo deny
   tidy    check repository conventions (also runs as a test)
   testbed up|down|status|check|fault   multi-NIC cluster from network namespaces (root)
+  e2e [--scenario NAME] [--seed S]     fault scenarios (tests/scenarios) on the testbed with real ranks (root)
   codegen regenerate crates/r2ccl-ucx-sys/src/bindings.rs with bindgen (needs libclang-dev)
   bench   run every benchmark (kernel/memcpy ratio, planner and schedule timings, ...)
   demo    the main job: 4 ranks x 2 NICs on loopback, AllReduce timeline with a NIC failure injected
@@ -56,6 +58,7 @@ fn run() -> Result<()> {
         }
         Some("codegen") => codegen::run(&root),
         Some("testbed") => testbed::main(&args[1..]),
+        Some("e2e") => e2e::main(&args[1..]),
         Some("bench") => cmd("cargo", &["bench", "--workspace"]),
         Some("demo") => demo(&args[1..]),
         Some("-h" | "--help" | "help") | None => {

@@ -12,6 +12,7 @@
 
 pub mod closed;
 pub mod collective;
+pub mod convert;
 pub mod engine;
 mod error;
 pub mod fabric;

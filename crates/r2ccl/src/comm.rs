@@ -505,21 +505,27 @@ impl Progress {
         let nodes = names.len();
         let nics = opts.nics.len();
         let topo = transport_topology(&node_of, nics)?;
+        // Progress deadline: the margin plus the time a full window of chunks takes at a
+        // pessimistic 100 MB/s (a loaded host must not look like a black hole).
+        let stall_timeout = Duration::from_millis(
+            cfg.detect.progress_margin_ms
+                + cfg.transport.chunk_bytes * u64::from(cfg.transport.max_inflight_chunks) / 100_000,
+        );
         let ecfg = EngineConfig {
             comm: 1,
+            stall_timeout,
             session: SessionConfig {
                 chunk_size: u32::try_from(cfg.transport.chunk_bytes).unwrap_or(1 << 20),
                 window: cfg.transport.max_inflight_chunks,
+                // Chunks of a step the receiver has not reached yet wait here; beyond it they
+                // are dropped and replayed on request (Nack), never lost.
+                max_early_bytes: 512 << 20,
                 ..SessionConfig::default()
             },
-            // Progress deadline: the margin plus the time a full window of chunks takes at a
-            // pessimistic 100 MB/s (a loaded host must not look like a black hole).
-            stall_timeout: Duration::from_millis(
-                cfg.detect.progress_margin_ms
-                    + cfg.transport.chunk_bytes * u64::from(cfg.transport.max_inflight_chunks) / 100_000,
-            ),
             probe_interval: Duration::from_millis(cfg.detect.probe_interval_ms),
-            probe_timeout: Duration::from_millis(cfg.detect.localize_timeout_ms.max(cfg.detect.probe_timeout_ms)),
+            // A slow peer (a busy or descheduled process) must be given time to answer before
+            // its path counts as dead; a silent black hole is still declared within a second.
+            probe_timeout: (2 * stall_timeout).max(Duration::from_millis(500)),
             migrate_retry: Duration::from_millis(cfg.detect.oob_retry_ms.max(10)),
         };
         let engine =
@@ -618,6 +624,13 @@ impl Progress {
     fn fail(&mut self, current: &mut Option<Current>, e: CommError) {
         if let Some(c) = current.take() {
             self.engine.abandon();
+            // A failure only this rank saw must not leave the others waiting for their deadline.
+            if matches!(e, CommError::Failed { .. } | CommError::Timeout { .. }) {
+                let mut msg = vec![ABORT_REASON];
+                msg.extend_from_slice(e.to_string().as_bytes());
+                self.mesh.broadcast(Channel::Abort, &msg);
+                self.set_broken(CommError::Aborted(format!("rank {}: {e}", self.rank)));
+            }
             let _ = c.reply.send(Err(e));
         }
     }

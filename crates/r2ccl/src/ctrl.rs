@@ -59,6 +59,14 @@ pub enum Ctrl {
         /// The transfer.
         key: TransferKey,
     },
+    /// Receiver to sender: chunk `index` of `key` arrived before its transfer was expected
+    /// and could not be kept; replay the lane that holds it.
+    Nack {
+        /// The transfer.
+        key: TransferKey,
+        /// The chunk that was dropped.
+        index: u32,
+    },
     /// A probe over this path (sender's view) got through; the receiver marks the mirror up.
     PathUp {
         /// The sender's NIC.
@@ -152,6 +160,7 @@ impl Ctrl {
             Ctrl::MigrateAck { key, lane, boundary, epoch } => w.u8(4).key(key).u16(lane).u32(boundary).u32(epoch),
             Ctrl::RecvDone { key } => w.u8(5).key(key),
             Ctrl::PathUp { local, remote } => w.u8(6).nic(local).nic(remote),
+            Ctrl::Nack { key, index } => w.u8(7).key(key).u32(index),
         };
         w.0
     }
@@ -178,6 +187,7 @@ impl Ctrl {
             4 => Ctrl::MigrateAck { key: r.key()?, lane: r.u16()?, boundary: r.u32()?, epoch: r.u32()? },
             5 => Ctrl::RecvDone { key: r.key()? },
             6 => Ctrl::PathUp { local: r.nic()?, remote: r.nic()? },
+            7 => Ctrl::Nack { key: r.key()?, index: r.u32()? },
             _ => return Err(CtrlError("unknown kind")),
         };
         if !r.0.is_empty() {
@@ -215,6 +225,7 @@ mod tests {
             Ctrl::MigrateAck { key, lane: 1, boundary: 5, epoch: 2 },
             Ctrl::RecvDone { key },
             Ctrl::PathUp { local: NicId::new(0, 1), remote: NicId::new(1, 1) },
+            Ctrl::Nack { key, index: 3 },
         ];
         for m in msgs {
             let b = m.encode();

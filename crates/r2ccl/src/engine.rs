@@ -82,6 +82,9 @@ pub enum EngineError {
     /// A schedule region lies outside its buffer.
     #[error("schedule region {0:?} lies outside its buffer")]
     BadRegion(Region),
+    /// Every NIC of a node is down: its ranks cannot communicate.
+    #[error("node {0} has no usable NIC left (every NIC reported down)")]
+    NodeIsolated(u32),
 }
 
 /// Something worth a log line, a metric or a line in r2ccl-perf's output.
@@ -159,6 +162,8 @@ struct Exec {
     by_send: BTreeMap<TransferKey, usize>,
     by_recv: BTreeMap<TransferKey, usize>,
     ready: VecDeque<usize>,
+    /// Sends that found no usable path (every path to the peer marked down); retried.
+    deferred: Vec<usize>,
     done: usize,
     unacked: BTreeSet<TransferKey>,
 }
@@ -418,6 +423,7 @@ impl Engine {
             by_send,
             by_recv,
             ready,
+            deferred: Vec::new(),
             done: 0,
             unacked: BTreeSet::new(),
         });
@@ -551,9 +557,25 @@ impl Engine {
                         ws.copy_within(offset..offset + src.len as usize, stage);
                         offset = stage;
                     }
-                    x.unacked.insert(key);
                     let buf = Buffer { region: h, offset, len: src.len };
-                    self.session.start_send(now, t, key, buf, &weights)?;
+                    match self.session.start_send(now, t, key, buf, &weights) {
+                        Ok(_) => {
+                            x.unacked.insert(key);
+                        }
+                        Err(SessionError::NoPath(_) | SessionError::NoUsableNic(_)) => {
+                            // Paths may be down only for now (a stall); a node whose NICs are all
+                            // reported down is gone for good.
+                            let topo = self.session.topology();
+                            for node in [topo.node_of(self.rank), topo.node_of(key.dst)].into_iter().flatten() {
+                                if topo.nics_of(node).iter().all(|n| self.down_nics.contains(n)) {
+                                    return Err(EngineError::NodeIsolated(node.0));
+                                }
+                            }
+                            x.deferred.push(i);
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
                     // The bytes are safe in the send buffer: later steps may reuse the region.
                     self.complete_step(i);
                 }
@@ -639,7 +661,19 @@ impl Engine {
             }
         }
         for (req, stopped_at) in std::mem::take(&mut self.no_path) {
+            if self.down_nics.contains(&req.from.remote) || self.down_nics.contains(&req.from.local) {
+                let topo = self.session.topology();
+                for nic in [req.from.local, req.from.remote] {
+                    if topo.nics_of(nic.node).iter().all(|n| self.down_nics.contains(n)) {
+                        return Err(EngineError::NodeIsolated(nic.node.0));
+                    }
+                }
+            }
             self.begin_migration(now, req, stopped_at);
+        }
+        if let Some(x) = &mut self.exec {
+            let deferred = std::mem::take(&mut x.deferred);
+            x.ready.extend(deferred);
         }
         self.process_session_events(now, t)?;
         self.advance(now, t)
@@ -713,6 +747,11 @@ impl Engine {
                         self.send_ctrl(path.peer, Ctrl::PathUp { local: path.local, remote: path.remote });
                         self.events.push_back(EngineEvent::PathRecovered { path });
                     }
+                }
+                SessionEvent::BadChunk { path, problem: r2ccl_transport::ChunkProblem::Unexpected(id) } => {
+                    // Early and no room to keep it: ask the sender to replay its lane later.
+                    tracing::debug!(target: subsys::NET, rank = %self.rank, %path, chunk = id.index, "early chunk dropped; asking for a replay");
+                    self.send_ctrl(id.transfer.src, Ctrl::Nack { key: id.transfer, index: id.index });
                 }
                 SessionEvent::BadChunk { path, problem } => {
                     tracing::warn!(target: subsys::NET, rank = %self.rank, %path, ?problem, "refused a chunk");
@@ -831,6 +870,18 @@ impl Engine {
                     Err(SessionError::PathDown(_)) => self.begin_migration(now, m.req, m.stopped_at),
                     Err(SessionError::UnknownLane(_) | SessionError::LaneNotQuiesced(_)) => {}
                     Err(e) => return Err(e.into()),
+                }
+            }
+            Ctrl::Nack { key, index } => {
+                let pending = self.exec.as_ref().is_some_and(|x| x.unacked.contains(&key));
+                if key.src == self.rank && pending {
+                    let lane = self.session.lanes(key).into_iter().find(|l| l.start <= index && index < l.end);
+                    if let Some(l) = lane.filter(|l| !l.quiesced) {
+                        match self.session.handle_move(now, t, l.id) {
+                            Ok(()) | Err(SessionError::LaneNotActive(_) | SessionError::UnknownLane(_)) => {}
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
                 }
             }
             Ctrl::RecvDone { key } => {

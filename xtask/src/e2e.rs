@@ -1,0 +1,575 @@
+//! `cargo xtask e2e [--scenario NAME] [--seed S]`: end-to-end fault scenarios on the namespaces testbed.
+//!
+//! For every scenario in `tests/scenarios/*.toml` (or only `NAME`): build `r2ccl-perf` (release),
+//! bring up a testbed with prefix `r2e` of the scenario's size, start one rank per node with
+//! `ip netns exec r2e-n<i> r2ccl-perf ARGS` (bootstrap and OOB on the management network,
+//! `R2CCL_ROOT=198.19.0.1:PORT`, data on `rail0..`), apply the fault timeline from here while
+//! the ranks run, wait for every rank up to the deadline (a rank still running then is killed
+//! and reported as a hang), tear the testbed down (also on error or panic) and check the
+//! expectation. Logs of every rank stay in `target/e2e/<scenario>/rank<i>.{out,err}`.
+//!
+//! Scenario format: a TOML subset, one `key = value` per line, `#` comments; values are a
+//! `"string"`, a number, or a one-line array of strings.
+//!
+//! ```toml
+//! nodes = 4                      # nodes (namespaces), one rank each
+//! nics = 2                       # data NICs per node (rail0..)
+//! rate = "1gbit"                 # tbf shaping per NIC, or "none"
+//! args = "all_reduce -b 8M -e 8M -N 0 --duration 6"   # r2ccl-perf arguments (split on spaces)
+//! deadline_s = 20                # from launch; ranks still running then are a hang
+//! expect = "success"             # success: every rank exits 0 and rank 0 prints
+//!                                #   `# Out of bounds values : 0 OK`
+//!                                # failure: every rank exits non-zero before the deadline
+//! expect_error = "text"          # failure only: stderr of every survivor (a rank on a node
+//!                                #   no fault touches) contains this text
+//! faults = ["2.0 1 0 down"]      # "AT_S NODE NIC KIND": AT_S seconds after rank 0's timeline
+//!                                #   starts; KIND: down up blackhole restore drop undrop rate=RATE
+//! ```
+//!
+//! `--seed S` (S != 0) shifts every fault time by a pseudo-random offset in [-0.5, +0.5) s
+//! (order kept), to shake out timing-dependent bugs; the seed is printed so a run repeats.
+//! Needs root; without it the command says SKIPPED and exits 0, except under CI (`CI` set).
+
+use crate::testbed::{self, Fault, Spec};
+use anyhow::{bail, Context, Result};
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Prefix of the e2e testbed (distinct from the interactive `r2t`).
+const PREFIX: &str = "r2e";
+/// Rendezvous port of rank 0 on its management address.
+const PORT: u16 = 29_411;
+
+/// What a scenario expects of the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expect {
+    /// Every rank exits 0 and the results are correct.
+    Success,
+    /// Every rank exits non-zero before the deadline.
+    Failure,
+}
+
+/// One fault of the timeline.
+#[derive(Clone, Debug)]
+struct Step {
+    at_s: f64,
+    node: u32,
+    nic: u32,
+    fault: Fault,
+    text: String,
+}
+
+/// One parsed scenario file.
+#[derive(Clone, Debug)]
+struct Scenario {
+    name: String,
+    spec: Spec,
+    args: Vec<String>,
+    deadline: Duration,
+    expect: Expect,
+    expect_error: Option<String>,
+    faults: Vec<Step>,
+}
+
+/// A value of the TOML subset.
+enum Value {
+    Str(String),
+    Bare(String),
+    List(Vec<String>),
+}
+
+/// Strip a `#` comment that is outside double quotes.
+fn strip_comment(line: &str) -> &str {
+    let mut quoted = false;
+    for (i, c) in line.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            '#' if !quoted => return &line[..i],
+            _ => {}
+        }
+    }
+    line
+}
+
+fn parse_str(v: &str) -> Result<String> {
+    let inner = v
+        .strip_prefix('"')
+        .and_then(|s| s.strip_suffix('"'))
+        .with_context(|| format!("expected a \"string\", got `{v}`"))?;
+    if inner.contains('"') || inner.contains('\\') {
+        bail!("strings may not contain quotes or backslashes: `{v}`");
+    }
+    Ok(inner.to_owned())
+}
+
+fn parse_value(v: &str) -> Result<Value> {
+    if let Some(inner) = v.strip_prefix('[') {
+        let inner = inner.strip_suffix(']').with_context(|| format!("array must close on its line: `{v}`"))?;
+        let items = inner.split(',').map(str::trim).filter(|s| !s.is_empty()).map(parse_str);
+        return Ok(Value::List(items.collect::<Result<_>>()?));
+    }
+    if v.starts_with('"') {
+        return Ok(Value::Str(parse_str(v)?));
+    }
+    Ok(Value::Bare(v.to_owned()))
+}
+
+fn parse_fault(text: &str) -> Result<Step> {
+    let f: Vec<&str> = text.split_whitespace().collect();
+    let [at, node, nic, kind] = f[..] else {
+        bail!("fault `{text}`: expected \"AT_S NODE NIC KIND\"");
+    };
+    let fault = match kind {
+        "down" => Fault::Down,
+        "up" => Fault::Up,
+        "blackhole" => Fault::Blackhole,
+        "restore" => Fault::Restore,
+        "drop" => Fault::Drop,
+        "undrop" => Fault::Undrop,
+        k if k.starts_with("rate=") => Fault::Rate(k["rate=".len()..].to_owned()),
+        k => bail!("fault `{text}`: unknown kind `{k}` (down up blackhole restore drop undrop rate=RATE)"),
+    };
+    let at_s: f64 = at.parse().with_context(|| format!("fault `{text}`: AT_S `{at}` is not a number"))?;
+    if !(0.0..=600.0).contains(&at_s) {
+        bail!("fault `{text}`: AT_S must be 0..=600 seconds");
+    }
+    Ok(Step {
+        at_s,
+        node: node.parse().with_context(|| format!("fault `{text}`: NODE `{node}`"))?,
+        nic: nic.parse().with_context(|| format!("fault `{text}`: NIC `{nic}`"))?,
+        fault,
+        text: format!("node {node} nic {nic} {kind}"),
+    })
+}
+
+/// Parse one scenario file's text.
+fn parse(name: &str, text: &str) -> Result<Scenario> {
+    let mut sc = Scenario {
+        name: name.to_owned(),
+        spec: Spec { prefix: PREFIX.into(), ..Spec::default() },
+        args: Vec::new(),
+        deadline: Duration::from_secs(20),
+        expect: Expect::Success,
+        expect_error: None,
+        faults: Vec::new(),
+    };
+    for (n, raw) in text.lines().enumerate() {
+        let line = strip_comment(raw).trim();
+        if line.is_empty() {
+            continue;
+        }
+        let at = || format!("{name}.toml line {}", n + 1);
+        let (key, value) = line.split_once('=').with_context(|| format!("{}: expected `key = value`", at()))?;
+        let (key, value) = (key.trim(), parse_value(value.trim()).with_context(at)?);
+        let number = |v: &Value| -> Result<u64> {
+            match v {
+                Value::Bare(b) => b.parse().with_context(|| format!("{}: `{key}` must be a number", at())),
+                _ => bail!("{}: `{key}` must be a bare number", at()),
+            }
+        };
+        let string = |v: Value| -> Result<String> {
+            match v {
+                Value::Str(s) => Ok(s),
+                _ => bail!("{}: `{key}` must be a \"string\"", at()),
+            }
+        };
+        match key {
+            "nodes" => sc.spec.nodes = u32::try_from(number(&value)?).context("nodes")?,
+            "nics" => sc.spec.nics = u32::try_from(number(&value)?).context("nics")?,
+            "rate" => {
+                let r = string(value)?;
+                sc.spec.rate = (r != "none").then_some(r);
+            }
+            "args" => sc.args = string(value)?.split_whitespace().map(str::to_owned).collect(),
+            "deadline_s" => sc.deadline = Duration::from_secs(number(&value)?),
+            "expect" => {
+                sc.expect = match string(value)?.as_str() {
+                    "success" => Expect::Success,
+                    "failure" => Expect::Failure,
+                    other => bail!("{}: expect must be \"success\" or \"failure\", got `{other}`", at()),
+                }
+            }
+            "expect_error" => sc.expect_error = Some(string(value)?),
+            "faults" => {
+                let Value::List(items) = value else { bail!("{}: faults must be an array of strings", at()) };
+                sc.faults = items.iter().map(|s| parse_fault(s)).collect::<Result<_>>().with_context(at)?;
+            }
+            other => bail!("{}: unknown key `{other}`", at()),
+        }
+    }
+    if sc.args.is_empty() {
+        bail!("{name}.toml: `args` (the r2ccl-perf arguments) is required");
+    }
+    if sc.spec.nodes < 2 {
+        bail!("{name}.toml: needs at least 2 nodes");
+    }
+    if let Some(s) = sc.faults.iter().find(|s| s.node >= sc.spec.nodes || s.nic >= sc.spec.nics) {
+        bail!("{name}.toml: fault `{}` names a node or NIC outside {} x {}", s.text, sc.spec.nodes, sc.spec.nics);
+    }
+    if sc.expect_error.is_some() && sc.expect == Expect::Success {
+        bail!("{name}.toml: expect_error only goes with expect = \"failure\"");
+    }
+    Ok(sc)
+}
+
+/// Every scenario in `dir`, sorted by name.
+fn load_all(dir: &Path) -> Result<Vec<Scenario>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|p| {
+            let name = p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let text = std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
+            parse(&name, &text)
+        })
+        .collect()
+}
+
+/// splitmix64: a tiny deterministic generator for the seeded fault jitter.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Fault times shifted by the seed (seed 0: unchanged); never before 0.1 s nor before the previous fault.
+fn jittered(steps: &[Step], seed: u64) -> Vec<Step> {
+    let mut state = seed;
+    let mut prev = 0.0f64;
+    steps
+        .iter()
+        .map(|s| {
+            let mut s = s.clone();
+            if seed != 0 {
+                let u = (splitmix(&mut state) >> 11) as f64 / (1u64 << 53) as f64;
+                s.at_s = (s.at_s + u - 0.5).max(0.1).max(prev);
+            }
+            prev = s.at_s;
+            s
+        })
+        .collect()
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// 16 random bytes from the kernel as 32 hex digits (the job secret).
+fn secret() -> Result<String> {
+    let mut b = [0u8; 16];
+    File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).context("reading /dev/urandom")?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// Kills leftover ranks and tears the testbed down when dropped (normal end, error or panic).
+struct Guard {
+    prefix: String,
+    children: Vec<Child>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            if matches!(c.try_wait(), Ok(None)) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        if let Err(e) = testbed::down(&self.prefix) {
+            eprintln!("e2e: teardown of testbed `{}` failed: {e:#}", self.prefix);
+        }
+    }
+}
+
+/// How one rank ended.
+#[derive(Clone, Copy, Debug)]
+enum End {
+    Exited(ExitStatus),
+    Hung,
+}
+
+/// What one scenario run produced.
+struct Outcome {
+    ends: Vec<End>,
+    rank0_out: String,
+    errs: Vec<String>,
+    fault_errors: Vec<String>,
+    applied: Vec<String>,
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+}
+
+fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome> {
+    let spec = &sc.spec;
+    let mut guard = Guard { prefix: spec.prefix.clone(), children: Vec::new() };
+    testbed::up(spec).with_context(|| format!("bringing the testbed up for `{}`", sc.name))?;
+    let secret = secret()?;
+    let nics: Vec<String> = (0..spec.nics).map(|r| format!("rail{r}")).collect();
+    let root = format!("{}:{PORT}", Spec::mgmt_addr(0));
+    let launched = Instant::now();
+    for i in 0..spec.nodes {
+        let out = File::create(logs.join(format!("rank{i}.out")))?;
+        let err = File::create(logs.join(format!("rank{i}.err")))?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &spec.node_ns(i)]).arg(exe).args(&sc.args);
+        // Inherited R2CCL_* variables would change the job (or be rejected as unknown); keep only logging.
+        for (k, _) in std::env::vars() {
+            if k.starts_with("R2CCL_") && k != "R2CCL_DEBUG" && k != "R2CCL_DEBUG_SUBSYS" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("R2CCL_RANK", i.to_string())
+            .env("R2CCL_WORLD_SIZE", spec.nodes.to_string())
+            .env("R2CCL_ROOT", &root)
+            .env("R2CCL_SECRET", &secret)
+            .env("R2CCL_NICS", nics.join(","))
+            .env("R2CCL_NODE", format!("node{i}"))
+            .env("R2CCL_OOB_IFACE", "mgmt0")
+            .env("UCX_LOG_LEVEL", std::env::var("UCX_LOG_LEVEL").unwrap_or_else(|_| "fatal".into()))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        guard.children.push(cmd.spawn().with_context(|| format!("starting rank {i} in {}", spec.node_ns(i)))?);
+    }
+    let deadline = launched + sc.deadline;
+    // Fault times count from the start of rank 0's timeline (after bootstrap), or from now if
+    // there is no timeline or a rank already ended.
+    let out0 = logs.join("rank0.out");
+    while Instant::now() < deadline && !read(&out0).contains("time(s)") && !read(&out0).contains("# Out of bounds") {
+        if guard.children.iter_mut().any(|c| !matches!(c.try_wait(), Ok(None))) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t0 = Instant::now();
+    let mut fault_errors = Vec::new();
+    let mut applied = Vec::new();
+    for step in jittered(&sc.faults, seed) {
+        let at = t0 + Duration::from_secs_f64(step.at_s);
+        if at > deadline {
+            fault_errors.push(format!("fault `{}` at {:.2} s falls after the deadline", step.text, step.at_s));
+            continue;
+        }
+        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        match testbed::fault(spec, step.node, step.nic, &step.fault) {
+            Ok(()) => applied.push(format!("{:.2}s {}", t0.elapsed().as_secs_f64(), step.text)),
+            Err(e) => fault_errors.push(format!("fault `{}`: {e:#}", step.text)),
+        }
+    }
+    let mut ends: Vec<Option<End>> = vec![None; guard.children.len()];
+    loop {
+        for (c, end) in guard.children.iter_mut().zip(ends.iter_mut()) {
+            if end.is_none() {
+                if let Some(status) = c.try_wait()? {
+                    *end = Some(End::Exited(status));
+                }
+            }
+        }
+        if ends.iter().all(Option::is_some) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            for (c, end) in guard.children.iter_mut().zip(ends.iter_mut()) {
+                if end.is_none() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    *end = Some(End::Hung);
+                }
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(guard);
+    let ends = ends.into_iter().map(|e| e.unwrap_or(End::Hung)).collect();
+    let errs = (0..spec.nodes).map(|i| read(&logs.join(format!("rank{i}.err")))).collect();
+    Ok(Outcome { ends, rank0_out: read(&out0), errs, fault_errors, applied })
+}
+
+/// The problems with an outcome (empty: the scenario passed).
+fn judge(sc: &Scenario, o: &Outcome) -> Vec<String> {
+    let mut bad = o.fault_errors.clone();
+    let hung: Vec<String> =
+        o.ends.iter().enumerate().filter(|(_, e)| matches!(e, End::Hung)).map(|(r, _)| r.to_string()).collect();
+    if !hung.is_empty() {
+        bad.push(format!(
+            "HANG: rank(s) {} still running at the {} s deadline (killed)",
+            hung.join(","),
+            sc.deadline.as_secs()
+        ));
+    }
+    let exited = o.ends.iter().enumerate().filter_map(|(r, e)| match e {
+        End::Exited(s) => Some((r, s)),
+        End::Hung => None,
+    });
+    match sc.expect {
+        Expect::Success => {
+            for (r, s) in exited.filter(|(_, s)| !s.success()) {
+                bad.push(format!("rank {r} exited with {s}{}", last_error(&o.errs[r])));
+            }
+            if !o.rank0_out.contains("# Out of bounds values : 0 OK") {
+                bad.push("rank 0 did not print `# Out of bounds values : 0 OK`".into());
+            }
+        }
+        Expect::Failure => {
+            for (r, _) in exited.filter(|(_, s)| s.success()) {
+                bad.push(format!("rank {r} exited 0 but the job was expected to fail"));
+            }
+            if let Some(text) = &sc.expect_error {
+                let faulted: Vec<u32> = sc.faults.iter().map(|s| s.node).collect();
+                for r in (0..sc.spec.nodes).filter(|r| !faulted.contains(r)) {
+                    if !o.errs[r as usize].contains(text.as_str()) {
+                        bad.push(format!(
+                            "survivor rank {r}: stderr lacks `{text}`{}",
+                            last_error(&o.errs[r as usize])
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    bad
+}
+
+/// The last non-empty stderr line, for a failure message.
+fn last_error(err: &str) -> String {
+    err.lines().rev().find(|l| !l.trim().is_empty()).map(|l| format!(" (stderr: {})", l.trim())).unwrap_or_default()
+}
+
+fn describe(ends: &[End]) -> String {
+    ends.iter()
+        .map(|e| match e {
+            End::Exited(s) => s.code().map_or_else(|| s.to_string(), |c| c.to_string()),
+            End::Hung => "hang".into(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `cargo xtask e2e [--scenario NAME] [--seed S]`.
+pub(crate) fn main(args: &[String]) -> Result<()> {
+    let mut only: Option<String> = None;
+    let mut seed = 0u64;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--scenario" => only = Some(it.next().context("--scenario needs a name")?.clone()),
+            "--seed" => seed = it.next().context("--seed needs a number")?.parse().context("--seed: not a number")?,
+            other => bail!("e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S]"),
+        }
+    }
+    let root = crate::workspace_root();
+    let mut scenarios = load_all(&root.join("tests/scenarios"))?;
+    if let Some(name) = &only {
+        let names: Vec<String> = scenarios.iter().map(|s| s.name.clone()).collect();
+        scenarios.retain(|s| &s.name == name);
+        if scenarios.is_empty() {
+            bail!("e2e: no scenario `{name}`; there are: {}", names.join(" "));
+        }
+    }
+    if !is_root() {
+        if std::env::var_os("CI").is_some() {
+            bail!("e2e: needs root (network namespaces), and CI is set: run CI as root");
+        }
+        println!("******** e2e SKIPPED (not root): e2e needs network namespaces ********");
+        return Ok(());
+    }
+    crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-perf"])?;
+    let exe = root.join("target/release/r2ccl-perf");
+    let (mut passed, mut failed) = (0u32, 0u32);
+    for sc in &scenarios {
+        let logs = root.join("target/e2e").join(&sc.name);
+        let _ = std::fs::remove_dir_all(&logs);
+        std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        let start = Instant::now();
+        let result = execute(sc, &exe, &logs, seed);
+        let secs = start.elapsed().as_secs_f64();
+        let shape = format!("{}x{}", sc.spec.nodes, sc.spec.nics);
+        let problems = match &result {
+            Ok(o) => judge(sc, o),
+            Err(e) => vec![format!("{e:#}")],
+        };
+        if let Ok(o) = &result {
+            for line in o
+                .rank0_out
+                .lines()
+                .filter(|l| l.starts_with("#   event") || l.starts_with("# event") || l.starts_with("# bus bandwidth"))
+            {
+                println!("  {}: {}", sc.name, line.trim_start_matches('#').trim());
+            }
+        }
+        let exits = result.as_ref().map(|o| describe(&o.ends)).unwrap_or_default();
+        let faults = result.as_ref().map(|o| o.applied.join("; ")).unwrap_or_default();
+        let want = match sc.expect {
+            Expect::Success => "success",
+            Expect::Failure => "failure",
+        };
+        if problems.is_empty() {
+            passed += 1;
+            println!("e2e: PASS {} ({shape}, expect {want}) {secs:.1} s; exits [{exits}]; faults [{faults}]", sc.name);
+        } else {
+            failed += 1;
+            println!(
+                "e2e: FAIL {} ({shape}, expect {want}) {secs:.1} s; exits [{exits}]; faults [{faults}]; logs {}",
+                sc.name,
+                logs.display()
+            );
+            for p in &problems {
+                println!("  {}: {p}", sc.name);
+            }
+        }
+    }
+    println!(
+        "e2e: {passed} passed, {failed} failed{}",
+        if seed != 0 { format!(" (seed {seed})") } else { String::new() }
+    );
+    if failed > 0 {
+        bail!("e2e: {failed} scenario(s) failed");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every checked-in scenario parses, and the parser rejects what it does not understand.
+    #[test]
+    fn scenarios_parse() {
+        let all = load_all(&crate::workspace_root().join("tests/scenarios")).expect("scenarios parse");
+        let names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
+        for want in ["all-nics-down", "blackhole", "flap", "nic-down"] {
+            assert!(names.contains(&want), "scenario {want} exists");
+        }
+        let flap = all.iter().find(|s| s.name == "flap").expect("flap");
+        assert_eq!((flap.spec.nodes, flap.spec.nics, flap.faults.len()), (2, 2, 2));
+        assert_eq!(flap.faults[1].fault, Fault::Up);
+        assert!(parse("x", "nodes = 2\nbogus = 1\nargs = \"a\"").is_err());
+        assert!(parse("x", "nodes = 2\nargs = \"a\"\nfaults = [\"1 5 0 down\"]").is_err());
+        assert!(parse("x", "nodes = 2 # two\nargs = \"a # b\"").is_ok_and(|s| s.args == ["a", "#", "b"]));
+    }
+
+    /// Seeded jitter moves faults by less than half a second and keeps their order.
+    #[test]
+    fn jitter_keeps_order() {
+        let sc = parse("x", "nodes = 2\nargs = \"a\"\nfaults = [\"1.5 0 1 down\", \"3.0 0 1 up\"]").expect("parses");
+        for seed in 1..200 {
+            let j = jittered(&sc.faults, seed);
+            assert!(j[0].at_s <= j[1].at_s);
+            assert!(j.iter().zip(&sc.faults).all(|(a, b)| (a.at_s - b.at_s).abs() <= 0.5 + 1e-9 || a.at_s == 0.1));
+        }
+        assert_eq!(jittered(&sc.faults, 0)[0].at_s, 1.5);
+    }
+}
