@@ -37,6 +37,13 @@ pub(crate) fn run(root: &Path) -> Result<()> {
             bail!("tidy found {} problem(s)", problems.len())
         }
     })?;
+    step("e2e smoke on the namespace testbed", || {
+        // The stable scenarios; `blackhole` is known to hang intermittently (issue 7).
+        for scenario in ["nic-down", "flap", "all-nics-down"] {
+            cmd("cargo", &["xtask", "e2e", "--scenario", scenario])?;
+        }
+        Ok(())
+    })?;
     step("cargo deny", || cmd("cargo", &["deny", "check", "licenses", "bans", "sources"]))?;
     println!("\nci: all checks passed in {:.0} s", t.elapsed().as_secs_f64());
     Ok(())
