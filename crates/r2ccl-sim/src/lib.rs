@@ -12,7 +12,6 @@
 
 pub mod closed;
 pub mod collective;
-pub mod convert;
 pub mod engine;
 mod error;
 pub mod fabric;
