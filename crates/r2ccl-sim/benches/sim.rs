@@ -12,9 +12,22 @@ fn main() {
     let job = AllReduceJob { nodes: (0..128).collect(), bytes: 256.0 * 1048576.0, intra: true, chunks: 1 };
     let fails = [Failure::known_down(3, 2), Failure::down_at(70, 5, 0.002)];
     let e = EngineConfig::with_repair(RepairMode::Spread);
-    for s in [Strategy::Balance, Strategy::HotRepair, Strategy::Recursive] {
+    for s in [Strategy::Balance, Strategy::HotRepair, Strategy::Recursive, Strategy::Planner, Strategy::AlgoBalance] {
         let t = Instant::now();
         let r = allreduce_run(&fab, s, &job, &fails, &e).unwrap();
+        if let Some(choice) = s.schedule_choice() {
+            let h = r2ccl_sim::workload::plan_health(&fab, &fails);
+            let p = r2ccl_sim::convert::plan_allreduce(&fab, &h, &job, choice).unwrap();
+            let predicted = p.plan.candidate(p.strategy).map_or(f64::NAN, |c| c.time_s);
+            println!(
+                "  {} runs r2ccl-algo {:?} with {} chunks; planner predicted {:.4} s (balance {:.4} s)",
+                s.name(),
+                p.strategy,
+                p.request.chunks,
+                predicted,
+                p.plan.candidate(r2ccl_policy::Strategy::Balance).map_or(f64::NAN, |c| c.time_s)
+            );
+        }
         let wall = t.elapsed().as_secs_f64();
         println!(
             "1024-GPU AllReduce 256 MiB, 2 failures, {:<10}: simulated {:.4} s, {} flows, {} events, wall {:.3} s (target < 1 s)",

@@ -8,8 +8,10 @@
 //! stragglers from a fraction of the buffer (scatter-in, reduce-scatter, all-gather, gather-back), and
 //! recursive AllReduce water-fills fractions over bandwidth classes with reduce-to-helper and broadcast-back.
 
+use crate::convert::Choice;
 use crate::engine::{Dag, Op, RailMask, RepairMode, TaskId, ALL_RAILS};
 use crate::fabric::{Endpoint, Fabric};
+use r2ccl_policy::Strategy as PolicyStrategy;
 use serde::{Deserialize, Serialize};
 
 /// Usable fraction of every NIC as the planner knows it: `health[node][rail]` in [0, 1].
@@ -53,6 +55,24 @@ pub enum Strategy {
     /// AdapCC-like baseline: re-plans only between collectives (see docs/reproduction.md for its model).
     #[serde(rename = "adapcc")]
     AdapCc,
+    /// The exact r2ccl-algo schedule that r2ccl-policy chooses for the case (see [`crate::convert`]).
+    #[serde(rename = "planner")]
+    Planner,
+    /// r2ccl-algo's Balance schedule (hierarchical ring, bandwidth-weighted NIC splits) as planned.
+    #[serde(rename = "algo_balance")]
+    AlgoBalance,
+    /// r2ccl-algo's single-backup (hot repair) schedule as planned.
+    #[serde(rename = "algo_single_backup")]
+    AlgoSingleBackup,
+    /// r2ccl-algo's R2CCL-AllReduce schedule with the planner's tail fraction and chunks.
+    #[serde(rename = "algo_r2ccl_allreduce")]
+    AlgoR2cclAllReduce,
+    /// r2ccl-algo's recursive AllReduce schedule with the planner's chunks.
+    #[serde(rename = "algo_recursive")]
+    AlgoRecursive,
+    /// r2ccl-algo's four-stage schedule with the planner's chunks.
+    #[serde(rename = "algo_four_stage")]
+    AlgoFourStage,
 }
 
 impl Strategy {
@@ -77,14 +97,43 @@ impl Strategy {
             Strategy::Recursive => "recursive",
             Strategy::FourStage => "four_stage",
             Strategy::AdapCc => "adapcc",
+            Strategy::Planner => "planner",
+            Strategy::AlgoBalance => "algo_balance",
+            Strategy::AlgoSingleBackup => "algo_single_backup",
+            Strategy::AlgoR2cclAllReduce => "algo_r2ccl_allreduce",
+            Strategy::AlgoRecursive => "algo_recursive",
+            Strategy::AlgoFourStage => "algo_four_stage",
         }
+    }
+
+    /// The strategies that run r2ccl-algo schedules converted by [`crate::convert`], in table order.
+    pub const SCHEDULED: [Strategy; 6] = [
+        Strategy::Planner,
+        Strategy::AlgoBalance,
+        Strategy::AlgoSingleBackup,
+        Strategy::AlgoR2cclAllReduce,
+        Strategy::AlgoRecursive,
+        Strategy::AlgoFourStage,
+    ];
+
+    /// For strategies that run r2ccl-algo schedules: which one (`None`: built here from formulas).
+    pub fn schedule_choice(self) -> Option<Choice> {
+        Some(match self {
+            Strategy::Planner => Choice::Planner,
+            Strategy::AlgoBalance => Choice::Candidate(PolicyStrategy::Balance),
+            Strategy::AlgoSingleBackup => Choice::Candidate(PolicyStrategy::SingleBackup),
+            Strategy::AlgoR2cclAllReduce => Choice::Candidate(PolicyStrategy::R2cclAllReduce),
+            Strategy::AlgoRecursive => Choice::Candidate(PolicyStrategy::Recursive),
+            Strategy::AlgoFourStage => Choice::Candidate(PolicyStrategy::FourStage),
+            _ => return None,
+        })
     }
 
     /// How the engine moves transfers on failed NICs for this strategy (in flight and at start).
     pub fn repair_mode(self) -> RepairMode {
         match self {
             Strategy::NoResilience => RepairMode::None,
-            Strategy::HotRepair | Strategy::AdapCc => RepairMode::SingleBackup,
+            Strategy::HotRepair | Strategy::AdapCc | Strategy::AlgoSingleBackup => RepairMode::SingleBackup,
             _ => RepairMode::Spread,
         }
     }
@@ -509,7 +558,14 @@ pub fn build_allreduce(
         Strategy::NoResilience | Strategy::HotRepair | Strategy::AdapCc => {
             b.hierarchical(job, &chans, job.bytes, start, false)
         }
-        Strategy::Balance => b.hierarchical(job, &chans, job.bytes, start, true),
+        // The scheduled strategies come from r2ccl-algo (`crate::convert::append_allreduce`); asked here, they
+        // get the closest formula schedule.
+        Strategy::Balance | Strategy::Planner | Strategy::AlgoBalance | Strategy::AlgoSingleBackup => {
+            b.hierarchical(job, &chans, job.bytes, start, true)
+        }
+        Strategy::AlgoR2cclAllReduce => build_allreduce(dag, fabric, health, Strategy::R2cclAllReduce, job, start),
+        Strategy::AlgoRecursive => build_allreduce(dag, fabric, health, Strategy::Recursive, job, start),
+        Strategy::AlgoFourStage => build_allreduce(dag, fabric, health, Strategy::FourStage, job, start),
         Strategy::R2cclAllReduce => {
             if degraded.len() != 1 || n < 3 {
                 return b.hierarchical(job, &chans, job.bytes, start, true);

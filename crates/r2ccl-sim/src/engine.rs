@@ -45,6 +45,37 @@ pub enum Op {
         /// bytes times the number of transfers of its kind that run one after another on a link).
         weight: f64,
     },
+    /// Move `bytes` from `src` to `dst` leaving on NIC `src_rail` of the sending node and arriving on NIC
+    /// `dst_rail` of the receiving node (through the spine when they differ): one part of a schedule's
+    /// [`r2ccl_algo::RailSplit`]. If either NIC is known failed when the flow starts or while it runs, the
+    /// flow is moved like a [`Op::Transfer`] on those two rails under the run's [`RepairMode`].
+    Pinned {
+        /// Sending GPU.
+        src: Endpoint,
+        /// Receiving GPU.
+        dst: Endpoint,
+        /// Payload, bytes.
+        bytes: f64,
+        /// Rail of the sending node's NIC.
+        src_rail: u32,
+        /// Rail of the receiving node's NIC.
+        dst_rail: u32,
+        /// Weight in weighted max-min sharing.
+        weight: f64,
+    },
+}
+
+impl Op {
+    /// `(src, dst, bytes, rails)` of a transfer (pinned transfers: the mask of their two rails).
+    fn transfer(&self) -> Option<(Endpoint, Endpoint, f64, RailMask)> {
+        match *self {
+            Op::Delay(_) => None,
+            Op::Transfer { src, dst, bytes, rails, .. } => Some((src, dst, bytes, rails)),
+            Op::Pinned { src, dst, bytes, src_rail, dst_rail, .. } => {
+                Some((src, dst, bytes, (1u64 << src_rail.min(63)) | (1u64 << dst_rail.min(63))))
+            }
+        }
+    }
 }
 
 /// A DAG of tasks: a task starts when all its dependencies have finished.
@@ -490,7 +521,7 @@ impl<'a> Sim<'a> {
     fn start_task(&mut self, task: u32, at: f64) {
         match self.dag.ops[task as usize] {
             Op::Delay(d) => self.push(at + d.max(0.0), Ev::DelayDone(task)),
-            Op::Transfer { src, dst, .. } => {
+            Op::Transfer { src, dst, .. } | Op::Pinned { src, dst, .. } => {
                 let lat = self.fabric.path_latency(src, dst);
                 self.push(at + lat, Ev::FlowStart(task));
             }
@@ -695,8 +726,19 @@ impl<'a> Sim<'a> {
     }
 
     fn flow_start(&mut self, task: u32) {
-        let Op::Transfer { src, dst, bytes, rails, weight } = self.dag.ops[task as usize] else {
-            return;
+        let (src, dst, bytes, rails, weight) = match self.dag.ops[task as usize] {
+            Op::Delay(_) => return,
+            Op::Transfer { src, dst, bytes, rails, weight } => (src, dst, bytes, rails, weight),
+            Op::Pinned { src, dst, bytes, src_rail, dst_rail, weight } => {
+                let live = src.node == dst.node
+                    || (self.usable(src.node, src_rail) > 0.0 && self.usable(dst.node, dst_rail) > 0.0);
+                if live && bytes > 0.0 {
+                    self.subs_left[task as usize] = 1;
+                    self.add_sub(task, src, dst, src_rail, dst_rail, bytes, weight);
+                    return;
+                }
+                (src, dst, bytes, (1u64 << src_rail.min(63)) | (1u64 << dst_rail.min(63)), weight)
+            }
         };
         if bytes <= 0.0 {
             self.task_done(task);
@@ -749,7 +791,7 @@ impl<'a> Sim<'a> {
                 let sub = &self.subs[s as usize];
                 (sub.task, sub.remaining, sub.orig, sub.weight)
             };
-            let Op::Transfer { src, dst, rails, .. } = self.dag.ops[task as usize] else {
+            let Some((src, dst, _, rails)) = self.dag.ops[task as usize].transfer() else {
                 continue;
             };
             let sent = orig - remaining;
@@ -968,5 +1010,24 @@ mod tests {
             [Failure { node: 0, rail: 0, kind: FailureKind::Degraded { fraction: 0.5 }, at_s: 0.0, until_s: None }];
         let r = simulate(&f, &dag, &fail, &EngineConfig::with_repair(RepairMode::Spread)).unwrap();
         assert!((r.makespan - 2.0).abs() < 1e-9, "{}", r.makespan);
+    }
+
+    #[test]
+    fn pinned_parts_use_their_nics_and_move_when_one_fails() {
+        let f = fab(2, 2);
+        let mut dag = Dag::new();
+        let (a, b) = (Endpoint::new(0, 0), Endpoint::new(1, 0));
+        // Cross-rail 0 -> 1 and same-rail 1 -> 1 share node 1's NIC 1 downlink: 0.5 GB/s each.
+        dag.add(Op::Pinned { src: a, dst: b, bytes: 1e9, src_rail: 0, dst_rail: 1, weight: 1.0 }, &[]);
+        dag.add(Op::Pinned { src: a, dst: b, bytes: 1e9, src_rail: 1, dst_rail: 1, weight: 1.0 }, &[]);
+        let r = simulate(&f, &dag, &[], &EngineConfig::with_repair(RepairMode::None)).unwrap();
+        assert!((r.makespan - 2.0).abs() < 1e-9, "{}", r.makespan);
+        // A pinned part on a NIC known dead at the start is spread over the rails alive at both ends.
+        let mut dag = Dag::new();
+        dag.add(Op::Pinned { src: a, dst: b, bytes: 1e9, src_rail: 0, dst_rail: 0, weight: 1.0 }, &[]);
+        let r =
+            simulate(&f, &dag, &[Failure::known_down(1, 0)], &EngineConfig::with_repair(RepairMode::Spread)).unwrap();
+        assert!(!r.stalled);
+        assert!((r.makespan - 1.0).abs() < 1e-9, "{}", r.makespan);
     }
 }

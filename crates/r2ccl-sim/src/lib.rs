@@ -3,7 +3,9 @@
 //! What it does: models nodes, GPUs on NVLink, rail-optimized NICs, rail switches and a spine as links with
 //! bandwidth and latency; runs any DAG of transfers and compute delays with max-min fair link sharing; applies
 //! failure timelines (NIC down and back, silent black holes with a detection delay, degraded speed) to
-//! in-flight flows; builds AllReduce schedules for every strategy under test; models data-parallel and
+//! in-flight flows; builds AllReduce schedules for every strategy under test from formulas, and also runs the
+//! exact r2ccl-algo schedules that r2ccl-policy chooses ([`convert`]: every Send/Recv part becomes a flow pinned
+//! to its NIC pair, intra-node messages go over NVLink); models data-parallel and
 //! tensor+pipeline-parallel training and LLM decode; and reproduces the paper's tables (`reproduce`).
 //!
 //! What it does not do: no IO, no clocks and no threads in the library (simulated time only, deterministic);
@@ -12,6 +14,7 @@
 
 pub mod closed;
 pub mod collective;
+pub mod convert;
 pub mod engine;
 mod error;
 pub mod fabric;

@@ -132,6 +132,7 @@ pub fn gpt3_2p7b() -> Result<Table, SimError> {
     let two = sc.run()?;
     let base = one.rows.first().map_or(0.0, sc_tokens);
     let mut rows = vec![vec!["no failure".into(), format!("{base:.0}"), "314,618".into(), "-".into(), "-".into()]];
+    push_scheduled_rows(&mut sc, &mut rows, 1)?;
     let paper = [
         (Strategy::AdapCc, "AdapCC-like", "289,565", "-8.0%"),
         (Strategy::HotRepair, "hot repair only", "300,151", "-4.6%"),
@@ -172,6 +173,33 @@ pub fn gpt3_2p7b() -> Result<Table, SimError> {
     })
 }
 
+/// Rows of the r2ccl-algo schedules (planner's choice and algo Balance) for the scenario's first `failures`
+/// failures; the scenario's strategies and failures are restored afterwards.
+fn push_scheduled_rows(sc: &mut Scenario, rows: &mut Vec<Vec<String>>, failures: usize) -> Result<(), SimError> {
+    let (strategies, all_failures) = (sc.strategies.clone(), sc.failures.clone());
+    sc.strategies = vec![Strategy::Planner, Strategy::AlgoBalance];
+    sc.failures.truncate(failures);
+    let r = sc.run();
+    sc.strategies = strategies;
+    sc.failures = all_failures;
+    let r = r?;
+    for (s, label) in [
+        (Strategy::Planner, "planner's choice (r2ccl-algo schedule)"),
+        (Strategy::AlgoBalance, "Balance (r2ccl-algo schedule)"),
+    ] {
+        if let Some(x) = row_of(&r, s) {
+            rows.push(vec![
+                label.into(),
+                format!("{:.0}", x.tokens_per_s),
+                "-".into(),
+                pct(-x.overhead_pct / (1.0 + x.overhead_pct / 100.0)),
+                "-".into(),
+            ]);
+        }
+    }
+    Ok(())
+}
+
 fn sc_tokens(r: &crate::scenario::StrategyReport) -> f64 {
     r.healthy_tokens_per_s
 }
@@ -185,6 +213,7 @@ pub fn gpt3_13b() -> Result<Table, SimError> {
     let two = sc.run()?;
     let base = one.rows.first().map_or(0.0, sc_tokens);
     let mut rows = vec![vec!["no failure".into(), format!("{base:.0}"), "8,340".into(), "-".into(), "-".into()]];
+    push_scheduled_rows(&mut sc, &mut rows, 1)?;
     for (s, label, ptok, ploss) in [
         (Strategy::HotRepair, "hot repair only", "8,233", "-1.3%"),
         (Strategy::Balance, "Balance", "8,309", "-0.37%"),
@@ -284,6 +313,7 @@ pub fn scale_1024() -> Result<Table, SimError> {
 /// LLM decode with single NIC failures.
 pub fn inference() -> Result<Table, SimError> {
     let mut sc = scenario("decode_tp16")?;
+    sc.strategies.push(Strategy::Planner);
     let mut rows = Vec::new();
     for (label, kind) in [
         ("down", FailureKind::Down),
@@ -294,18 +324,32 @@ pub fn inference() -> Result<Table, SimError> {
         let r = sc.run()?;
         let mut row =
             vec![label.to_string(), format!("{:.3} ms", r.rows.first().map_or(0.0, |x| x.healthy_seconds) * 1e3)];
-        for s in
-            [Strategy::HotRepair, Strategy::Balance, Strategy::R2cclAllReduce, Strategy::Recursive, Strategy::FourStage]
-        {
+        for s in [
+            Strategy::HotRepair,
+            Strategy::Balance,
+            Strategy::R2cclAllReduce,
+            Strategy::Recursive,
+            Strategy::FourStage,
+            Strategy::Planner,
+        ] {
             row.push(row_of(&r, s).map_or("-".into(), |x| pct(x.overhead_pct)));
         }
         rows.push(row);
     }
     Ok(Table {
         title: "70B decode, TP=16 over 2 x 8 H100: time-per-token overhead of one NIC failure (paper: < 3%)".into(),
-        header: ["failure", "healthy TPOT", "hot repair", "Balance", "R2CCL-AllReduce", "recursive", "four-stage"]
-            .map(String::from)
-            .to_vec(),
+        header: [
+            "failure",
+            "healthy TPOT",
+            "hot repair",
+            "Balance",
+            "R2CCL-AllReduce",
+            "recursive",
+            "four-stage",
+            "planner (r2ccl-algo schedule)",
+        ]
+        .map(String::from)
+        .to_vec(),
         rows,
     })
 }

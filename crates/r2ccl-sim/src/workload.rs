@@ -146,7 +146,14 @@ pub fn allreduce_run(
 ) -> Result<crate::engine::RunResult, SimError> {
     let h = plan_health(fabric, failures);
     let mut dag = Dag::new();
-    build_allreduce(&mut dag, fabric, &h, strategy, job, None);
+    match strategy.schedule_choice() {
+        Some(choice) => {
+            crate::convert::append_allreduce(&mut dag, fabric, &h, job, choice, None)?;
+        }
+        None => {
+            build_allreduce(&mut dag, fabric, &h, strategy, job, None);
+        }
+    }
     let cfg = EngineConfig { repair: strategy.repair_mode(), ..*engine };
     simulate(fabric, &dag, failures, &cfg)
 }

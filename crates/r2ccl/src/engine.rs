@@ -193,6 +193,8 @@ pub struct Engine {
     no_path: Vec<(MigrationRequest, Duration)>,
     epochs: BTreeMap<LaneId, u32>,
     probes: BTreeMap<PathId, Duration>,
+    /// Receipts that arrived before their send was started (kept until it is).
+    early_receipts: BTreeSet<TransferKey>,
     /// Stalled paths being probed, with the time the probe must have answered by.
     suspects: BTreeMap<PathId, Duration>,
     /// Paths whose stall was explained by a probe answer: not suspected again before this time.
@@ -233,6 +235,7 @@ impl Engine {
             no_path: Vec::new(),
             epochs: BTreeMap::new(),
             probes: BTreeMap::new(),
+            early_receipts: BTreeSet::new(),
             suspects: BTreeMap::new(),
             quiet: BTreeMap::new(),
             notified: BTreeSet::new(),
@@ -411,6 +414,7 @@ impl Engine {
             }
         }
         let ready: VecDeque<usize> = (0..n).filter(|&i| remaining[i] == 0).collect();
+        self.early_receipts.retain(|k| k.seq >= seq);
         self.exec = Some(Exec {
             seq,
             sched,
@@ -560,7 +564,13 @@ impl Engine {
                     let buf = Buffer { region: h, offset, len: src.len };
                     match self.session.start_send(now, t, key, buf, &weights) {
                         Ok(_) => {
-                            x.unacked.insert(key);
+                            // A receipt can beat its send here (an empty transfer completes at
+                            // the receiver at once): then the send is acknowledged already.
+                            if self.early_receipts.remove(&key) {
+                                self.session.release_send(key);
+                            } else {
+                                x.unacked.insert(key);
+                            }
                         }
                         Err(SessionError::NoPath(_) | SessionError::NoUsableNic(_)) => {
                             // Paths may be down only for now (a stall); a node whose NICs are all
@@ -889,8 +899,10 @@ impl Engine {
                     return Ok(());
                 }
                 self.session.release_send(key);
-                if let Some(x) = &mut self.exec {
-                    x.unacked.remove(&key);
+                let known = self.exec.as_mut().is_some_and(|x| x.unacked.remove(&key));
+                let current = self.exec.as_ref().map_or(self.finished.unwrap_or(0), |x| x.seq);
+                if !known && key.seq >= current {
+                    self.early_receipts.insert(key);
                 }
             }
         }

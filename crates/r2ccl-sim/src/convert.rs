@@ -1,0 +1,360 @@
+//! Runs the exact schedules of r2ccl-algo, as r2ccl-policy plans them, on the simulated fabric.
+//!
+//! [`append_schedules`] turns every rank's [`RankSchedule`] into tasks of a flow [`Dag`]: each matched
+//! Send/Recv pair (same sender, receiver and tag) becomes one transfer per [`r2ccl_algo::RailPart`] of its
+//! split (bytes from [`r2ccl_algo::RailSplit::divide`]) from the sending node's NIC `src` rail to the
+//! receiving node's NIC `dst` rail ([`Op::Pinned`]; different rails cross the spine), or one NVLink transfer
+//! for an intra-node message. A send starts when its step's dependencies are done and completes when all its
+//! parts have arrived; a receive completes when the message has arrived and its own dependencies are done;
+//! local copies and reductions take no time (the simulator models no GPU compute inside a collective).
+//! Schedules are built and converted one rank at a time, so memory beyond the DAG itself stays per rank.
+//!
+//! [`plan_allreduce`] and [`append_allreduce`] put the planner in front: a [`Topology`] and [`HealthView`]
+//! derived from the simulated fabric and the failures known at the start, [`r2ccl_policy::plan_payload`],
+//! then the chosen (or an explicitly requested) candidate's [`ScheduleRequest`] built on
+//! [`r2ccl_policy::schedule_fabric`].
+
+use crate::collective::{AllReduceJob, PlanHealth};
+use crate::engine::{Dag, Op, TaskId};
+use crate::error::SimError;
+use crate::fabric::{Endpoint, Fabric};
+use r2ccl_algo::{AlgoError, Layout, RankSchedule, ScheduleRequest, StepKind};
+use r2ccl_core::{DType, HealthEpoch, HealthView, NicHealth, NodeHealth, Rank, ReduceOp};
+use r2ccl_policy::{Collective, NodeSpec, Plan, Strategy as PolicyStrategy, Topology};
+use std::collections::HashMap;
+
+/// What a conversion produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Converted {
+    /// Task that finishes when every rank's last step has finished.
+    pub end: TaskId,
+    /// Transfer tasks created (one per NIC part, one per intra-node message).
+    pub transfers: usize,
+    /// Steps converted, all ranks together.
+    pub steps: usize,
+    /// Bytes sent by each NIC, `[algo node * nics + rail]` (algo node `i` is simulated node `nodes[i]`).
+    pub nic_tx: Vec<u64>,
+    /// Bytes received by each NIC, same indexing.
+    pub nic_rx: Vec<u64>,
+    /// Bytes moved inside each node (NVLink messages between ranks), by algo node.
+    pub intra_bytes: Vec<u64>,
+}
+
+impl Converted {
+    /// Bytes moved inside algo node `node` (0 for an unknown node).
+    pub fn intra_bytes_of(&self, node: usize) -> u64 {
+        self.intra_bytes.get(node).copied().unwrap_or(0)
+    }
+}
+
+/// A message whose other side has not been converted yet.
+#[derive(Clone, Copy, Debug)]
+enum Half {
+    /// The sender's parts are done at this task.
+    Sent(TaskId),
+    /// The receiver's task waits for the message.
+    Posted(TaskId),
+}
+
+/// Convert the schedules of every rank of `layout` (from `build`, called once per rank in rank order) into
+/// tasks of `dag` after `start`. Algo node `i` runs on simulated node `nodes[i]`; a rank runs on the GPU of
+/// its local index.
+pub fn append_schedules(
+    dag: &mut Dag,
+    fabric: &Fabric,
+    layout: &Layout,
+    nodes: &[u32],
+    mut build: impl FnMut(Rank) -> Result<RankSchedule, AlgoError>,
+    start: Option<TaskId>,
+) -> Result<Converted, SimError> {
+    let s = fabric.spec();
+    let k = layout.nics_per_node();
+    if layout.nodes() != nodes.len() {
+        return Err(SimError::Convert(format!("layout has {} nodes, placement {}", layout.nodes(), nodes.len())));
+    }
+    if k != s.nics_per_node as usize {
+        return Err(SimError::Convert(format!("layout has {k} NICs per node, the fabric {}", s.nics_per_node)));
+    }
+    if let Some(&bad) = nodes.iter().find(|&&n| n >= s.nodes) {
+        return Err(SimError::Convert(format!("placement names node {bad}; the fabric has {}", s.nodes)));
+    }
+    let endpoint = |r: Rank| -> Result<Endpoint, SimError> {
+        let node = layout.node_of(r).map_err(|e| SimError::Convert(e.to_string()))?;
+        let local = layout.local_index(r).map_err(|e| SimError::Convert(e.to_string()))? as u32;
+        if local >= s.gpus_per_node {
+            return Err(SimError::Convert(format!("{r} is local rank {local}; nodes have {} GPUs", s.gpus_per_node)));
+        }
+        Ok(Endpoint::new(nodes[node.index()], local))
+    };
+    let mut out = Converted {
+        end: 0,
+        transfers: 0,
+        steps: 0,
+        nic_tx: vec![0; layout.nodes() * k],
+        nic_rx: vec![0; layout.nodes() * k],
+        intra_bytes: vec![0; layout.nodes()],
+    };
+    let mut open: HashMap<(u32, u32, u64), Half> = HashMap::new();
+    let mut sinks: Vec<TaskId> = Vec::new();
+    let mut task_of: Vec<TaskId> = Vec::new();
+    let mut has_dependent: Vec<bool> = Vec::new();
+    let mut deps: Vec<TaskId> = Vec::new();
+    let mut parts: Vec<TaskId> = Vec::new();
+    // One connection per (peer, NIC pair) delivers in order, as a queue pair does: a part starts after the
+    // previous part on the same connection has arrived.
+    let mut last_part: HashMap<(u32, u32, u32), TaskId> = HashMap::new();
+    for r in 0..layout.ranks() as u32 {
+        last_part.clear();
+        let rank = Rank(r);
+        let sched = build(rank).map_err(|e| SimError::Convert(format!("building {rank}: {e}")))?;
+        let me = endpoint(rank)?;
+        let my_node = layout.node_of(rank).map_err(|e| SimError::Convert(e.to_string()))?.index();
+        let elem = sched.dtype.size() as u64;
+        task_of.clear();
+        has_dependent.clear();
+        has_dependent.resize(sched.steps().len(), false);
+        for (i, step) in sched.steps().iter().enumerate() {
+            deps.clear();
+            for &d in sched.deps(i) {
+                let d = d as usize;
+                let t = *task_of.get(d).ok_or_else(|| {
+                    SimError::Convert(format!("{rank} step {i} depends on step {d}, which is not earlier"))
+                })?;
+                has_dependent[d] = true;
+                deps.push(t);
+            }
+            if deps.is_empty() {
+                deps.extend(start);
+            }
+            let task = match step.kind {
+                StepKind::Copy { .. } | StepKind::Reduce { .. } => dag.barrier(&deps),
+                StepKind::Recv { peer, tag, .. } => {
+                    let t = dag.barrier(&deps);
+                    match open.remove(&(peer.0, r, tag.0)) {
+                        Some(Half::Sent(done)) => dag.depend(done, t),
+                        Some(Half::Posted(_)) => {
+                            return Err(SimError::Convert(format!("{rank} receives tag {} from {peer} twice", tag.0)))
+                        }
+                        None => {
+                            open.insert((peer.0, r, tag.0), Half::Posted(t));
+                        }
+                    }
+                    t
+                }
+                StepKind::Send { peer, tag, src, split } => {
+                    let dst = endpoint(peer)?;
+                    parts.clear();
+
+                    match sched.split(split) {
+                        None => {
+                            if me.node != dst.node {
+                                return Err(SimError::Convert(format!(
+                                    "{rank} sends to {peer} on another node without a NIC split"
+                                )));
+                            }
+                            let bytes = src.len as f64;
+                            out.intra_bytes[my_node] += src.len;
+                            let op = Op::Transfer { src: me, dst, bytes, rails: 0, weight: bytes };
+                            parts.push(add_in_order(dag, &mut last_part, (peer.0, u32::MAX, u32::MAX), op, &deps));
+                        }
+                        Some(sp) => {
+                            let peer_node = layout.node_of(peer).map_err(|e| SimError::Convert(e.to_string()))?;
+                            for (part, bytes) in sp.parts.iter().zip(sp.divide(src.len, elem)) {
+                                if bytes == 0 {
+                                    continue;
+                                }
+                                let (sr, dr) = (part.src.index(), part.dst.index());
+                                if sr >= k || dr >= k {
+                                    return Err(SimError::Convert(format!("{rank} step {i} uses rail {sr}/{dr}")));
+                                }
+                                out.nic_tx[my_node * k + sr] += bytes;
+                                out.nic_rx[peer_node.index() * k + dr] += bytes;
+                                let b = bytes as f64;
+                                let op = Op::Pinned {
+                                    src: me,
+                                    dst,
+                                    bytes: b,
+                                    src_rail: sr as u32,
+                                    dst_rail: dr as u32,
+                                    weight: b,
+                                };
+                                let key = (peer.0, sr as u32, dr as u32);
+                                parts.push(add_in_order(dag, &mut last_part, key, op, &deps));
+                            }
+                        }
+                    }
+                    out.transfers += parts.len();
+                    let done = match parts.as_slice() {
+                        [one] => *one,
+                        [] => dag.barrier(&deps),
+                        many => dag.barrier(many),
+                    };
+                    match open.remove(&(r, peer.0, tag.0)) {
+                        Some(Half::Posted(t)) => dag.depend(done, t),
+                        Some(Half::Sent(_)) => {
+                            return Err(SimError::Convert(format!("{rank} sends tag {} to {peer} twice", tag.0)))
+                        }
+                        None => {
+                            open.insert((r, peer.0, tag.0), Half::Sent(done));
+                        }
+                    }
+                    done
+                }
+            };
+            task_of.push(task);
+        }
+        out.steps += task_of.len();
+        sinks.extend(task_of.iter().zip(&has_dependent).filter(|(_, &h)| !h).map(|(&t, _)| t));
+    }
+    if let Some(((a, b, tag), half)) = open.iter().next() {
+        let what = if matches!(half, Half::Sent(_)) { "never received" } else { "never sent" };
+        return Err(SimError::Convert(format!(
+            "message tag {tag} from rank {a} to rank {b} is {what} ({} unmatched)",
+            open.len()
+        )));
+    }
+    sinks.extend(start);
+    out.end = dag.barrier(&sinks);
+    Ok(out)
+}
+
+/// Add `op` after `deps` and after the previous task on connection `key`; it becomes the connection's last.
+fn add_in_order(
+    dag: &mut Dag,
+    last: &mut HashMap<(u32, u32, u32), TaskId>,
+    key: (u32, u32, u32),
+    op: Op,
+    deps: &[TaskId],
+) -> TaskId {
+    let t = dag.add(op, deps);
+    if let Some(prev) = last.insert(key, t) {
+        dag.depend(prev, t);
+    }
+    t
+}
+
+/// Which schedule an AllReduce runs: the planner's choice, or one of its candidates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// Whatever [`r2ccl_policy::plan_payload`] chooses.
+    Planner,
+    /// This candidate with the planner's parameters; the plain algorithm (Balance, or the ring on a healthy
+    /// fabric) when it is not a candidate in the case at hand (for example R2CCL-AllReduce without failure).
+    Candidate(PolicyStrategy),
+}
+
+/// The planner's input for `nodes` nodes of `fabric` with `ranks_per_node` ranks each: NIC line rates,
+/// per-hop latency `2 x nic_latency` (NIC to switch to NIC), NVLink as the intra-node bandwidth and the
+/// spine share `1000 / spine_oversubscription` per mille.
+pub fn topology(fabric: &Fabric, nodes: usize, ranks_per_node: u32) -> Result<Topology, SimError> {
+    let s = fabric.spec();
+    let mbps = (s.nic_gbps * 1000.0).round() as u64;
+    let conv = |e: r2ccl_policy::TopologyError| SimError::Convert(e.to_string());
+    let permille = (1000.0 / s.spine_oversubscription).round().clamp(0.0, 1000.0) as u32;
+    Topology::new(vec![NodeSpec { nic_mbps: vec![mbps; s.nics_per_node as usize] }; nodes])
+        .map_err(conv)?
+        .with_ranks_per_node(ranks_per_node)
+        .map_err(conv)?
+        .with_alpha(2.0 * s.nic_latency_us * 1e-6)
+        .map_err(conv)?
+        .with_intra_gbps(s.nvlink_gbps)
+        .map_err(conv)?
+        .with_spine_permille(permille)
+        .map_err(conv)
+}
+
+/// The agreed health view of `nodes` (simulated node ids, in algo node order) under the plan view `health`.
+pub fn health_view(fabric: &Fabric, nodes: &[u32], health: &PlanHealth) -> HealthView {
+    let s = fabric.spec();
+    let mbps = (s.nic_gbps * 1000.0).round() as u64;
+    let view = nodes
+        .iter()
+        .map(|&n| NodeHealth {
+            nics: (0..s.nics_per_node as usize)
+                .map(|r| {
+                    let f = health.get(n as usize).and_then(|h| h.get(r)).copied().unwrap_or(1.0).clamp(0.0, 1.0);
+                    NicHealth { nominal_mbps: mbps, usable_mbps: (mbps as f64 * f).round() as u64 }
+                })
+                .collect(),
+        })
+        .collect();
+    HealthView::from_nodes(HealthEpoch(1), view)
+}
+
+/// Element type and count of an AllReduce of `bytes` per rank (`f32` when the size allows, else bytes).
+fn payload(bytes: f64) -> (DType, u64) {
+    let b = bytes.max(0.0).round() as u64;
+    if b % 4 == 0 {
+        (DType::F32, b / 4)
+    } else {
+        (DType::U8, b)
+    }
+}
+
+/// Ranks per node of `job`: every GPU with the intra-node phases, one rank per node (GPU 0, the node's
+/// whole per-node buffer, forwarded over NVLink to the other NICs) for per-rail groups.
+fn ranks_per_node(fabric: &Fabric, job: &AllReduceJob) -> u32 {
+    if job.intra {
+        fabric.spec().gpus_per_node
+    } else {
+        1
+    }
+}
+
+/// A planned AllReduce: the planner's topology, view and plan, and the request that was built.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Planned {
+    /// The planner's input.
+    pub topology: Topology,
+    /// The health view it planned for.
+    pub view: HealthView,
+    /// Its plan.
+    pub plan: Plan,
+    /// The strategy whose schedule runs.
+    pub strategy: PolicyStrategy,
+    /// The schedule request that runs.
+    pub request: ScheduleRequest,
+}
+
+/// Plan `job` (nodes in ring order, `bytes` per rank) under `health` and pick the request for `choice`.
+pub fn plan_allreduce(
+    fabric: &Fabric,
+    health: &PlanHealth,
+    job: &AllReduceJob,
+    choice: Choice,
+) -> Result<Planned, SimError> {
+    let conv = |e: r2ccl_policy::PlanError| SimError::Convert(e.to_string());
+    let g = ranks_per_node(fabric, job);
+    let topo = topology(fabric, job.nodes.len(), g)?;
+    let view = health_view(fabric, &job.nodes, health);
+    let (dtype, count) = payload(job.bytes);
+    let coll = Collective::AllReduce { op: ReduceOp::Sum };
+    let plan = r2ccl_policy::plan_payload(&topo, &view, coll, dtype, count).map_err(conv)?;
+    let strategy = match choice {
+        Choice::Planner => plan.chosen,
+        Choice::Candidate(s) if plan.candidate(s).is_some() => s,
+        Choice::Candidate(_) if plan.candidate(PolicyStrategy::Balance).is_some() => PolicyStrategy::Balance,
+        Choice::Candidate(_) => PolicyStrategy::Ring,
+    };
+    let request = plan.request_for(strategy).map_err(conv)?;
+    Ok(Planned { topology: topo, view, plan, strategy, request })
+}
+
+/// Plan `job` under `health` for `choice` and append its exact schedule to `dag` after `start`.
+pub fn append_allreduce(
+    dag: &mut Dag,
+    fabric: &Fabric,
+    health: &PlanHealth,
+    job: &AllReduceJob,
+    choice: Choice,
+    start: Option<TaskId>,
+) -> Result<(Planned, Converted), SimError> {
+    let planned = plan_allreduce(fabric, health, job, choice)?;
+    let conv = |e: r2ccl_policy::PlanError| SimError::Convert(e.to_string());
+    let af = r2ccl_policy::schedule_fabric(&planned.topology, &planned.view).map_err(conv)?;
+    let layout = af.layout().clone();
+    let req = &planned.request;
+    let converted =
+        append_schedules(dag, fabric, &layout, &job.nodes, |r| r2ccl_algo::build_rank_schedule(&af, req, r), start)?;
+    Ok((planned, converted))
+}
