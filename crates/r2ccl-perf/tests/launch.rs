@@ -181,3 +181,17 @@ fn mismatched_counts_give_every_rank_an_error_naming_them() {
     assert!(t.contains("count=1024") && t.contains("count=1027"), "the message names both counts: {t}");
     assert!(took < Duration::from_secs(30), "bounded: {took:?}");
 }
+
+#[test]
+fn topo_dump_file_holds_the_cluster_view() {
+    let path = std::env::temp_dir().join(format!("r2ccl-topo-dump-{}.toml", std::process::id()));
+    let p = path.display().to_string();
+    let (o, _) = perf(
+        &["launch", "-n", "3", "--nics", "2", "all_reduce", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0"],
+        &[("R2CCL_TOPO_DUMP_FILE", &p)],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let dump = std::fs::read_to_string(&path).unwrap();
+    assert!(dump.contains("node0") && dump.contains("node2") && dump.contains("lo.1"), "{dump}");
+    std::fs::remove_file(&path).unwrap();
+}

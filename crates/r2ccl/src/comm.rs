@@ -548,6 +548,14 @@ impl Progress {
                 crate::metrics::set_nic_up(&format!("node{n}"), &format!("nic{r}"), true);
             }
         }
+        if opts.rank == 0 && !cfg.topo.dump_file.is_empty() {
+            match dump_cluster_view(&cfg.topo.dump_file, &names, &node_of, &opts.nics) {
+                Ok(()) => tracing::info!(target: subsys::TOPO, file = %cfg.topo.dump_file, "cluster view written"),
+                Err(e) => {
+                    tracing::warn!(target: subsys::TOPO, file = %cfg.topo.dump_file, error = %e, "cluster view not written")
+                }
+            }
+        }
         tracing::info!(target: subsys::INIT, rank = opts.rank, world = opts.world, nodes, nics, "communicator ready");
         Ok(Self {
             rank: opts.rank,
@@ -571,6 +579,36 @@ impl Progress {
             departed: std::collections::BTreeSet::new(),
         })
     }
+}
+
+/// Write the communicator's cluster view (nodes in rank order, their ranks and data NICs) to
+/// `path` as a topology description that `r2ccl-topo` loads back (`R2CCL_TOPO_DUMP_FILE`).
+fn dump_cluster_view(path: &str, names: &[&str], node_of: &[u32], nics: &[String]) -> Result<(), String> {
+    let contiguous = node_of.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1);
+    if !contiguous {
+        return Err("ranks are not numbered node by node; the description format needs that".into());
+    }
+    let mut text = format!(
+        "name = \"r2ccl-communicator\"\ndescription = \"cluster view of a communicator: {} ranks on {} nodes\"\nrails = {}\n",
+        node_of.len(),
+        names.len(),
+        nics.len()
+    );
+    for (n, name) in names.iter().enumerate() {
+        let ranks = node_of.iter().filter(|&&x| x as usize == n).count();
+        text.push_str(&format!("\n[[nodes]]\nhostname = {name:?}\nranks = {ranks}\nnuma_nodes = [{{ id = 0 }}]\n"));
+        for (r, nic) in nics.iter().enumerate() {
+            // Several rails on one interface (loopback runs) still need distinct NIC names.
+            let unique = nics.iter().filter(|x| *x == nic).count() == 1;
+            let nic_name = if unique { nic.clone() } else { format!("{nic}.{r}") };
+            text.push_str(&format!(
+                "\n[[nodes.nics]]\nname = {nic_name:?}\nrail = {r}\nspeed_mbps = {NIC_MBPS}\nvirtual = true\nnuma = 0\n"
+            ));
+        }
+    }
+    let desc = r2ccl_topo::description::TopologyDescription::from_toml_str(&text).map_err(|e| e.to_string())?;
+    let cluster = desc.resolve().map_err(|e| e.to_string())?;
+    r2ccl_topo::write_cluster_view(std::path::Path::new(path), &cluster, None).map_err(|e| e.to_string())
 }
 
 /// The transport topology: every node has `nics` NICs; each NIC's backup chain is the
