@@ -103,7 +103,11 @@ impl CommOptions {
         if launch.secret_is_derived {
             tracing::warn!(target: subsys::BOOTSTRAP, "no R2CCL_SECRET or unique id: using a secret derived from the job id");
         }
-        let node = if config.bootstrap.node.is_empty() { r2ccl_log_host() } else { config.bootstrap.node.clone() };
+        let node = if config.bootstrap.node.is_empty() {
+            r2ccl_topo::discover::hostname()
+        } else {
+            config.bootstrap.node.clone()
+        };
         let nics = if config.transport.nics.is_empty() { vec!["lo".to_owned()] } else { config.transport.nics.clone() };
         Ok(Self {
             rank: launch.rank,
@@ -116,12 +120,6 @@ impl CommOptions {
             env_faults: true,
         })
     }
-}
-
-fn r2ccl_log_host() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "localhost".into())
 }
 
 /// What a finished collective reports besides its data.
