@@ -392,6 +392,8 @@ struct Progress {
     peer_descs: BTreeMap<u64, String>,
     broken: Option<CommError>,
     policy_topo: Option<r2ccl_policy::Topology>,
+    /// OOB messages that arrived during init, before the progress loop ran.
+    early_oob: Vec<OobEvent>,
     departed: std::collections::BTreeSet<u32>,
 }
 
@@ -480,15 +482,18 @@ impl Progress {
         mesh.broadcast(Channel::Control, &blob);
         let mut blobs: Vec<Option<Vec<u8>>> = vec![None; opts.world as usize];
         blobs[opts.rank as usize] = Some(blob);
+        // Faster ranks may already send collective traffic (views, argument checks): keep it
+        // for the progress loop; only a rank's first control message is its address.
+        let mut early_oob = Vec::new();
         while blobs.iter().any(Option::is_none) {
             match mesh.recv_deadline(deadline) {
-                Some(OobEvent::Message { from, channel: Channel::Control, payload }) => {
-                    if let Some(b) = blobs.get_mut(from as usize) {
-                        *b = Some(payload);
-                    }
+                Some(OobEvent::Message { from, channel: Channel::Control, payload })
+                    if blobs.get(from as usize).is_some_and(Option::is_none) =>
+                {
+                    blobs[from as usize] = Some(payload);
                 }
                 Some(OobEvent::PeerLost { rank, why }) => return Err(CommError::PeerLost { rank, why }),
-                Some(_) => {}
+                Some(ev) => early_oob.push(ev),
                 None => {
                     let missing: Vec<usize> =
                         blobs.iter().enumerate().filter(|(_, b)| b.is_none()).map(|(i, _)| i).collect();
@@ -574,6 +579,7 @@ impl Progress {
             peer_descs: BTreeMap::new(),
             broken: None,
             policy_topo,
+            early_oob,
             departed: std::collections::BTreeSet::new(),
         })
     }
@@ -686,6 +692,9 @@ impl Progress {
 
     fn run(mut self, rx: &Receiver<Req>) {
         let mut current: Option<Current> = None;
+        for ev in std::mem::take(&mut self.early_oob) {
+            self.on_oob(ev, &mut current);
+        }
         let mut queue: std::collections::VecDeque<Req> = std::collections::VecDeque::new();
         let mut last_moved = (0, 0, 0);
         let mut idle_spins = 0u32;
