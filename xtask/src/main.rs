@@ -71,6 +71,8 @@ fn run() -> Result<()> {
 
 /// The main job: build r2ccl-perf (release) and run its failure demo.
 fn demo(extra: &[String]) -> Result<()> {
+    // On a fresh machine the UCX and hwloc development packages come first.
+    setup::run()?;
     cmd("cargo", &["build", "--release", "--quiet", "-p", "r2ccl-perf"])?;
     let exe = workspace_root().join("target/release/r2ccl-perf");
     let mut args: Vec<String> = [
