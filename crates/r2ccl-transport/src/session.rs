@@ -374,6 +374,7 @@ struct RecvTransfer {
     reported: bool,
 }
 
+/// Chunks that came before their transfer was expected: the whole message (header included) is kept.
 type Early = Vec<(PathId, ChunkHeader, Vec<u8>)>;
 
 /// The transport session of one rank.
@@ -557,9 +558,11 @@ impl Session {
                 }
             }
         }
-        for (path, h, payload) in self.early.remove(&key).unwrap_or_default() {
+        for (path, h, message) in self.early.remove(&key).unwrap_or_default() {
+            let payload = message.get(HEADER_LEN..).unwrap_or_default();
             self.early_bytes -= payload.len();
-            self.apply(t, path, &h, &payload);
+            self.apply(t, path, &h, payload);
+            t.recycle(message);
         }
         self.check_recv_complete(key);
         Ok(())
@@ -669,6 +672,28 @@ impl Session {
             .iter()
             .filter(|(_, s)| s.outstanding > 0 && !s.down)
             .map(|(&path, s)| PathActivity { path, outstanding: s.outstanding, since: s.since })
+            .collect()
+    }
+
+    /// Paths whose sends all completed locally but whose transfers the receiver has not
+    /// acknowledged yet (not released), since their last completion. A silent black hole
+    /// swallows bytes that the local stack already reported as sent, so a detector must watch
+    /// these too: without a receipt within its deadline, probe the path.
+    pub fn awaiting_receipt(&self) -> Vec<PathActivity> {
+        let mut paths = BTreeSet::new();
+        for tr in self.sends.values() {
+            for l in &tr.lanes {
+                if !l.quiesced && l.in_flight.is_empty() && l.next >= l.end && l.start < l.end {
+                    paths.insert(l.path);
+                }
+            }
+        }
+        paths
+            .into_iter()
+            .filter_map(|p| {
+                let s = self.paths.get(&p)?;
+                (!s.down && s.outstanding == 0).then_some(PathActivity { path: p, outstanding: 0, since: s.since })
+            })
             .collect()
     }
 
@@ -1006,7 +1031,7 @@ impl Session {
                     st.posted_recvs = st.posted_recvs.saturating_sub(1);
                 }
                 match c.kind {
-                    CompletionKind::Received(bytes) => self.on_message(t, path, &bytes),
+                    CompletionKind::Received(bytes) => self.on_message(t, path, bytes),
                     CompletionKind::Failed(f) => self.handle_path_down(now, t, path, f),
                     _ => {}
                 }
@@ -1023,37 +1048,58 @@ impl Session {
         self.events.push_back(SessionEvent::BadChunk { path, problem });
     }
 
-    fn on_message<T: Transport + ?Sized>(&mut self, t: &mut T, path: PathId, bytes: &[u8]) {
+    /// A received message: applied, stashed (kept whole) or refused; its buffer goes back to `t`
+    /// unless stashed.
+    fn on_message<T: Transport + ?Sized>(&mut self, t: &mut T, path: PathId, message: Vec<u8>) {
+        if let Some(keep) = self.take_message(t, path, &message) {
+            self.early.entry(keep.0).or_default().push((path, keep.1, message));
+        } else {
+            t.recycle(message);
+        }
+    }
+
+    /// Apply or refuse `bytes`; `Some` when the message must be stashed as an early chunk.
+    fn take_message<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        path: PathId,
+        bytes: &[u8],
+    ) -> Option<(TransferKey, ChunkHeader)> {
         let (h, payload) = match ChunkHeader::decode(bytes) {
             Ok(x) => x,
             Err(e) => {
                 self.stats.malformed += 1;
-                return self.bad(path, ChunkProblem::Malformed(e));
+                self.bad(path, ChunkProblem::Malformed(e));
+                return None;
             }
         };
         let key = h.transfer();
         if key.dst != self.rank || key.src != path.peer {
             self.stats.misrouted += 1;
-            return self.bad(path, ChunkProblem::Misrouted { src: key.src, dst: key.dst });
+            self.bad(path, ChunkProblem::Misrouted { src: key.src, dst: key.dst });
+            return None;
         }
         if !self.comms.contains(&key.comm) {
             self.stats.unknown_collective += 1;
-            return self.bad(path, ChunkProblem::UnknownCollective(key.comm));
+            self.bad(path, ChunkProblem::UnknownCollective(key.comm));
+            return None;
         }
         if self.recvs.contains_key(&key) {
-            return self.apply(t, path, &h, payload);
+            self.apply(t, path, &h, payload);
+            return None;
         }
         if self.retired_set.contains(&key) {
             self.stats.duplicates += 1;
-            return;
+            return None;
         }
         if self.early_bytes + payload.len() <= self.cfg.max_early_bytes {
             self.early_bytes += payload.len();
             self.stats.early_stashed += 1;
-            self.early.entry(key).or_default().push((path, h, payload.to_vec()));
+            Some((key, h))
         } else {
             self.stats.early_dropped += 1;
             self.bad(path, ChunkProblem::Unexpected(h.id));
+            None
         }
     }
 

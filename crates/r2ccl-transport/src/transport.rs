@@ -172,4 +172,10 @@ pub trait Transport {
     /// When the backend next has something to report without new input (`None`: unknown or
     /// never). A simulated backend knows; a real one returns `None`.
     fn poll_timeout(&self) -> Option<Duration>;
+
+    /// Hand back the buffer of a [`CompletionKind::Received`] once its bytes were used, so the
+    /// backend can receive into it again instead of allocating (and page-faulting) a fresh one.
+    fn recycle(&mut self, buf: Vec<u8>) {
+        drop(buf);
+    }
 }

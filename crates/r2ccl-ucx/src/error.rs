@@ -12,6 +12,8 @@ pub struct Status(pub i8);
 impl Status {
     /// `UCS_OK`.
     pub const OK: Self = Self(sys::UCS_OK);
+    /// `UCS_ERR_BUSY`: e.g. `ucp_worker_arm` with events pending.
+    pub const BUSY: Self = Self(sys::UCS_ERR_BUSY);
     /// `UCS_INPROGRESS`.
     pub const IN_PROGRESS: Self = Self(sys::UCS_INPROGRESS);
     /// `UCS_ERR_CANCELED`: the request was cancelled (by `ucp_request_cancel` or a forced close).

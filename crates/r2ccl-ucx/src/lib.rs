@@ -1,8 +1,8 @@
 //! r2ccl-ucx: the UCX backend foundation of r2ccl: safe, RAII wrappers over UCP for multi-NIC transfers.
 //!
 //! What it does:
-//! - [`Context`]: one UCP context per NIC, restricted to it (`NET_DEVICES`), TCP only and keepalive-tuned
-//!   through `ucp_config_modify` (never the process environment), with the TAG feature.
+//! - [`Context`]: one UCP context per NIC, restricted to it (`NET_DEVICES`), TCP only (keepalive tunable, UCX defaults by default)
+//!   through `ucp_config_modify` (never the process environment), with the TAG and WAKEUP features.
 //! - [`Worker`]: progress, address export, tagged receives; every UCX call on a worker is serialized by its
 //!   lock. [`Endpoint`]: to a peer worker, `UCP_ERR_HANDLING_MODE_PEER`, with an error callback that records
 //!   the failure for the owning path.

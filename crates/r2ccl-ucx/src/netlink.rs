@@ -91,6 +91,11 @@ impl LinkMonitor {
         Ok(Self { fd, buf: vec![0; 32 * 1024] })
     }
 
+    /// The socket, for waiting on it with `poll(2)` (readable when a link change arrived).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+
     /// Every link change received since the last call (never blocks).
     pub fn poll(&mut self) -> Vec<LinkChange> {
         let mut out = Vec::new();

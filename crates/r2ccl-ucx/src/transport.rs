@@ -22,6 +22,7 @@ use r2ccl_transport::{
     Completion, CompletionKind, MemHandle, PathFault, PathId, RequestId, Transport, TransportError, TransportEvent,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -77,7 +78,7 @@ pub enum UcxTransportError {
     },
 }
 
-/// How a [`UcxTransport`] is set up. Everything UCX needs (TCP only, one device per context, keepalive)
+/// How a [`UcxTransport`] is set up. Everything UCX needs (TCP only, one device per context)
 /// is in the per-NIC [`ContextConfig`]s; no environment variable is required.
 #[derive(Clone, Debug)]
 pub struct UcxTransportConfig {
@@ -219,7 +220,13 @@ pub struct UcxTransport {
     faults: Vec<Fault>,
     fired: Vec<FiredFault>,
     connected_at: Option<Instant>,
+    /// Message buffers to send from and receive into again (fresh large allocations page-fault on
+    /// every touch; reusing warm ones keeps the kernel out of the data path).
+    pool: Vec<Vec<u8>>,
 }
+
+/// Most buffers [`UcxTransport`] keeps for reuse.
+const POOL_MAX: usize = 256;
 
 fn rail_u16(i: usize) -> u16 {
     u16::try_from(i).unwrap_or(u16::MAX)
@@ -293,6 +300,7 @@ impl UcxTransport {
             faults,
             fired: Vec::new(),
             connected_at: None,
+            pool: Vec::new(),
         })
     }
 
@@ -430,7 +438,13 @@ impl UcxTransport {
             Held::Send(payload) => r.send(path.peer, me, payload).map(State::Live),
             Held::Recv(cap) => {
                 let tag = u64::from(path.peer.0) | (u64::from(path.remote.rail.0) << 32);
-                r.recv(tag, DATA_MASK, vec![0u8; cap]).map(State::Live)
+                let mut buf = self.pool.pop().unwrap_or_default();
+                if buf.len() >= cap {
+                    buf.truncate(cap);
+                } else {
+                    buf.resize(cap, 0);
+                }
+                r.recv(tag, DATA_MASK, buf).map(State::Live)
             }
             Held::Probe => {
                 self.probe_seq = (self.probe_seq + 1) & SEQ_MASK;
@@ -527,10 +541,51 @@ impl UcxTransport {
         true
     }
 
+    /// Sleep until a NIC's worker has something to do, `wake` (the caller's own wake-up fd, e.g.
+    /// a pipe its other threads write to) or a link-state change is readable, or `timeout`
+    /// passed, whichever comes first. Returns at once when a worker has events pending. Call it
+    /// only after a progress call found nothing to do: an idle progress thread then gives the
+    /// CPU to the ranks and kernel work it is waiting for instead of spinning.
+    pub fn wait(&mut self, timeout: Duration, wake: Option<RawFd>) {
+        // A send in flight needs progress to push more bytes when its socket drains, and UCX's
+        // TCP transport does not signal writability on the event fd: keep progressing.
+        if self.out.values().any(|o| o.kind == Kind::Send && matches!(o.state, State::Live(_))) {
+            return;
+        }
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.nics.len() + 2);
+        for w in self.set.workers() {
+            match (w.arm(), w.event_fd()) {
+                (Ok(true), Ok(fd)) => fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 }),
+                // Events pending (or no wake-up support): the caller progresses again now.
+                _ => return,
+            }
+        }
+        if let Some(m) = &self.monitor {
+            fds.push(libc::pollfd { fd: m.raw_fd(), events: libc::POLLIN, revents: 0 });
+        }
+        if let Some(fd) = wake {
+            fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+        }
+        let ms = i32::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs for the call's duration.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    }
+
+    /// Keep `buf` for a later send or receive (up to [`POOL_MAX`] buffers).
+    fn recycle_buf(&mut self, buf: Vec<u8>) {
+        if self.pool.len() < POOL_MAX && buf.capacity() > 0 {
+            self.pool.push(buf);
+        }
+    }
+
     fn retire(&mut self, state: State) {
         match state {
             State::Live(mut r) => {
-                if !r.is_done() {
+                if r.is_done() {
+                    if let Some(b) = r.take_buffer() {
+                        self.recycle_buf(b);
+                    }
+                } else {
                     r.cancel();
                     self.detached.push(r);
                 }
@@ -830,13 +885,14 @@ impl Transport for UcxTransport {
         offset: usize,
         len: usize,
     ) -> Result<RequestId, TransportError> {
+        let mut payload = self.pool.pop().unwrap_or_default();
         let bytes = self.region(src)?;
         let size = bytes.len();
         let data = offset
             .checked_add(len)
             .and_then(|end| bytes.get(offset..end))
             .ok_or(TransportError::OutOfBounds { offset, len, size })?;
-        let mut payload = Vec::with_capacity(header.len() + len);
+        payload.clear();
         payload.extend_from_slice(header);
         payload.extend_from_slice(data);
         self.post(path, Kind::Send, Held::Send(payload))
@@ -884,6 +940,10 @@ impl Transport for UcxTransport {
 
     fn poll_timeout(&self) -> Option<Duration> {
         None
+    }
+
+    fn recycle(&mut self, buf: Vec<u8>) {
+        self.recycle_buf(buf);
     }
 }
 

@@ -167,6 +167,30 @@ impl Worker {
         self.shared.lock().progress()
     }
 
+    /// The worker's event file descriptor (`ucp_worker_get_efd`): readable after [`Worker::arm`]
+    /// when something happens on the worker. Owned by UCX: do not close it.
+    pub fn event_fd(&self) -> Result<std::os::fd::RawFd, UcxError> {
+        let locked = self.shared.lock();
+        let mut fd: std::os::raw::c_int = -1;
+        // SAFETY: live worker, lock held, valid out pointer.
+        let status = Status(unsafe { sys::ucp_worker_get_efd(locked.handle, &mut fd) });
+        status.check("ucp_worker_get_efd")?;
+        Ok(fd)
+    }
+
+    /// Arm the event fd (`ucp_worker_arm`): `Ok(true)` when armed (sleeping on it is safe now),
+    /// `Ok(false)` when events are pending (progress again first).
+    pub fn arm(&self) -> Result<bool, UcxError> {
+        let locked = self.shared.lock();
+        // SAFETY: live worker, lock held.
+        let status = Status(unsafe { sys::ucp_worker_arm(locked.handle) });
+        if status == Status::BUSY {
+            return Ok(false);
+        }
+        status.check("ucp_worker_arm")?;
+        Ok(true)
+    }
+
     /// Requests dropped before UCX released their buffers and not yet reaped.
     pub fn orphan_count(&self) -> usize {
         self.shared.lock().state.orphans.len()

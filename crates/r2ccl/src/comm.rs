@@ -16,6 +16,7 @@ use crate::agree::{decode_view, encode_view, Agreement};
 use crate::bootstrap::{join, LaunchInfo, PeerInfo, Root, Secret};
 use crate::engine::{Engine, EngineConfig, EngineEvent};
 use crate::oob::{Channel, OobEvent, OobMesh};
+use crate::wake::{WakeReceiver, Waker};
 use crossbeam_channel::{Receiver, Sender};
 use r2ccl_algo::{build_rank_schedule, Algorithm, Collective, Fabric, Layout, ScheduleRequest, Strategy};
 use r2ccl_config::Config;
@@ -147,8 +148,22 @@ pub struct CommEvent {
 /// The caller's memory for one collective: owned (non-blocking [`Communicator::start`]) or
 /// borrowed for the duration of a blocking [`Communicator::run`], which saves two copies.
 enum Bufs {
-    Owned { input: Vec<u8>, output: Vec<u8> },
-    Borrowed { input: *const u8, in_len: usize, output: *mut u8, out_len: usize },
+    Owned {
+        input: Vec<u8>,
+        output: Vec<u8>,
+    },
+    Borrowed {
+        input: *const u8,
+        in_len: usize,
+        output: *mut u8,
+        out_len: usize,
+    },
+    /// One buffer for both (NCCL's in-place convention): the input of AllGather and the output
+    /// of ReduceScatter are this rank's block of it.
+    InPlace {
+        buf: *mut u8,
+        len: usize,
+    },
 }
 
 // SAFETY: a `Borrowed` pair is only created by `Communicator::run`, which blocks without a
@@ -157,19 +172,44 @@ enum Bufs {
 unsafe impl Send for Bufs {}
 
 impl Bufs {
-    fn input(&self) -> &[u8] {
+    /// The input and output bytes of a collective that reads `in_len` and writes `out_len`
+    /// bytes on `rank`, and where the result goes when the caller's memory is borrowed;
+    /// `None` when the buffers do not have those sizes.
+    #[allow(clippy::type_complexity, reason = "a private helper's one-off tuple")]
+    fn split(&self, in_len: usize, out_len: usize, rank: u32) -> Option<(&[u8], &[u8], Option<(*mut u8, usize)>)> {
         match self {
-            Bufs::Owned { input, .. } => input,
-            // SAFETY: see the `Send` impl: the caller's slice outlives every use.
-            Bufs::Borrowed { input, in_len, .. } => unsafe { std::slice::from_raw_parts(*input, *in_len) },
-        }
-    }
-
-    fn output(&self) -> &[u8] {
-        match self {
-            Bufs::Owned { output, .. } => output,
-            // SAFETY: see the `Send` impl.
-            Bufs::Borrowed { output, out_len, .. } => unsafe { std::slice::from_raw_parts(*output, *out_len) },
+            Bufs::Owned { input, output } => {
+                (input.len() == in_len && output.len() == out_len).then_some((input, output, None))
+            }
+            Bufs::Borrowed { input, in_len: il, output, out_len: ol } => (*il == in_len && *ol == out_len).then(|| {
+                // SAFETY: see the `Send` impl: the caller's slices outlive every use.
+                let (i, o) =
+                    unsafe { (std::slice::from_raw_parts(*input, *il), std::slice::from_raw_parts(*output, *ol)) };
+                (i, o, Some((*output, *ol)))
+            }),
+            Bufs::InPlace { buf, len } => {
+                let rank = rank as usize;
+                let (i_at, o_at) = if in_len < out_len {
+                    (rank * in_len, 0)
+                } else if out_len < in_len {
+                    (0, rank * out_len)
+                } else {
+                    (0, 0)
+                };
+                if *len != in_len.max(out_len) || i_at + in_len > *len || o_at + out_len > *len {
+                    return None;
+                }
+                // SAFETY: as `Borrowed`; both views are only read until the collective finishes,
+                // and the result is written through the pointer after the last read.
+                let (i, o) = unsafe {
+                    (
+                        std::slice::from_raw_parts(buf.add(i_at), in_len),
+                        std::slice::from_raw_parts(buf.add(o_at), out_len),
+                    )
+                };
+                // SAFETY: o_at + out_len <= len, checked above.
+                Some((i, o, Some((unsafe { buf.add(o_at) }, out_len))))
+            }
         }
     }
 }
@@ -193,6 +233,8 @@ pub struct Communicator {
     world: u32,
     node_of: Vec<u32>,
     tx: Sender<Req>,
+    /// Wakes the progress thread after every request (it may be asleep in `poll(2)`).
+    waker: Waker,
     thread: Option<std::thread::JoinHandle<()>>,
     shared: Arc<Shared>,
 }
@@ -238,10 +280,14 @@ impl Communicator {
         let shared = Arc::new(Shared::default());
         let sh = shared.clone();
         let connect_timeout = Duration::from_millis(opts.config.bootstrap.connect_timeout_ms);
+        let (waker, wake_rx) =
+            crate::wake::pair().map_err(|e| CommError::Bootstrap(format!("cannot create the wake-up socket: {e}")))?;
+        let oob_waker = waker.clone();
         let thread = std::thread::Builder::new()
             .name(format!("r2ccl-progress-{}", opts.rank))
-            .spawn(move || match Progress::init(opts, sh) {
+            .spawn(move || match Progress::init(opts, sh, wake_rx) {
                 Ok(p) => {
+                    p.mesh.set_waker(oob_waker);
                     let _ = init_tx.send(Ok(p.node_of.clone()));
                     p.run(&rx);
                 }
@@ -253,7 +299,7 @@ impl Communicator {
         let node_of = init_rx
             .recv_timeout(connect_timeout * 2 + Duration::from_secs(5))
             .map_err(|_| CommError::Bootstrap("initialisation did not finish by its deadline".into()))??;
-        Ok(Self { rank, world, node_of, tx, thread: Some(thread), shared })
+        Ok(Self { rank, world, node_of, tx, waker, thread: Some(thread), shared })
     }
 
     /// This rank.
@@ -290,6 +336,7 @@ impl Communicator {
         self.tx
             .send(Req::Coll { coll, dtype, count, bufs: Bufs::Owned { input, output }, reply })
             .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
+        self.waker.wake();
         Ok(Handle { rx, deadline })
     }
 
@@ -315,9 +362,36 @@ impl Communicator {
         self.tx
             .send(Req::Coll { coll, dtype, count, bufs, reply })
             .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
+        self.waker.wake();
         // No timeout here on purpose: the progress thread bounds every collective by its own
         // deadline and always replies (or drops the sender when it exits), and the borrowed
         // buffers must stay alive until it has.
+        match rx.recv() {
+            Ok(r) => r.map(|(_, report)| report),
+            Err(_) => Err(CommError::Aborted("the progress thread stopped".into())),
+        }
+    }
+
+    /// Run a collective in place and wait for it (NCCL's convention: AllGather reads this
+    /// rank's block of `buf`, ReduceScatter writes its result to this rank's block; the others
+    /// read and write all of it). `buf` holds the larger of the input and the output.
+    pub fn run_in_place(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        buf: &mut [u8],
+    ) -> Result<CollReport, CommError> {
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        let (reply, rx) = crossbeam_channel::bounded(1);
+        let bufs = Bufs::InPlace { buf: buf.as_mut_ptr(), len: buf.len() };
+        self.tx
+            .send(Req::Coll { coll, dtype, count, bufs, reply })
+            .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
+        self.waker.wake();
+        // No timeout: as in `run`, the progress thread always replies and `buf` must outlive it.
         match rx.recv() {
             Ok(r) => r.map(|(_, report)| report),
             Err(_) => Err(CommError::Aborted("the progress thread stopped".into())),
@@ -349,12 +423,14 @@ impl Communicator {
     /// Abort: every rank's running and future collectives fail with `reason`. Never blocks on peers.
     pub fn abort(&self, reason: &str) {
         let _ = self.tx.send(Req::Abort(reason.to_owned()));
+        self.waker.wake();
     }
 }
 
 impl Drop for Communicator {
     fn drop(&mut self) {
         let _ = self.tx.send(Req::Shutdown);
+        self.waker.wake();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -379,6 +455,8 @@ struct Progress {
     node_of: Vec<u32>,
     nics: usize,
     mesh: OobMesh,
+    /// Readable when a caller or an OOB reader has something for this thread.
+    wake_rx: WakeReceiver,
     transport: UcxTransport,
     engine: Engine,
     shared: Arc<Shared>,
@@ -410,7 +488,7 @@ struct Current {
 }
 
 impl Progress {
-    fn init(opts: CommOptions, shared: Arc<Shared>) -> Result<Self, CommError> {
+    fn init(opts: CommOptions, shared: Arc<Shared>, wake_rx: WakeReceiver) -> Result<Self, CommError> {
         let cfg = opts.config.clone();
         let deadline = Instant::now() + Duration::from_millis(cfg.bootstrap.connect_timeout_ms);
         let bind_ip = oob_bind_addr(&opts.root);
@@ -581,6 +659,7 @@ impl Progress {
             policy_topo,
             early_oob,
             departed: std::collections::BTreeSet::new(),
+            wake_rx,
         })
     }
 }
@@ -635,6 +714,11 @@ fn transport_topology(node_of: &[u32], nics: usize) -> Result<Topology, CommErro
 const NIC_MBPS: u64 = 100_000;
 /// Per-message latency assumed by the planner's cost model, seconds.
 const LOOPBACK_ALPHA_S: f64 = 20e-6;
+
+/// Progress rounds without movement before the progress thread sleeps.
+const IDLE_SPINS: u32 = 8;
+/// Longest sleep of an idle progress thread (bounds every timer's lateness).
+const IDLE_WAIT: Duration = Duration::from_millis(1);
 
 const ABORT_MISMATCH: u8 = 1;
 const ABORT_REASON: u8 = 2;
@@ -699,9 +783,7 @@ impl Progress {
         let mut last_moved = (0, 0, 0);
         let mut idle_spins = 0u32;
         loop {
-            let idle = current.is_none() && queue.is_empty();
-            let wait = if idle { Duration::from_millis(1) } else { Duration::ZERO };
-            match rx.recv_timeout(wait) {
+            match rx.recv_timeout(Duration::ZERO) {
                 Ok(Req::Shutdown) | Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
                     self.depart(&mut current);
                     return;
@@ -764,14 +846,16 @@ impl Progress {
                     self.fail(&mut current, e);
                 }
             }
-            // Back off when nothing moves: ranks that share cores (many ranks per host, or an
-            // oversubscribed CI machine) must not starve the peer they are waiting for.
+            // Sleep when nothing moves, until UCX, a caller or an OOB reader has something (at
+            // most IDLE_WAIT, the resolution of every timer): ranks that share cores (many ranks
+            // per host, or an oversubscribed CI machine) must not starve the peers they wait for.
             let stats = self.engine.session().stats();
             let moved = (stats.chunks_sent, stats.chunks_applied, stats.chunks_posted);
             if moved == last_moved {
                 idle_spins += 1;
-                if idle_spins > 64 {
-                    std::thread::sleep(Duration::from_micros(50));
+                if idle_spins > IDLE_SPINS {
+                    self.transport.wait(IDLE_WAIT, Some(self.wake_rx.fd()));
+                    self.wake_rx.drain();
                 } else {
                     std::thread::yield_now();
                 }
@@ -818,7 +902,6 @@ impl Progress {
         bufs: Bufs,
         reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
     ) -> Option<Current> {
-        let (input, output) = (bufs.input(), bufs.output());
         // Adopt the view agreed in the previous round.
         if let Some(a) = self.agreement.take() {
             if let Some(mut v) = a.result() {
@@ -881,27 +964,26 @@ impl Progress {
             }
         };
         let out_len = sched.output_len as usize;
-        if input.len() as u64 != sched.input_len || output.len() != out_len {
+        let Some((input, output, borrowed)) = bufs.split(sched.input_len as usize, out_len, self.rank) else {
+            let got = match &bufs {
+                Bufs::Owned { input, output } => format!("got {} and {}", input.len(), output.len()),
+                Bufs::Borrowed { in_len, out_len, .. } => format!("got {in_len} and {out_len}"),
+                Bufs::InPlace { len, .. } => format!("got one in-place buffer of {len}"),
+            };
             let _ = reply.send(Err(CommError::Invalid(format!(
-                "{} needs a {}-byte input and a {}-byte output, got {} and {}",
+                "{} needs a {}-byte input and a {}-byte output (in place: one buffer of the larger), {got}",
                 coll.name(),
                 sched.input_len,
                 out_len,
-                input.len(),
-                output.len()
             ))));
             return None;
-        }
+        };
         let now = self.now();
         if let Err(e) = self.engine.start(now, &mut self.transport, seq, sched, input, output) {
             let _ = reply.send(Err(CommError::Failed { seq, why: e.to_string() }));
             return None;
         }
         let started = Instant::now();
-        let borrowed = match bufs {
-            Bufs::Borrowed { output, out_len, .. } => Some((output, out_len)),
-            Bufs::Owned { .. } => None,
-        };
         Some(Current {
             seq,
             reply,

@@ -627,6 +627,7 @@ impl Engine {
             .session
             .path_activity()
             .into_iter()
+            .chain(self.session.awaiting_receipt())
             .filter(|a| now >= a.since + self.cfg.stall_timeout)
             .map(|a| a.path)
             .filter(|p| !self.suspects.contains_key(p) && self.quiet.get(p).is_none_or(|&q| now >= q))
@@ -696,7 +697,13 @@ impl Engine {
 
     /// The next time [`Engine::drive`] has timer work (stall deadlines, probes, resends).
     pub fn poll_timeout(&self) -> Option<Duration> {
-        let stall = self.session.path_activity().into_iter().map(|a| a.since + self.cfg.stall_timeout).min();
+        let stall = self
+            .session
+            .path_activity()
+            .into_iter()
+            .chain(self.session.awaiting_receipt())
+            .map(|a| a.since + self.cfg.stall_timeout)
+            .min();
         let probe = self.probes.values().chain(self.suspects.values()).copied().min();
         let retry = self.migrations.values().map(|m| m.sent_at + self.cfg.migrate_retry).min();
         [stall, probe, retry].into_iter().flatten().min()

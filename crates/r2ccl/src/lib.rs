@@ -17,5 +17,6 @@ pub mod ctrl;
 pub mod engine;
 pub mod metrics;
 pub mod oob;
+pub mod wake;
 
 pub(crate) use bootstrap::mac as bootstrap_mac;

@@ -8,12 +8,13 @@
 
 use crate::bootstrap::{PeerInfo, Secret};
 use crate::bootstrap_mac::{tag, tags_equal};
+use crate::wake::Waker;
 use crossbeam_channel::{Receiver, Sender};
 use r2ccl_core::subsys;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// What an OOB frame carries.
@@ -134,6 +135,8 @@ pub struct OobMesh {
     events: Receiver<OobEvent>,
     stats: Arc<OobStats>,
     shutdown: Arc<AtomicBool>,
+    /// Woken after every event a reader queues (see [`OobMesh::set_waker`]).
+    waker: Arc<OnceLock<Waker>>,
 }
 
 /// Accept-side handshake: challenge, then the connector proves the secret and names its rank.
@@ -175,7 +178,14 @@ fn connect_hello(addr: &str, secret: &Secret, rank: u32, deadline: Instant) -> i
     }
 }
 
-fn spawn_reader(mut stream: TcpStream, peer: u32, tx: Sender<OobEvent>, timeout: Duration, stats: Arc<OobStats>) {
+fn spawn_reader(
+    mut stream: TcpStream,
+    peer: u32,
+    tx: Sender<OobEvent>,
+    timeout: Duration,
+    stats: Arc<OobStats>,
+    waker: Arc<OnceLock<Waker>>,
+) {
     std::thread::spawn(move || {
         let lost = |why: String| OobEvent::PeerLost { rank: peer, why };
         if let Err(e) = stream.set_read_timeout(Some(timeout)) {
@@ -202,7 +212,11 @@ fn spawn_reader(mut stream: TcpStream, peer: u32, tx: Sender<OobEvent>, timeout:
                 Err(e) => lost(format!("connection error: {e}")),
             };
             let is_lost = matches!(event, OobEvent::PeerLost { .. });
-            if tx.send(event).is_err() || is_lost {
+            let sent = tx.send(event).is_ok();
+            if let Some(w) = waker.get() {
+                w.wake();
+            }
+            if !sent || is_lost {
                 return;
             }
         }
@@ -227,6 +241,7 @@ impl OobMesh {
         }
         let start = Instant::now();
         let stats = Arc::new(OobStats::default());
+        let waker = Arc::new(OnceLock::new());
         let shutdown = Arc::new(AtomicBool::new(false));
         let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
         for peer in table.iter().filter(|p| p.rank < rank) {
@@ -297,7 +312,7 @@ impl OobMesh {
             let reader = s.try_clone().map_err(|source| OobError::Io { rank: peer as u32, source })?;
             // Heartbeat writes must not block forever on a dead peer's full buffer.
             s.set_write_timeout(Some(peer_timeout)).map_err(|source| OobError::Io { rank: peer as u32, source })?;
-            spawn_reader(reader, peer as u32, tx.clone(), peer_timeout, stats.clone());
+            spawn_reader(reader, peer as u32, tx.clone(), peer_timeout, stats.clone(), waker.clone());
             writers.push(Some(Arc::new(Mutex::new(s))));
         }
         let beat: Vec<Arc<Mutex<TcpStream>>> = writers.iter().flatten().cloned().collect();
@@ -314,7 +329,12 @@ impl OobMesh {
                 std::thread::sleep(period);
             }
         });
-        Ok(Self { rank, writers, events, stats, shutdown })
+        Ok(Self { rank, writers, events, stats, shutdown, waker })
+    }
+
+    /// Have every later event wake `waker` (the progress thread sleeping in `poll(2)`); set once.
+    pub fn set_waker(&self, waker: Waker) {
+        let _ = self.waker.set(waker);
     }
 
     /// This rank.

@@ -289,8 +289,7 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                     )?;
                     let mut measures = Vec::new();
                     for in_place in [false, true] {
-                        let out_init =
-                            if in_place && c.input.len() == c.out_len { c.input.clone() } else { vec![0u8; c.out_len] };
+                        let out_init = if in_place { in_place_init(&c, rank) } else { vec![0u8; c.out_len] };
                         // In place: the receive buffer starts as the send buffer and is passed as both.
                         let mut last = out_init.clone();
                         for _ in 0..args.warmup {
@@ -298,16 +297,20 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                             last.copy_from_slice(&out_init);
                             run_once(&comm, &c, dtype, in_place, &mut last)?;
                         }
-                        let t = Instant::now();
+                        // Only the collectives are timed, not the reset of the in-place buffer.
+                        let mut spent = Duration::ZERO;
                         for _ in 0..args.iters {
                             drill(&extra, rank, &mut calls);
                             if in_place {
                                 last.copy_from_slice(&out_init);
                             }
+                            let t = Instant::now();
                             run_once(&comm, &c, dtype, in_place, &mut last)?;
+                            spent += t.elapsed();
                         }
-                        let secs = t.elapsed().as_secs_f64() / f64::from(args.iters);
-                        measures.push(Measure::new(coll, world, c.bytes, secs, wrong(dtype, &last, &c.expected)));
+                        let secs = spent.as_secs_f64() / f64::from(args.iters);
+                        let result = if in_place { in_place_result(&c, rank, &last) } else { &last[..] };
+                        measures.push(Measure::new(coll, world, c.bytes, secs, wrong(dtype, result, &c.expected)));
                     }
                     let row = Row {
                         bytes: c.bytes,
@@ -344,14 +347,37 @@ fn rank_main(argv: &[String]) -> Result<bool> {
 }
 
 /// One blocking collective; in place, the output buffer is also the input.
+/// One collective; in place, `out` is the single buffer NCCL's in-place convention uses.
 fn run_once(comm: &Communicator, c: &Case, dtype: DType, in_place: bool, out: &mut [u8]) -> Result<()> {
-    if in_place && c.input.len() == out.len() {
-        let input = out.to_vec();
-        comm.run(c.coll, dtype, c.count, &input, out)?;
+    if in_place {
+        comm.run_in_place(c.coll, dtype, c.count, out)?;
     } else {
         comm.run(c.coll, dtype, c.count, &c.input, out)?;
     }
     Ok(())
+}
+
+/// The in-place buffer before a run: the input, placed where NCCL's convention reads it
+/// (AllGather: this rank's block of the output-sized buffer).
+fn in_place_init(c: &Case, rank: u32) -> Vec<u8> {
+    let (i, o) = (c.input.len(), c.out_len);
+    if i < o {
+        let mut b = vec![0u8; o];
+        b[rank as usize * i..][..i].copy_from_slice(&c.input);
+        b
+    } else {
+        c.input.clone()
+    }
+}
+
+/// Where the result lies in the in-place buffer (ReduceScatter: this rank's block).
+fn in_place_result<'a>(c: &Case, rank: u32, buf: &'a [u8]) -> &'a [u8] {
+    let (i, o) = (c.input.len(), c.out_len);
+    if o < i {
+        &buf[rank as usize * o..][..o]
+    } else {
+        buf
+    }
 }
 
 /// Fault drill: exit abruptly (no destructors, no goodbye) before the N-th collective.
