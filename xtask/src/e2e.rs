@@ -22,6 +22,7 @@
 //!                                # failure: every rank exits non-zero before the deadline
 //! expect_error = "text"          # failure only: stderr of every survivor (a rank on a node
 //!                                #   no fault touches) contains this text
+//! env = ["R2CCL_BOOTSTRAP__PEER_TIMEOUT_MS=2000"]   # optional: extra environment of every rank
 //! faults = ["2.0 1 0 down"]      # "AT_S NODE NIC KIND": AT_S seconds after rank 0's timeline
 //!                                #   starts; KIND: down up blackhole restore drop undrop rate=RATE
 //! ```
@@ -72,6 +73,8 @@ struct Scenario {
     expect: Expect,
     expect_error: Option<String>,
     faults: Vec<Step>,
+    /// Extra `KEY=VALUE` environment of every rank (e.g. a shorter peer timeout).
+    env: Vec<(String, String)>,
 }
 
 /// A value of the TOML subset.
@@ -154,6 +157,7 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
         deadline: Duration::from_secs(20),
         expect: Expect::Success,
         expect_error: None,
+        env: Vec::new(),
         faults: Vec::new(),
     };
     for (n, raw) in text.lines().enumerate() {
@@ -193,6 +197,16 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
                 }
             }
             "expect_error" => sc.expect_error = Some(string(value)?),
+            "env" => {
+                let Value::List(items) = value else {
+                    bail!("{}: env must be an array of \"KEY=VALUE\" strings", at())
+                };
+                for item in items {
+                    let (k, v) =
+                        item.split_once('=').with_context(|| format!("{}: `{item}` is not KEY=VALUE", at()))?;
+                    sc.env.push((k.to_owned(), v.to_owned()));
+                }
+            }
             "faults" => {
                 let Value::List(items) = value else { bail!("{}: faults must be an array of strings", at()) };
                 sc.faults = items.iter().map(|s| parse_fault(s)).collect::<Result<_>>().with_context(at)?;
@@ -338,6 +352,7 @@ fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome>
             .env("R2CCL_NODE", format!("node{i}"))
             .env("R2CCL_OOB_IFACE", "mgmt0")
             .env("UCX_LOG_LEVEL", std::env::var("UCX_LOG_LEVEL").unwrap_or_else(|_| "fatal".into()))
+            .envs(sc.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);

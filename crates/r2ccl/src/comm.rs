@@ -608,6 +608,8 @@ impl Progress {
             // its path counts as dead; a silent black hole is still declared within a second.
             probe_timeout: (2 * stall_timeout).max(Duration::from_millis(500)),
             migrate_retry: Duration::from_millis(cfg.detect.oob_retry_ms.max(10)),
+            // UcxTransport connects rail r to the peers' rail r only.
+            rail_only: true,
         };
         let engine =
             Engine::new(Rank(opts.rank), opts.world, ecfg, topo).map_err(|e| CommError::Transport(e.to_string()))?;
@@ -620,6 +622,9 @@ impl Progress {
             r2ccl_policy::Topology::uniform(nodes, nics, NIC_MBPS)
                 .and_then(|t| t.with_ranks_per_node(rpn as u32))
                 .and_then(|t| t.with_alpha(LOOPBACK_ALPHA_S))
+                // The UCX backend connects NIC r only to the peers' NIC r (a rail-only fabric, as
+                // on the namespace testbed): plans must not send across rails.
+                .and_then(|t| t.with_spine_permille(0))
                 .ok()
         } else {
             None
@@ -749,6 +754,10 @@ impl Progress {
 
     fn fail(&mut self, current: &mut Option<Current>, e: CommError) {
         if let Some(c) = current.take() {
+            let waiting = self.engine.waiting();
+            if !waiting.is_empty() {
+                tracing::warn!(target: subsys::COLL, rank = self.rank, seq = c.seq, error = %e, waiting = %waiting.join("; "), "collective abandoned");
+            }
             self.engine.abandon();
             // A failure only this rank saw must not leave the others waiting for their deadline.
             if matches!(e, CommError::Failed { .. } | CommError::Timeout { .. }) {

@@ -18,7 +18,7 @@
 use crate::ctrl::Ctrl;
 use r2ccl_algo::{Buf, RankSchedule, Region, StepKind};
 use r2ccl_core::kernels::{finalize_avg_bytes, reduce_bytes};
-use r2ccl_core::{subsys, NicId, Rank};
+use r2ccl_core::{subsys, NicId, NodeId, Rank};
 use r2ccl_transport::{
     Buffer, CommId, LaneId, MemHandle, MigrationRequest, PathFault, PathId, Session, SessionConfig, SessionError,
     SessionEvent, TransferKey, Transport,
@@ -41,6 +41,9 @@ pub struct EngineConfig {
     pub probe_timeout: Duration,
     /// Resend period of an unanswered migration request.
     pub migrate_retry: Duration,
+    /// The backend connects NIC r only to the peers' NIC r (no spine): two nodes without a
+    /// common healthy rail cannot reach each other, which fails the collective at once.
+    pub rail_only: bool,
 }
 
 impl Default for EngineConfig {
@@ -52,6 +55,7 @@ impl Default for EngineConfig {
             probe_interval: Duration::from_millis(100),
             probe_timeout: Duration::from_millis(50),
             migrate_retry: Duration::from_millis(50),
+            rail_only: false,
         }
     }
 }
@@ -85,6 +89,14 @@ pub enum EngineError {
     /// Every NIC of a node is down: its ranks cannot communicate.
     #[error("node {0} has no usable NIC left (every NIC reported down)")]
     NodeIsolated(u32),
+    /// On a rail-only fabric, two nodes that must talk have no healthy rail in common.
+    #[error("nodes {a} and {b} have no healthy rail in common (rail-only fabric); a transfer between them cannot be repaired")]
+    NoCommonRail {
+        /// One node.
+        a: u32,
+        /// The other node.
+        b: u32,
+    },
 }
 
 /// Something worth a log line, a metric or a line in r2ccl-perf's output.
@@ -293,13 +305,32 @@ impl Engine {
         let mut out = Vec::new();
         for (i, st) in x.state.iter().enumerate() {
             if *st == StepState::Running {
-                if let StepKind::Recv { peer, .. } = x.sched.steps()[i].kind {
-                    out.push(format!("receive from {peer}"));
+                if let StepKind::Recv { peer, dst, .. } = x.sched.steps()[i].kind {
+                    let n = r2ccl_transport::chunk_count(dst.len, self.session.config().chunk_size);
+                    match x.keys[i].map(|k| (k, self.session.held(k, 0, n))) {
+                        Some((k, Ok(held))) => {
+                            out.push(format!("receive of {k} from {peer} ({held}/{n} chunks in order)"))
+                        }
+                        _ => out.push(format!("receive from {peer}")),
+                    }
                 }
             }
         }
-        out.extend(x.unacked.iter().map(|k| format!("receipt of {k} from {}", k.dst)));
-        out.truncate(8);
+        for k in &x.unacked {
+            let lanes: Vec<String> = self
+                .session
+                .lanes(*k)
+                .iter()
+                .map(|l| {
+                    let state = if l.quiesced { "quiesced" } else { "on" };
+                    format!("lane {} {state} {} sent {}/{}", l.id.lane, l.path, l.sender_done, l.end)
+                })
+                .collect();
+            out.push(format!("receipt of {k} from {} [{}]", k.dst, lanes.join(", ")));
+        }
+        out.extend(self.migrations.keys().map(|l| format!("migration of {l} (no answer yet)")));
+        out.extend(self.no_path.iter().map(|(r, _)| format!("a path for {} (none usable)", r.lane)));
+        out.truncate(12);
         out
     }
 
@@ -576,10 +607,8 @@ impl Engine {
                             // Paths may be down only for now (a stall); a node whose NICs are all
                             // reported down is gone for good.
                             let topo = self.session.topology();
-                            for node in [topo.node_of(self.rank), topo.node_of(key.dst)].into_iter().flatten() {
-                                if topo.nics_of(node).iter().all(|n| self.down_nics.contains(n)) {
-                                    return Err(EngineError::NodeIsolated(node.0));
-                                }
+                            if let (Some(a), Some(b)) = (topo.node_of(self.rank), topo.node_of(key.dst)) {
+                                reachable(topo, &self.down_nics, self.cfg.rail_only, a, b)?;
                             }
                             x.deferred.push(i);
                             continue;
@@ -672,14 +701,7 @@ impl Engine {
             }
         }
         for (req, stopped_at) in std::mem::take(&mut self.no_path) {
-            if self.down_nics.contains(&req.from.remote) || self.down_nics.contains(&req.from.local) {
-                let topo = self.session.topology();
-                for nic in [req.from.local, req.from.remote] {
-                    if topo.nics_of(nic.node).iter().all(|n| self.down_nics.contains(n)) {
-                        return Err(EngineError::NodeIsolated(nic.node.0));
-                    }
-                }
-            }
+            self.check_reachable(req.from.local.node, req.from.remote.node)?;
             self.begin_migration(now, req, stopped_at);
         }
         if let Some(x) = &mut self.exec {
@@ -688,6 +710,10 @@ impl Engine {
         }
         self.process_session_events(now, t)?;
         self.advance(now, t)
+    }
+
+    fn check_reachable(&self, a: NodeId, b: NodeId) -> Result<(), EngineError> {
+        reachable(self.session.topology(), &self.down_nics, self.cfg.rail_only, a, b)
     }
 
     fn declare_stalled<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T, p: PathId) {
@@ -929,4 +955,29 @@ fn migrate_req(req: MigrationRequest, to: PathId, epoch: u32) -> Ctrl {
         remote: to.remote,
         epoch,
     }
+}
+
+/// Whether nodes `a` and `b` can still reach each other given the NICs known to be `down`:
+/// neither is isolated and, on a rail-only fabric, they share a healthy rail.
+fn reachable(
+    topo: &r2ccl_transport::Topology,
+    down: &BTreeSet<NicId>,
+    rail_only: bool,
+    a: NodeId,
+    b: NodeId,
+) -> Result<(), EngineError> {
+    for node in [a, b] {
+        if topo.nics_of(node).iter().all(|n| down.contains(n)) {
+            return Err(EngineError::NodeIsolated(node.0));
+        }
+    }
+    if rail_only && a != b {
+        let healthy = |n: NodeId| -> BTreeSet<u16> {
+            topo.nics_of(n).iter().filter(|x| !down.contains(x)).map(|x| x.rail.0).collect()
+        };
+        if healthy(a).is_disjoint(&healthy(b)) {
+            return Err(EngineError::NoCommonRail { a: a.0, b: b.0 });
+        }
+    }
+    Ok(())
 }
