@@ -3,9 +3,11 @@
 //! Commands: `setup` (install system packages and tools), `ci` (everything CI checks),
 //! `codegen` (regenerate the UCX bindings), `testbed` (namespaces multi-NIC cluster),
 //! `tidy` (repository conventions), `bench` (all benchmarks), `demo` (the main job;
-//! arrives with the facade). Kept lean: std, anyhow and the config loader only.
+//! arrives with the facade). Kept lean: std, anyhow and the config loader; `bench` adds serde_json
+//! and plotters (bitmap PNGs, pure-Rust text).
 #![allow(clippy::print_stdout, clippy::print_stderr, reason = "a command-line tool reports on the terminal")]
 
+mod bench;
 mod ci;
 mod codegen;
 mod e2e;
@@ -26,7 +28,10 @@ commands:
   testbed up|down|status|check|fault   multi-NIC cluster from network namespaces (root)
   e2e [--scenario NAME] [--seed S]     fault scenarios (tests/scenarios) on the testbed with real ranks (root)
   codegen regenerate crates/r2ccl-ucx-sys/src/bindings.rs with bindgen (needs libclang-dev)
-  bench   run every benchmark (kernel/memcpy ratio, planner and schedule timings, ...)
+  bench [--quick] [--part P,...] [--rate R] [--reps N] [--loopback-nics K]
+          the issue-7 benchmarks: faultfree, strategies, pause, timeline (root: namespaces testbed r2b)
+          and loopback (r2ccl vs OpenMPI vs Gloo); writes target/bench/report.{json,md} and PNG plots
+  bench --micro   the micro benchmarks (cargo bench --workspace)
   demo    the main job: 4 ranks x 2 NICs on loopback, AllReduce timeline with a NIC failure injected
           mid-run (R2CCL_FAULT); prints bus bandwidth before/during/after, failovers and the strategy";
 
@@ -59,7 +64,7 @@ fn run() -> Result<()> {
         Some("codegen") => codegen::run(&root),
         Some("testbed") => testbed::main(&args[1..]),
         Some("e2e") => e2e::main(&args[1..]),
-        Some("bench") => cmd("cargo", &["bench", "--workspace"]),
+        Some("bench") => bench::main(&args[1..]),
         Some("demo") => demo(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             println!("{USAGE}");

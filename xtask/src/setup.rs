@@ -14,6 +14,11 @@ pub(crate) const PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "network namespaces, veth and tc for the multi-NIC testbed"),
     ("prometheus", "a real Prometheus server scrapes a rank in the metrics test"),
     ("ucx-utils", "ucx_perftest, the baseline of the transport benchmark"),
+    ("openmpi-bin", "mpirun, the OpenMPI peer of `cargo xtask bench --part loopback`"),
+    ("libopenmpi-dev", "mpicc and MPI headers to build bench/peers/mpi_allreduce.c"),
+    ("libgloo-dev", "Gloo, the other loopback peer (bench/peers/gloo_allreduce.cc)"),
+    ("g++", "builds the Gloo peer"),
+    ("fonts-dejavu-core", "a TTF font for the text of the benchmark plots (plotters ab_glyph)"),
 ];
 
 fn is_installed(pkg: &str) -> bool {
