@@ -27,6 +27,9 @@
 //!                                #   starts; KIND: down up blackhole restore drop undrop rate=RATE
 //! ```
 //!
+//! `--chaos N` runs N seeded random fault timelines instead (3 nodes x 3 NICs; rail 2 never
+//! fails) and prints a summary of runs, faults, failovers, wrong values and hangs (both must be 0).
+//!
 //! `--seed S` (S != 0) shifts every fault time by a pseudo-random offset in [-0.5, +0.5) s
 //! (order kept), to shake out timing-dependent bugs; the seed is printed so a run repeats.
 //! Needs root; without it the command says SKIPPED and exits 0, except under CI (`CI` set).
@@ -477,16 +480,41 @@ fn describe(ends: &[End]) -> String {
 pub(crate) fn main(args: &[String]) -> Result<()> {
     let mut only: Option<String> = None;
     let mut seed = 0u64;
+    let mut chaos = 0u32;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--scenario" => only = Some(it.next().context("--scenario needs a name")?.clone()),
             "--seed" => seed = it.next().context("--seed needs a number")?.parse().context("--seed: not a number")?,
-            other => bail!("e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S]"),
+            "--chaos" => {
+                chaos = it.next().context("--chaos needs a count")?.parse().context("--chaos: not a number")?
+            }
+            other => bail!(
+                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N]"
+            ),
         }
     }
     let root = crate::workspace_root();
-    let mut scenarios = load_all(&root.join("tests/scenarios"))?;
+    let mut scenarios = if chaos > 0 {
+        if seed == 0 {
+            seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs()) | 1;
+        }
+        println!("e2e: chaos: {chaos} random fault timelines, seed {seed} (repeat with --chaos {chaos} --seed {seed})");
+        (0..chaos)
+            .map(|i| {
+                let (name, text) = chaos_scenario(seed, i);
+                parse(&name, &text).map(|sc| {
+                    println!(
+                        "e2e: {name}: {}",
+                        sc.faults.iter().map(|f| format!("{:.2}s {}", f.at_s, f.text)).collect::<Vec<_>>().join("; ")
+                    );
+                    sc
+                })
+            })
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        load_all(&root.join("tests/scenarios"))?
+    };
     if let Some(name) = &only {
         let names: Vec<String> = scenarios.iter().map(|s| s.name.clone()).collect();
         scenarios.retain(|s| &s.name == name);
@@ -504,12 +532,13 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-perf"])?;
     let exe = root.join("target/release/r2ccl-perf");
     let (mut passed, mut failed) = (0u32, 0u32);
+    let mut tally = ChaosTally::default();
     for sc in &scenarios {
         let logs = root.join("target/e2e").join(&sc.name);
         let _ = std::fs::remove_dir_all(&logs);
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
         let start = Instant::now();
-        let result = execute(sc, &exe, &logs, seed);
+        let result = execute(sc, &exe, &logs, if chaos > 0 { 0 } else { seed });
         let secs = start.elapsed().as_secs_f64();
         let shape = format!("{}x{}", sc.spec.nodes, sc.spec.nics);
         let problems = match &result {
@@ -524,6 +553,9 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
             {
                 println!("  {}: {}", sc.name, line.trim_start_matches('#').trim());
             }
+        }
+        if let Ok(o) = &result {
+            tally.add(o);
         }
         let exits = result.as_ref().map(|o| describe(&o.ends)).unwrap_or_default();
         let faults = result.as_ref().map(|o| o.applied.join("; ")).unwrap_or_default();
@@ -550,6 +582,15 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         "e2e: {passed} passed, {failed} failed{}",
         if seed != 0 { format!(" (seed {seed})") } else { String::new() }
     );
+    if chaos > 0 {
+        println!(
+            "e2e: chaos summary: runs {}, faults {}, failovers {}, wrong values {}, hangs {} (seed {seed})",
+            tally.runs, tally.faults, tally.failovers, tally.wrong, tally.hangs
+        );
+        if tally.wrong > 0 || tally.hangs > 0 {
+            bail!("e2e: chaos found {} wrong values and {} hangs", tally.wrong, tally.hangs);
+        }
+    }
     if failed > 0 {
         bail!("e2e: {failed} scenario(s) failed");
     }
@@ -587,4 +628,87 @@ mod tests {
         }
         assert_eq!(jittered(&sc.faults, 0)[0].at_s, 1.5);
     }
+}
+
+/// Totals over chaos runs.
+#[derive(Default)]
+struct ChaosTally {
+    runs: u32,
+    faults: usize,
+    failovers: usize,
+    wrong: u64,
+    hangs: u32,
+}
+
+impl ChaosTally {
+    fn add(&mut self, o: &Outcome) {
+        self.runs += 1;
+        self.faults += o.applied.len();
+        self.failovers += o.rank0_out.lines().filter(|l| l.contains("event") && l.contains("failover")).count();
+        for l in o.rank0_out.lines() {
+            if let Some(rest) = l.strip_prefix("# Out of bounds values :") {
+                self.wrong += rest.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
+            }
+        }
+        self.hangs += o.ends.iter().filter(|e| matches!(e, End::Hung)).count() as u32;
+    }
+}
+
+/// A pseudo-random generator for chaos timelines (xorshift64*; a seed repeats a run).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Chaos run `i` of `seed`: 3 nodes x 3 NICs at 1gbit, 1 to 3 random faults on rails 0 and 1
+/// between 1.5 and 4.5 s (NIC down, flap, black hole with or without restore, egress drop,
+/// slow NIC). Rail 2 never fails, so every pair of nodes keeps a common rail and the job must
+/// finish with every value exact.
+fn chaos_scenario(seed: u64, i: u32) -> (String, String) {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ u64::from(i).wrapping_add(1).wrapping_mul(0xD1B5_4A32_D192_ED03)
+        | 1);
+    for _ in 0..4 {
+        rng.next();
+    }
+    let mut faults: Vec<(f64, String)> = Vec::new();
+    let mut used: Vec<(u64, u64)> = Vec::new();
+    for _ in 0..1 + rng.below(3) {
+        let (node, nic) = (rng.below(3), rng.below(2));
+        if used.contains(&(node, nic)) {
+            continue;
+        }
+        used.push((node, nic));
+        let at = 1.5 + rng.below(3000) as f64 / 1000.0;
+        let heal = at + 0.3 + rng.below(1500) as f64 / 1000.0;
+        let pair: &[(f64, &str)] = match rng.below(6) {
+            0 => &[(at, "down")],
+            1 => &[(at, "down"), (heal, "up")],
+            2 => &[(at, "blackhole")],
+            3 => &[(at, "blackhole"), (heal, "restore")],
+            4 => &[(at, "drop")],
+            _ => &[(at, "rate=100mbit")],
+        };
+        for (t, kind) in pair {
+            faults.push((*t, format!("{t:.2} {node} {nic} {kind}")));
+        }
+    }
+    faults.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let list: Vec<String> = faults.into_iter().map(|(_, f)| format!("\"{f}\"")).collect();
+    let name = format!("chaos-{seed}-{i}");
+    let text = format!(
+        "nodes = 3\nnics = 3\nrate = \"1gbit\"\nargs = \"all_reduce -b 8M -e 8M -N 0 --duration 7\"\ndeadline_s = 30\nexpect = \"success\"\nfaults = [{}]\n",
+        list.join(", ")
+    );
+    (name, text)
 }
