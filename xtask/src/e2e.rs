@@ -503,12 +503,11 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         (0..chaos)
             .map(|i| {
                 let (name, text) = chaos_scenario(seed, i);
-                parse(&name, &text).map(|sc| {
+                parse(&name, &text).inspect(|sc| {
                     println!(
                         "e2e: {name}: {}",
                         sc.faults.iter().map(|f| format!("{:.2}s {}", f.at_s, f.text)).collect::<Vec<_>>().join("; ")
                     );
-                    sc
                 })
             })
             .collect::<Result<Vec<_>>>()?
