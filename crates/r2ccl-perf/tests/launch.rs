@@ -195,3 +195,29 @@ fn topo_dump_file_holds_the_cluster_view() {
     assert!(dump.contains("node0") && dump.contains("node2") && dump.contains("lo.1"), "{dump}");
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn runs_under_openmpi_mpirun() {
+    // Ranks get their rank and size from OpenMPI (OMPI_COMM_WORLD_*), the job secret from its
+    // job id, and rank 0's rendezvous address from R2CCL_ROOT.
+    let Ok(which) = Command::new("sh").args(["-c", "command -v mpirun"]).output() else { return };
+    if !which.status.success() {
+        assert!(std::env::var_os("CI").is_none(), "mpirun is missing under CI: `cargo xtask setup` installs openmpi-bin");
+        eprintln!("******** SKIPPED runs_under_openmpi_mpirun: no mpirun (apt-get install openmpi-bin) ********");
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let root = format!("R2CCL_ROOT=127.0.0.1:{port}");
+    let start = Instant::now();
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "3", "-x", &root])
+        .args(["-x", "R2CCL_NICS=lo,lo", "-x", "R2CCL_DEBUG=ERROR"])
+        .arg(env!("CARGO_BIN_EXE_r2ccl-perf"))
+        .args(["all_reduce", "-b", "64K", "-e", "256K", "-f", "4", "-n", "2", "-w", "1"])
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "mpirun failed after {:?}:\n{t}", start.elapsed());
+    assert!(t.contains("nranks 3"), "{t}");
+    assert!(t.contains("# Out of bounds values : 0 OK"), "{t}");
+}
