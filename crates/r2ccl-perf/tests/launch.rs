@@ -202,7 +202,10 @@ fn runs_under_openmpi_mpirun() {
     // job id, and rank 0's rendezvous address from R2CCL_ROOT.
     let Ok(which) = Command::new("sh").args(["-c", "command -v mpirun"]).output() else { return };
     if !which.status.success() {
-        assert!(std::env::var_os("CI").is_none(), "mpirun is missing under CI: `cargo xtask setup` installs openmpi-bin");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "mpirun is missing under CI: `cargo xtask setup` installs openmpi-bin"
+        );
         eprintln!("******** SKIPPED runs_under_openmpi_mpirun: no mpirun (apt-get install openmpi-bin) ********");
         return;
     }

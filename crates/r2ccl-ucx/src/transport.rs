@@ -143,6 +143,10 @@ struct Nic {
     slow: Option<f64>,
     bytes: u64,
     msgs: u64,
+    /// Message bytes posted for sending on this NIC (headers included).
+    tx_bytes: u64,
+    /// Message bytes received on this NIC (headers included).
+    rx_bytes: u64,
     responder: Option<Request<Vec<u8>>>,
     reported_eps: BTreeSet<Rank>,
 }
@@ -254,6 +258,8 @@ impl UcxTransport {
                 blackhole: false,
                 slow: None,
                 bytes: 0,
+                tx_bytes: 0,
+                rx_bytes: 0,
                 msgs: 0,
                 responder,
                 reported_eps: BTreeSet::new(),
@@ -482,6 +488,7 @@ impl UcxTransport {
         };
         if kind != Kind::Probe {
             nic.bytes += bytes;
+            nic.tx_bytes += bytes;
             nic.msgs += 1;
         }
         if nic.is_down() {
@@ -539,6 +546,11 @@ impl UcxTransport {
         self.retire(o.state);
         self.complete(id, o.path, kind.unwrap_or(CompletionKind::Cancelled));
         true
+    }
+
+    /// Bytes sent and received so far on each local NIC, in rail order: `(tx, rx)`.
+    pub fn nic_bytes(&self) -> Vec<(u64, u64)> {
+        self.nics.iter().map(|n| (n.tx_bytes, n.rx_bytes)).collect()
     }
 
     /// Sleep until a NIC's worker has something to do, `wake` (the caller's own wake-up fd, e.g.
@@ -790,6 +802,7 @@ impl UcxTransport {
             };
             if let CompletionKind::Received(b) = &kind {
                 self.nics[rail].bytes += b.len() as u64;
+                self.nics[rail].rx_bytes += b.len() as u64;
             }
             if let (Some(f), false) = (self.nics[rail].slow, matches!(o.state, State::Delayed(..))) {
                 let extra = now.duration_since(o.posted).mul_f64(1.0 / f - 1.0);

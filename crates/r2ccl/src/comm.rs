@@ -457,6 +457,8 @@ struct Progress {
     mesh: OobMesh,
     /// Readable when a caller or an OOB reader has something for this thread.
     wake_rx: WakeReceiver,
+    /// Per-NIC `(tx, rx)` byte counts already exported as metrics.
+    nic_bytes_seen: Vec<(u64, u64)>,
     transport: UcxTransport,
     engine: Engine,
     shared: Arc<Shared>,
@@ -665,6 +667,7 @@ impl Progress {
             early_oob,
             departed: std::collections::BTreeSet::new(),
             wake_rx,
+            nic_bytes_seen: Vec::new(),
         })
     }
 }
@@ -770,6 +773,19 @@ impl Progress {
         }
     }
 
+    /// Add the bytes each local NIC moved since the last call to `r2ccl_nic_bytes_total`.
+    fn export_nic_bytes(&mut self) {
+        let now = self.transport.nic_bytes();
+        let node = format!("node{}", self.node_of.get(self.rank as usize).copied().unwrap_or(0));
+        for (r, &(tx, rx)) in now.iter().enumerate() {
+            let (ptx, prx) = self.nic_bytes_seen.get(r).copied().unwrap_or((0, 0));
+            let nic = format!("nic{r}");
+            crate::metrics::add_nic_bytes(&node, &nic, true, tx.saturating_sub(ptx));
+            crate::metrics::add_nic_bytes(&node, &nic, false, rx.saturating_sub(prx));
+        }
+        self.nic_bytes_seen = now;
+    }
+
     fn local_view(&self) -> HealthView {
         let mut v = self.agreed.clone();
         for nic in self.engine.down_nics() {
@@ -843,6 +859,7 @@ impl Progress {
                         };
                         let secs = c.started.elapsed().as_secs_f64();
                         crate::metrics::record_collective("collective", c.strategy, secs);
+                        self.export_nic_bytes();
                         let report = CollReport { seq: c.seq, strategy: c.strategy, epoch: c.epoch, seconds: secs };
                         let _ = c.reply.send(
                             out.map(|o| (o, report)).map_err(|e| CommError::Failed { seq: c.seq, why: e.to_string() }),
