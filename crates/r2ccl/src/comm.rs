@@ -97,8 +97,10 @@ pub struct CommOptions {
 
 impl CommOptions {
     /// Options from the launcher environment (`R2CCL_UNIQUE_ID`, `R2CCL_*`, OpenMPI, Slurm,
-    /// torchrun) and the loaded configuration. Data NICs default to `lo` when none are
-    /// configured (single-host runs); node identity defaults to the host name.
+    /// torchrun) and the loaded configuration. Data NICs default to the discovered physical
+    /// NICs other than the OOB interface (`lo` when there are none: a single-host run); the
+    /// OOB listener binds `R2CCL_OOB_IFACE`'s address, or the one that routes to the root;
+    /// node identity defaults to the host name.
     pub fn from_env(config: Config) -> Result<Self, CommError> {
         let launch = LaunchInfo::from_process_env().map_err(|e| CommError::Invalid(e.to_string()))?;
         if launch.secret_is_derived {
@@ -109,7 +111,20 @@ impl CommOptions {
         } else {
             config.bootstrap.node.clone()
         };
-        let nics = if config.transport.nics.is_empty() { vec!["lo".to_owned()] } else { config.transport.nics.clone() };
+        let nics = if config.transport.nics.is_empty() {
+            // Discovered physical NICs, keeping the OOB interface (configured, or the one that
+            // routes to the root) out of the data path when there are others.
+            let oob = if config.bootstrap.oob_iface.is_empty() {
+                crate::netif::iface_of(oob_bind_addr(&launch.root))
+            } else {
+                Some(config.bootstrap.oob_iface.clone())
+            };
+            let nics = crate::netif::default_data_nics(oob.as_deref());
+            tracing::info!(target: subsys::INIT, ?nics, ?oob, "data NICs discovered (set R2CCL_NICS to choose)");
+            nics
+        } else {
+            config.transport.nics.clone()
+        };
         Ok(Self {
             rank: launch.rank,
             world: launch.world_size,
@@ -493,7 +508,14 @@ impl Progress {
     fn init(opts: CommOptions, shared: Arc<Shared>, wake_rx: WakeReceiver) -> Result<Self, CommError> {
         let cfg = opts.config.clone();
         let deadline = Instant::now() + Duration::from_millis(cfg.bootstrap.connect_timeout_ms);
-        let bind_ip = oob_bind_addr(&opts.root);
+        let bind_ip = if cfg.bootstrap.oob_iface.is_empty() {
+            oob_bind_addr(&opts.root)
+        } else {
+            let iface = &cfg.bootstrap.oob_iface;
+            IpAddr::V4(crate::netif::iface_ipv4(iface).ok_or_else(|| {
+                CommError::Invalid(format!("bootstrap.oob_iface `{iface}` (R2CCL_OOB_IFACE) has no IPv4 address here"))
+            })?)
+        };
         let oob = TcpListener::bind((bind_ip, 0))
             .map_err(|e| CommError::Bootstrap(format!("OOB listener on {bind_ip}: {e}")))?;
         let oob_addr = oob.local_addr().map_err(|e| CommError::Bootstrap(e.to_string()))?.to_string();

@@ -16,6 +16,7 @@ pub mod comm;
 pub mod ctrl;
 pub mod engine;
 pub mod metrics;
+pub mod netif;
 pub mod oob;
 pub mod wake;
 
