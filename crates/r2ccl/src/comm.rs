@@ -252,6 +252,8 @@ pub struct Communicator {
     waker: Waker,
     thread: Option<std::thread::JoinHandle<()>>,
     shared: Arc<Shared>,
+    /// How this communicator was started (node, NICs, configuration) for [`Communicator::split`].
+    template: CommOptions,
 }
 
 #[derive(Default)]
@@ -290,6 +292,7 @@ impl Communicator {
             return Err(CommError::Invalid("no data NICs".into()));
         }
         let (rank, world) = (opts.rank, opts.world);
+        let template = opts.clone();
         let (tx, rx) = crossbeam_channel::unbounded();
         let (init_tx, init_rx) = crossbeam_channel::bounded(1);
         let shared = Arc::new(Shared::default());
@@ -314,7 +317,62 @@ impl Communicator {
         let node_of = init_rx
             .recv_timeout(connect_timeout * 2 + Duration::from_secs(5))
             .map_err(|_| CommError::Bootstrap("initialisation did not finish by its deadline".into()))??;
-        Ok(Self { rank, world, node_of, tx, waker, thread: Some(thread), shared })
+        Ok(Self { rank, world, node_of, tx, waker, thread: Some(thread), shared, template })
+    }
+
+    /// Split into sub-communicators, like `ncclCommSplit`: ranks that pass the same `color`
+    /// form one, ranked by `key` (ties by their rank here); `None` takes part in the split but
+    /// joins none (returns `Ok(None)`). Collective over this communicator: every rank must call
+    /// it. Each new communicator has its own rendezvous (a fresh port and secret chosen by its
+    /// rank 0 and shared through two AllGathers here), OOB mesh and transport.
+    pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>, CommError> {
+        const NONE: u32 = u32::MAX;
+        let c = color.unwrap_or(NONE);
+        if c == NONE && color.is_some() {
+            return Err(CommError::Invalid(format!("split color {NONE} is reserved for `None`")));
+        }
+        let world = self.world as usize;
+        let mine = [c.to_le_bytes(), key.to_le_bytes()].concat();
+        let mut all = vec![0u8; world * 8];
+        self.run(Collective::AllGather, DType::U32, 2, &mine, &mut all)?;
+        let word = |r: usize, i: usize| {
+            let at = r * 8 + i * 4;
+            u32::from_le_bytes([all[at], all[at + 1], all[at + 2], all[at + 3]])
+        };
+        let mut members: Vec<usize> = (0..world).filter(|&r| c != NONE && word(r, 0) == c).collect();
+        members.sort_by_key(|&r| (word(r, 1), r));
+        // The new rank 0 of each color picks the rendezvous address and secret.
+        const BLOB: usize = 96;
+        let mut blob = [0u8; BLOB];
+        if members.first() == Some(&(self.rank as usize)) {
+            let ip = oob_bind_addr(&self.template.root);
+            let port = TcpListener::bind((ip, 0))
+                .and_then(|l| l.local_addr())
+                .map_err(|e| CommError::Bootstrap(format!("split: no free port on {ip}: {e}")))?
+                .port();
+            let secret = Secret::generate().map_err(|e| CommError::Bootstrap(format!("split: {e}")))?;
+            let text = format!("{}|{}", SocketAddr::new(ip, port), secret.to_hex());
+            blob[..text.len().min(BLOB)].copy_from_slice(&text.as_bytes()[..text.len().min(BLOB)]);
+        }
+        let mut blobs = vec![0u8; world * BLOB];
+        self.run(Collective::AllGather, DType::U8, BLOB as u64, &blob, &mut blobs)?;
+        let Some(&leader) = members.first() else { return Ok(None) };
+        let text =
+            String::from_utf8_lossy(&blobs[leader * BLOB..(leader + 1) * BLOB]).trim_end_matches('\0').to_owned();
+        let (root, secret) = text
+            .split_once('|')
+            .ok_or_else(|| CommError::Bootstrap(format!("split: rank {leader} sent no rendezvous address")))?;
+        let secret = Secret::from_hex(secret).map_err(|e| CommError::Bootstrap(format!("split: {e}")))?;
+        let rank = members.iter().position(|&r| r == self.rank as usize).unwrap_or(0) as u32;
+        let opts = CommOptions {
+            rank,
+            world: members.len() as u32,
+            root: root.to_owned(),
+            secret,
+            env_faults: false,
+            ..self.template.clone()
+        };
+        Communicator::init(opts).map(Some)
     }
 
     /// This rank.
