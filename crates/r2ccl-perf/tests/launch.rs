@@ -224,3 +224,40 @@ fn runs_under_openmpi_mpirun() {
     assert!(t.contains("nranks 3"), "{t}");
     assert!(t.contains("# Out of bounds values : 0 OK"), "{t}");
 }
+
+#[test]
+fn a_nic_missing_at_start_is_planned_around() {
+    // Rank 1's second NIC cannot be opened (it does not exist): the job starts anyway, every
+    // rank plans without node 1's NIC 1 from the first collective on, and results are exact.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let root = format!("127.0.0.1:{port}");
+    let start = Instant::now();
+    let kids: Vec<_> = (0..3)
+        .map(|rank| {
+            Command::new(env!("CARGO_BIN_EXE_r2ccl-perf"))
+                .args(["all_reduce", "-b", "64K", "-e", "1M", "-f", "4", "-n", "2", "-w", "1"])
+                .env("R2CCL_RANK", rank.to_string())
+                .env("R2CCL_WORLD_SIZE", "3")
+                .env("R2CCL_ROOT", &root)
+                .env("R2CCL_SECRET", "00112233445566778899aabbccddeeff")
+                .env("R2CCL_NODE", format!("node{rank}"))
+                .env("R2CCL_NICS", if rank == 1 { "lo,r2cclnosuchnic0" } else { "lo,lo" })
+                .env("R2CCL_DEBUG", "WARN")
+                .env("UCX_LOG_LEVEL", "fatal")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = kids.into_iter().map(|k| k.wait_with_output().unwrap()).collect();
+    for (rank, o) in outs.iter().enumerate() {
+        assert!(o.status.success(), "rank {rank} failed after {:?}:\n{}", start.elapsed(), text(o));
+        assert!(
+            text(o).contains("NICs unusable since the start") && text(o).contains("node1/nic1"),
+            "rank {rank} does not report node1/nic1 as unusable:\n{}",
+            text(o)
+        );
+    }
+    assert!(text(&outs[0]).contains("# Out of bounds values : 0 OK"), "{}", text(&outs[0]));
+}

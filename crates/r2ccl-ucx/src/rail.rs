@@ -164,6 +164,37 @@ impl NicEndpointSet {
         Ok(Self { rails })
     }
 
+    /// Like [`NicEndpointSet::open`], but a rail whose context cannot be opened (a NIC that is
+    /// down or missing when the job starts) gets a placeholder on `lo` instead of failing the
+    /// whole set; the indices of those rails come back with their errors. The caller must never
+    /// publish or use a placeholder's address.
+    pub fn open_tolerant(configs: Vec<ContextConfig>) -> Result<(Self, Vec<(usize, UcxError)>), UcxError> {
+        let mut rails = Vec::with_capacity(configs.len());
+        let mut dead = Vec::new();
+        for (i, c) in configs.into_iter().enumerate() {
+            let id = RailId(u16::try_from(i).map_err(|_| UcxError::OutOfRange {
+                what: "rail",
+                index: i,
+                len: usize::from(u16::MAX),
+            })?);
+            let placeholder = ContextConfig { device: "lo".into(), ..c.clone() };
+            match Rail::open(id, c) {
+                Ok(r) => rails.push(r),
+                Err(e) => {
+                    rails.push(Rail::open(id, placeholder)?);
+                    dead.push((i, e));
+                }
+            }
+        }
+        if dead.len() == rails.len() {
+            if let Some((_, e)) = dead.into_iter().next() {
+                return Err(e);
+            }
+            return Err(UcxError::OutOfRange { what: "usable rail", index: 0, len: 0 });
+        }
+        Ok((Self { rails }, dead))
+    }
+
     /// Open TCP rails on the named interfaces.
     pub fn open_tcp(devices: &[&str]) -> Result<Self, UcxError> {
         Self::open(devices.iter().map(|d| ContextConfig::tcp(*d)).collect())

@@ -138,6 +138,8 @@ struct Peer {
 struct Nic {
     ifindex: Option<i32>,
     link_up: bool,
+    /// Could not be opened at start: a placeholder, down for the transport's lifetime.
+    dead: bool,
     fault_down: bool,
     blackhole: bool,
     slow: Option<f64>,
@@ -153,7 +155,7 @@ struct Nic {
 
 impl Nic {
     fn is_down(&self) -> bool {
-        !self.link_up || self.fault_down
+        self.dead || !self.link_up || self.fault_down
     }
 }
 
@@ -246,14 +248,21 @@ impl UcxTransport {
             return Err(UcxTransportError::TooManyDevices(cfg.nics.len()));
         }
         let devices: Vec<String> = cfg.nics.iter().map(|c| c.device.clone()).collect();
-        let set = NicEndpointSet::open(cfg.nics)?;
+        // A NIC that cannot be opened now (down or missing at start) is a dead rail: the job runs
+        // on the others, and every rank learns it from the address blob.
+        let (set, dead) = NicEndpointSet::open_tolerant(cfg.nics)?;
+        for (rail, e) in &dead {
+            tracing::warn!(target: NET, rail, device = %devices[*rail], error = %e, "NIC unusable at start: running without it");
+        }
         let mut nics = Vec::with_capacity(devices.len());
         for (i, dev) in devices.iter().enumerate() {
             let rail = &set.rails()[i];
             let responder = Some(rail.worker().tag_recv(PROBE_TAG_BIT, PROBE_TAG_BIT | REPLY_BIT, Vec::new())?);
+            let is_dead = dead.iter().any(|(r, _)| *r == i);
             nics.push(Nic {
-                ifindex: netlink::ifindex(dev),
+                ifindex: if is_dead { None } else { netlink::ifindex(dev) },
                 link_up: netlink::is_running(dev).unwrap_or(true),
+                dead: is_dead,
                 fault_down: false,
                 blackhole: false,
                 slow: None,
@@ -318,8 +327,9 @@ impl UcxTransport {
         b.extend_from_slice(&self.rank.0.to_le_bytes());
         b.extend_from_slice(&self.node.0.to_le_bytes());
         b.extend_from_slice(&rail_u16(self.nics.len()).to_le_bytes());
-        for a in self.set.addresses()? {
-            let bytes = a.into_bytes();
+        for (rail, a) in self.set.addresses()?.into_iter().enumerate() {
+            // A dead rail publishes no address: peers neither connect to it nor use it.
+            let bytes = if self.nics.get(rail).is_some_and(|n| n.dead) { Vec::new() } else { a.into_bytes() };
             b.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_le_bytes());
             b.extend_from_slice(&bytes);
         }
@@ -344,7 +354,9 @@ impl UcxTransport {
             }
             let k = self.nics.len().min(peer.addrs.len());
             for (i, addr) in peer.addrs.iter().take(k).enumerate() {
-                self.set_rail_connect(i, rank, addr)?;
+                if !addr.as_bytes().is_empty() && !self.nics[i].dead {
+                    self.set_rail_connect(i, rank, addr)?;
+                }
             }
             self.peers.insert(rank, peer);
         }
@@ -548,6 +560,24 @@ impl UcxTransport {
         true
     }
 
+    /// NICs that could not be opened when their rank started (this rank's and, after
+    /// [`UcxTransport::connect_peers`], every peer's): down for the whole job. Every rank
+    /// computes the same set from the same address blobs.
+    pub fn dead_nics(&self) -> Vec<NicId> {
+        let mut out: Vec<NicId> =
+            self.nics.iter().enumerate().filter(|(_, n)| n.dead).map(|(r, _)| self.nic_id(r)).collect();
+        for p in self.peers.values() {
+            for (r, a) in p.addrs.iter().enumerate() {
+                if a.as_bytes().is_empty() {
+                    out.push(NicId { node: p.node, rail: RailId(rail_u16(r)) });
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Bytes sent and received so far on each local NIC, in rail order: `(tx, rx)`.
     pub fn nic_bytes(&self) -> Vec<(u64, u64)> {
         self.nics.iter().map(|n| (n.tx_bytes, n.rx_bytes)).collect()
@@ -705,6 +735,9 @@ impl UcxTransport {
         for change in m.poll() {
             for rail in 0..self.nics.len() {
                 if self.nics[rail].ifindex != Some(change.ifindex) || self.nics[rail].link_up == change.up {
+                    continue;
+                }
+                if self.nics[rail].dead {
                     continue;
                 }
                 let was_down = self.nics[rail].is_down();

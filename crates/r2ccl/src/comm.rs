@@ -693,9 +693,20 @@ impl Progress {
             // UcxTransport connects rail r to the peers' rail r only.
             rail_only: true,
         };
-        let engine =
+        let mut engine =
             Engine::new(Rank(opts.rank), opts.world, ecfg, topo).map_err(|e| CommError::Transport(e.to_string()))?;
-        let agreed = HealthView::uniform(nodes, nics, NIC_MBPS);
+        let mut agreed = HealthView::uniform(nodes, nics, NIC_MBPS);
+        // NICs that could not be opened when their rank started are failed from the first
+        // collective on; every rank derives the same set from the same address blobs.
+        let dead = transport.dead_nics();
+        for nic in &dead {
+            let _ = agreed.set_failed(*nic);
+            engine.mark_nic_down(Duration::ZERO, &mut transport, *nic);
+        }
+        if !dead.is_empty() {
+            let names: Vec<String> = dead.iter().map(ToString::to_string).collect();
+            tracing::warn!(target: subsys::INIT, rank = opts.rank, nics = ?names, "NICs unusable since the start; planning without them");
+        }
         // The planner models ranks numbered node by node with the same count on every node.
         let rpn = opts.world as usize / nodes.max(1);
         let contiguous = rpn * nodes == opts.world as usize

@@ -805,6 +805,13 @@ impl Engine {
         Ok(())
     }
 
+    /// Treat `nic` as down from now on without announcing it (every rank already knows: a NIC
+    /// that could not be opened at start).
+    pub fn mark_nic_down<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T, nic: NicId) {
+        self.down_nics.insert(nic);
+        self.session.handle_nic_down(now, t, nic);
+    }
+
     fn note_nic(&mut self, nic: NicId, up: bool) {
         let changed = if up { self.down_nics.remove(&nic) } else { self.down_nics.insert(nic) };
         self.health_changed |= changed;
