@@ -532,6 +532,8 @@ struct Progress {
     wake_rx: WakeReceiver,
     /// Per-NIC `(tx, rx)` byte counts already exported as metrics.
     nic_bytes_seen: Vec<(u64, u64)>,
+    /// Schedules already planned, by collective, type, count and agreed view.
+    plan_cache: BTreeMap<String, (r2ccl_algo::RankSchedule, &'static str)>,
     transport: UcxTransport,
     engine: Engine,
     shared: Arc<Shared>,
@@ -759,6 +761,7 @@ impl Progress {
             departed: std::collections::BTreeSet::new(),
             wake_rx,
             nic_bytes_seen: Vec::new(),
+            plan_cache: BTreeMap::new(),
         })
     }
 }
@@ -814,6 +817,8 @@ const NIC_MBPS: u64 = 100_000;
 /// Per-message latency assumed by the planner's cost model, seconds.
 const LOOPBACK_ALPHA_S: f64 = 20e-6;
 
+/// Most plans a communicator keeps (the cache starts over when full).
+const PLAN_CACHE: usize = 64;
 /// Progress rounds without movement before the progress thread sleeps.
 const IDLE_SPINS: u32 = 8;
 /// Longest sleep of an idle progress thread (bounds every timer's lateness).
@@ -1072,7 +1077,17 @@ impl Progress {
         } else {
             self.descs.insert(seq, desc);
         }
-        let plan = self.plan(coll, dtype, count);
+        // Plans are pure functions of (collective, size, agreed view): reuse them.
+        let key = format!("{coll:?}|{dtype}|{count}|{:x}|{}", self.agreed.digest(), self.agreed.epoch().0);
+        let plan = match self.plan_cache.get(&key) {
+            Some(p) => Ok(p.clone()),
+            None => self.plan(coll, dtype, count).inspect(|p| {
+                if self.plan_cache.len() >= PLAN_CACHE {
+                    self.plan_cache.clear();
+                }
+                self.plan_cache.insert(key, p.clone());
+            }),
+        };
         let (sched, strategy) = match plan {
             Ok(p) => p,
             Err(e) => {
