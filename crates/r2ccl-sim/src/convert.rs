@@ -7,6 +7,11 @@
 //! for an intra-node message. A send starts when its step's dependencies are done and completes when all its
 //! parts have arrived; a receive completes when the message has arrived and its own dependencies are done;
 //! local copies and reductions take no time (the simulator models no GPU compute inside a collective).
+//! Every connection (sender, receiver, source rail, destination rail) is one queue of the DAG
+//! ([`Dag::add_queued`]): its parts go one after another in the order they become ready, as the library's
+//! engine posts steps in dependency order and a queue pair serves its work requests in posting order.
+//! Connections that share a link get equal shares of it (max-min weight 1 each), as a NIC arbitrates
+//! round-robin between its queue pairs.
 //! Schedules are built and converted one rank at a time, so memory beyond the DAG itself stays per rank.
 //!
 //! [`plan_allreduce`] and [`append_allreduce`] put the planner in front: a [`Topology`] and [`HealthView`]
@@ -28,6 +33,8 @@ use std::collections::HashMap;
 pub struct Converted {
     /// Task that finishes when every rank's last step has finished.
     pub end: TaskId,
+    /// Per rank (rank order): the task that finishes when that rank's last step has finished.
+    pub rank_end: Vec<TaskId>,
     /// Transfer tasks created (one per NIC part, one per intra-node message).
     pub transfers: usize,
     /// Steps converted, all ranks together.
@@ -88,6 +95,7 @@ pub fn append_schedules(
     };
     let mut out = Converted {
         end: 0,
+        rank_end: Vec::with_capacity(layout.ranks()),
         transfers: 0,
         steps: 0,
         nic_tx: vec![0; layout.nodes() * k],
@@ -100,11 +108,9 @@ pub fn append_schedules(
     let mut has_dependent: Vec<bool> = Vec::new();
     let mut deps: Vec<TaskId> = Vec::new();
     let mut parts: Vec<TaskId> = Vec::new();
-    // One connection per (peer, NIC pair) delivers in order, as a queue pair does: a part starts after the
-    // previous part on the same connection has arrived.
-    let mut last_part: HashMap<(u32, u32, u32), TaskId> = HashMap::new();
+    // One queue per connection (sender, receiver, source rail, destination rail; intra-node: rails u32::MAX).
+    let mut queues: HashMap<(u32, u32, u32, u32), u32> = HashMap::new();
     for r in 0..layout.ranks() as u32 {
-        last_part.clear();
         let rank = Rank(r);
         let sched = build(rank).map_err(|e| SimError::Convert(format!("building {rank}: {e}")))?;
         let me = endpoint(rank)?;
@@ -154,8 +160,8 @@ pub fn append_schedules(
                             }
                             let bytes = src.len as f64;
                             out.intra_bytes[my_node] += src.len;
-                            let op = Op::Transfer { src: me, dst, bytes, rails: 0, weight: bytes };
-                            parts.push(add_in_order(dag, &mut last_part, (peer.0, u32::MAX, u32::MAX), op, &deps));
+                            let op = Op::Transfer { src: me, dst, bytes, rails: 0, weight: 1.0 };
+                            parts.push(add_queued(dag, &mut queues, (r, peer.0, u32::MAX, u32::MAX), op, &deps));
                         }
                         Some(sp) => {
                             let peer_node = layout.node_of(peer).map_err(|e| SimError::Convert(e.to_string()))?;
@@ -176,10 +182,10 @@ pub fn append_schedules(
                                     bytes: b,
                                     src_rail: sr as u32,
                                     dst_rail: dr as u32,
-                                    weight: b,
+                                    weight: 1.0,
                                 };
-                                let key = (peer.0, sr as u32, dr as u32);
-                                parts.push(add_in_order(dag, &mut last_part, key, op, &deps));
+                                let key = (r, peer.0, sr as u32, dr as u32);
+                                parts.push(add_queued(dag, &mut queues, key, op, &deps));
                             }
                         }
                     }
@@ -204,7 +210,10 @@ pub fn append_schedules(
             task_of.push(task);
         }
         out.steps += task_of.len();
+        let first_sink = sinks.len();
         sinks.extend(task_of.iter().zip(&has_dependent).filter(|(_, &h)| !h).map(|(&t, _)| t));
+        let mine: Vec<TaskId> = sinks[first_sink..].iter().copied().chain(start).collect();
+        out.rank_end.push(dag.barrier(&mine));
     }
     if let Some(((a, b, tag), half)) = open.iter().next() {
         let what = if matches!(half, Half::Sent(_)) { "never received" } else { "never sent" };
@@ -218,19 +227,17 @@ pub fn append_schedules(
     Ok(out)
 }
 
-/// Add `op` after `deps` and after the previous task on connection `key`; it becomes the connection's last.
-fn add_in_order(
+/// Add `op` after `deps` on the queue of connection `key` (a new queue id for a new connection).
+fn add_queued(
     dag: &mut Dag,
-    last: &mut HashMap<(u32, u32, u32), TaskId>,
-    key: (u32, u32, u32),
+    queues: &mut HashMap<(u32, u32, u32, u32), u32>,
+    key: (u32, u32, u32, u32),
     op: Op,
     deps: &[TaskId],
 ) -> TaskId {
-    let t = dag.add(op, deps);
-    if let Some(prev) = last.insert(key, t) {
-        dag.depend(prev, t);
-    }
-    t
+    let next = queues.len() as u32;
+    let q = *queues.entry(key).or_insert(next);
+    dag.add_queued(op, deps, q)
 }
 
 /// Which schedule an AllReduce runs: the planner's choice, or one of its candidates.

@@ -4,7 +4,10 @@
 //! timeline and the engine settings. Transfers become flows on fabric paths; concurrent flows share links
 //! max-min fairly (progressive filling), recomputed at every flow arrival or departure and every capacity
 //! change, but only inside the connected component of flows that the change touches (max-min allocations
-//! decompose over components, so this is exact). Time is simulated: `f64` seconds from the start of the run.
+//! decompose over components, so this is exact). Links that can never be a bottleneck in a run are left out of
+//! that computation (exact as well). Transfers may belong to a queue (a connection) that carries them one at a
+//! time in ready order. [`Sharing::Ports`] replaces max-min sharing by r2ccl-algo's port model for cross-checks.
+//! Time is simulated: `f64` seconds from the start of the run.
 //!
 //! Failures change link capacities at their time; the engine learns of them only after a detection delay
 //! (error completion, or the stall timeout of a silent black hole). Until then flows on a dead NIC stall.
@@ -15,7 +18,7 @@ use crate::error::SimError;
 use crate::fabric::{Endpoint, Fabric, LinkId};
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 /// Index of a task in a [`Dag`].
 pub type TaskId = u32;
@@ -79,11 +82,22 @@ impl Op {
 }
 
 /// A DAG of tasks: a task starts when all its dependencies have finished.
+///
+/// Transfers may also belong to a *queue* ([`Dag::add_queued`]): one connection (a queue pair) that carries its
+/// transfers one at a time in the order they become ready, as a NIC serves the work requests of one queue pair
+/// in posting order.
 #[derive(Clone, Debug, Default)]
 pub struct Dag {
     ops: Vec<Op>,
     edges: Vec<(TaskId, TaskId)>,
+    /// Queue of each task (`NO_QUEUE`: none); empty while no task has one.
+    queue: Vec<u32>,
+    /// Number of queues in use (largest id + 1).
+    queues: u32,
 }
+
+/// Queue id of a task that is in no queue.
+const NO_QUEUE: u32 = u32::MAX;
 
 impl Dag {
     /// An empty DAG.
@@ -99,6 +113,23 @@ impl Dag {
             self.edges.push((d, id));
         }
         id
+    }
+
+    /// Add transfer `op` after all of `deps`, carried by connection `queue` (any id below `u32::MAX`): once its
+    /// dependencies are done it waits until the transfers of that queue that became ready before it have
+    /// finished.
+    pub fn add_queued(&mut self, op: Op, deps: &[TaskId], queue: u32) -> TaskId {
+        let id = self.add(op, deps);
+        if queue != NO_QUEUE {
+            self.queue.resize(self.ops.len(), NO_QUEUE);
+            self.queue[id as usize] = queue;
+            self.queues = self.queues.max(queue + 1);
+        }
+        id
+    }
+
+    fn queue_of(&self, task: TaskId) -> Option<u32> {
+        self.queue.get(task as usize).copied().filter(|&q| q != NO_QUEUE)
     }
 
     /// A zero-length task after all of `deps` (a barrier).
@@ -274,12 +305,30 @@ impl Failure {
     }
 }
 
+/// How concurrent flows share the fabric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sharing {
+    /// Weighted max-min fairness on every link (progressive filling): what a NIC does between queue pairs.
+    #[default]
+    MaxMin,
+    /// The port model of `r2ccl_algo::simulate`, for cross-checking: every NIC uplink and downlink is a port that
+    /// serves one flow at a time, a flow starts only when the ports on its path are idle (waiting flows are
+    /// served in the order they started, skipping those whose ports are busy) and then runs to the end at its
+    /// path's bottleneck capacity; NVLink and spine links are not shared. Queues of the DAG are not needed (a
+    /// port keeps the order) and are ignored.
+    Ports,
+}
+
 /// Engine settings.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EngineConfig {
     /// How transfers on known-failed rails are moved.
     pub repair: RepairMode,
+    /// How concurrent flows share links.
+    #[serde(default)]
+    pub sharing: Sharing,
     /// Detection delay of a link-down with an error completion, seconds.
     #[serde(default = "d_err")]
     pub detect_error_s: f64,
@@ -318,6 +367,7 @@ impl EngineConfig {
     pub fn with_repair(repair: RepairMode) -> Self {
         Self {
             repair,
+            sharing: Sharing::MaxMin,
             detect_error_s: d_err(),
             detect_blackhole_s: d_bh(),
             detect_degraded_s: d_deg(),
@@ -391,6 +441,14 @@ struct Sub {
     orig: f64,
     weight: f64,
     t_upd: f64,
+    /// Holds its ports ([`Sharing::Ports`] only).
+    serving: bool,
+    /// An event for its completion at the current rate is queued (version `ver`).
+    queued: bool,
+    /// Rate before the current recomputation.
+    prev_rate: f64,
+    /// Time it was created.
+    born: f64,
 }
 
 /// Simulate `dag` on `fabric` under `failures`.
@@ -439,6 +497,16 @@ struct Sim<'a> {
     scratch_path: Vec<LinkId>,
     events: usize,
     replayed: f64,
+    /// Per queue: whether a transfer of it is in flight.
+    q_busy: Vec<bool>,
+    /// Per queue: transfers ready to start, in the order they became ready.
+    q_wait: Vec<VecDeque<u32>>,
+    /// Per link: a NIC port ([`Sharing::Ports`]).
+    is_port: Vec<bool>,
+    /// Per link: it can never limit a flow in this run, so flows do not join it (see [`Sim::new`]).
+    elided: Vec<bool>,
+    /// Zero-length tasks ready now, in the order they became ready.
+    instant: VecDeque<u32>,
 }
 
 impl<'a> Sim<'a> {
@@ -497,7 +565,39 @@ impl<'a> Sim<'a> {
             scratch_path: Vec::new(),
             events: 0,
             replayed: 0.0,
+            q_busy: vec![false; dag.queues as usize],
+            q_wait: vec![VecDeque::new(); dag.queues as usize],
+            is_port: vec![false; links],
+            elided: vec![false; links],
+            instant: VecDeque::new(),
         };
+        for node in 0..s.nodes {
+            for rail in 0..s.nics_per_node {
+                sim.is_port[fabric.nic_up(node, rail) as usize] = true;
+                sim.is_port[fabric.nic_down(node, rail) as usize] = true;
+            }
+        }
+        // Links that can never be a bottleneck are left out of the sharing computation (exact, and it keeps the
+        // components of flows per rail). Without intra-node transfers an NVLink link only carries PXN hops to
+        // and from the node's NICs, at most the node's NIC total (the rails of a GPU's sending hops and of
+        // its forwarding hops are disjoint); a spine link carries at most what the rail's NICs send or
+        // receive. Failures only ever lower NIC capacities.
+        let nic_total = s.nic_bytes_per_s() * f64::from(s.nics_per_node);
+        let intra =
+            dag.ops.iter().any(|op| op.transfer().is_some_and(|(a, b, _, _)| a.node == b.node && a.gpu != b.gpu));
+        let nvl_free = !intra && nic_total <= s.nvlink_gbps * 1e9 / 8.0;
+        let spine_free = s.spine_oversubscription <= 1.0;
+        for node in 0..s.nodes {
+            for gpu in 0..s.gpus_per_node {
+                let e = Endpoint::new(node, gpu);
+                sim.elided[fabric.nvl_out(e) as usize] = nvl_free;
+                sim.elided[fabric.nvl_in(e) as usize] = nvl_free;
+            }
+        }
+        for rail in 0..s.nics_per_node {
+            sim.elided[fabric.spine_up(rail) as usize] = spine_free;
+            sim.elided[fabric.spine_down(rail) as usize] = spine_free;
+        }
         for (i, f) in failures.iter().enumerate() {
             sim.push(f.at_s, Ev::FailStart(i as u32));
         }
@@ -520,6 +620,8 @@ impl<'a> Sim<'a> {
 
     fn start_task(&mut self, task: u32, at: f64) {
         match self.dag.ops[task as usize] {
+            // Zero-length tasks (barriers) finish at once, without a trip through the event heap.
+            Op::Delay(d) if d <= 0.0 && at <= self.now => self.instant.push_back(task),
             Op::Delay(d) => self.push(at + d.max(0.0), Ev::DelayDone(task)),
             Op::Transfer { src, dst, .. } | Op::Pinned { src, dst, .. } => {
                 let lat = self.fabric.path_latency(src, dst);
@@ -531,6 +633,12 @@ impl<'a> Sim<'a> {
     fn task_done(&mut self, task: u32) {
         self.finish[task as usize] = self.now;
         self.done += 1;
+        if let Some(q) = self.dag.queue_of(task).filter(|_| self.cfg.sharing != Sharing::Ports) {
+            self.q_busy[q as usize] = false;
+            if let Some(next) = self.q_wait[q as usize].pop_front() {
+                self.flow_start(next);
+            }
+        }
         let (a, b) = (self.succ_start[task as usize] as usize, self.succ_start[task as usize + 1] as usize);
         for i in a..b {
             let s = self.succ[i];
@@ -541,11 +649,21 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Finish the zero-length tasks that became ready at the current time, in the order they did.
+    fn drain_instant(&mut self) {
+        while let Some(task) = self.instant.pop_front() {
+            self.events += 1;
+            self.task_done(task);
+        }
+    }
+
     fn run(&mut self) {
+        self.drain_instant();
         while let Some(first) = self.heap.pop() {
             self.now = self.now.max(first.t);
             let horizon = self.now + 1e-12 * (1.0 + self.now.abs());
             self.handle(first.ev);
+            self.drain_instant();
             while let Some(top) = self.heap.peek() {
                 if top.t > horizon {
                     break;
@@ -553,6 +671,7 @@ impl<'a> Sim<'a> {
                 let it = *top;
                 self.heap.pop();
                 self.handle(it.ev);
+                self.drain_instant();
             }
             if !self.dirty.is_empty() {
                 self.recompute();
@@ -697,6 +816,8 @@ impl<'a> Sim<'a> {
     fn add_sub(&mut self, task: u32, src: Endpoint, dst: Endpoint, rs: u32, rd: u32, bytes: f64, weight: f64) {
         let mut path = std::mem::take(&mut self.scratch_path);
         self.fabric.path(src, dst, rs, rd, &mut path);
+        let whole = path.len();
+        path.retain(|&l| !self.elided[l as usize]);
         let id = self.subs.len() as u32;
         let path_start = self.paths.len() as u32;
         self.paths.extend_from_slice(&path);
@@ -715,17 +836,31 @@ impl<'a> Sim<'a> {
             orig: bytes,
             weight: weight.max(1e-30),
             t_upd: self.now,
+            serving: false,
+            queued: false,
+            prev_rate: 0.0,
+            born: self.now,
         });
         self.sub_mark.push(0);
         self.frozen.push(0);
-        if path.is_empty() {
+        if whole == 0 {
             // Same GPU: nothing to move.
+            self.subs[id as usize].queued = true;
             self.push(self.now, Ev::SubDone(id, 0));
         }
         self.scratch_path = path;
     }
 
     fn flow_start(&mut self, task: u32) {
+        // Under the port model a port already serves one transfer at a time in the order they became ready.
+        let queue = if self.cfg.sharing == Sharing::Ports { None } else { self.dag.queue_of(task) };
+        if let Some(q) = queue {
+            if self.q_busy[q as usize] {
+                self.q_wait[q as usize].push_back(task);
+                return;
+            }
+            self.q_busy[q as usize] = true;
+        }
         let (src, dst, bytes, rails, weight) = match self.dag.ops[task as usize] {
             Op::Delay(_) => return,
             Op::Transfer { src, dst, bytes, rails, weight } => (src, dst, bytes, rails, weight),
@@ -852,7 +987,74 @@ impl<'a> Sim<'a> {
         for i in 0..self.comp_subs.len() {
             let s = self.comp_subs[i];
             self.settle(s);
+            let sub = &mut self.subs[s as usize];
+            sub.prev_rate = sub.rate;
         }
+        match self.cfg.sharing {
+            Sharing::MaxMin => self.fill_max_min(gen),
+            Sharing::Ports => self.fill_ports(),
+        }
+        for i in 0..self.comp_subs.len() {
+            let s = self.comp_subs[i];
+            let sub = &mut self.subs[s as usize];
+            if sub.queued && sub.rate == sub.prev_rate {
+                // Its queued completion is still right.
+                continue;
+            }
+            sub.ver = sub.ver.wrapping_add(1);
+            let (rate, rem, ver) = (sub.rate, sub.remaining, sub.ver);
+            sub.queued = rem <= 0.0 || rate > 0.0;
+            if rem <= 0.0 {
+                self.push(self.now, Ev::SubDone(s, ver));
+            } else if rate > 0.0 {
+                self.push(self.now + rem / rate, Ev::SubDone(s, ver));
+            }
+        }
+    }
+
+    /// [`Sharing::Ports`] in the current component: flows holding their ports keep their path's bottleneck
+    /// capacity; the others, oldest first, take their ports when all are idle and wait otherwise.
+    fn fill_ports(&mut self) {
+        let subs = &self.subs;
+        self.comp_subs.sort_unstable_by(|&a, &b| {
+            let (x, y) = (&subs[a as usize], &subs[b as usize]);
+            x.born.total_cmp(&y.born).then(x.task.cmp(&y.task)).then(a.cmp(&b))
+        });
+        for &l in &self.comp_links {
+            self.cnt[l as usize] = 0;
+        }
+        for i in 0..self.comp_subs.len() {
+            let sub = &self.subs[self.comp_subs[i] as usize];
+            if sub.serving {
+                for j in sub.path_start as usize..sub.path_start as usize + sub.path_len as usize {
+                    self.cnt[self.paths[j] as usize] = 1;
+                }
+            }
+        }
+        for i in 0..self.comp_subs.len() {
+            let s = self.comp_subs[i] as usize;
+            let (a, b) =
+                (self.subs[s].path_start as usize, self.subs[s].path_start as usize + self.subs[s].path_len as usize);
+            if !self.subs[s].serving {
+                let idle = (a..b).all(|j| {
+                    let l = self.paths[j] as usize;
+                    !self.is_port[l] || self.cnt[l] == 0
+                });
+                if !idle {
+                    self.subs[s].rate = 0.0;
+                    continue;
+                }
+                for j in a..b {
+                    self.cnt[self.paths[j] as usize] = 1;
+                }
+                self.subs[s].serving = true;
+            }
+            self.subs[s].rate = (a..b).map(|j| self.cap[self.paths[j] as usize]).fold(f64::INFINITY, f64::min);
+        }
+    }
+
+    /// Weighted max-min fair rates (progressive filling) in the current component.
+    fn fill_max_min(&mut self, gen: u32) {
         // Progressive filling.
         let mut active: Vec<LinkId> = Vec::with_capacity(self.comp_links.len());
         for &l in &self.comp_links {
@@ -900,17 +1102,6 @@ impl<'a> Sim<'a> {
             }
             active.retain(|&l| self.cnt[l as usize] > 0);
         }
-        for i in 0..self.comp_subs.len() {
-            let s = self.comp_subs[i];
-            let sub = &mut self.subs[s as usize];
-            sub.ver = sub.ver.wrapping_add(1);
-            let (rate, rem, ver) = (sub.rate, sub.remaining, sub.ver);
-            if rem <= 0.0 {
-                self.push(self.now, Ev::SubDone(s, ver));
-            } else if rate > 0.0 {
-                self.push(self.now + rem / rate, Ev::SubDone(s, ver));
-            }
-        }
     }
 
     fn result(&self) -> RunResult {
@@ -950,6 +1141,94 @@ mod tests {
         // Both at 0.5 GB/s until the first finishes at 2 s, then the second alone: 1e9 left at 1 GB/s.
         assert!((r.finish[0] - 2.0).abs() < 1e-9, "{:?}", r.finish);
         assert!((r.finish[1] - 3.0).abs() < 1e-9, "{:?}", r.finish);
+    }
+
+    #[test]
+    fn ports_serve_one_flow_at_a_time() {
+        let f = fab(3, 1);
+        let mut dag = Dag::new();
+        let a = Endpoint::new(0, 0);
+        dag.add(Op::Transfer { src: a, dst: Endpoint::new(1, 0), bytes: 1e9, rails: 1, weight: 1.0 }, &[]);
+        dag.add(Op::Transfer { src: a, dst: Endpoint::new(2, 0), bytes: 2e9, rails: 1, weight: 1.0 }, &[]);
+        let cfg = EngineConfig { sharing: Sharing::Ports, ..EngineConfig::with_repair(RepairMode::None) };
+        let r = simulate(&f, &dag, &[], &cfg).unwrap();
+        // The first flow holds node 0's uplink for 1 s, then the second runs alone for 2 s.
+        assert!((r.finish[0] - 1.0).abs() < 1e-9, "{:?}", r.finish);
+        assert!((r.finish[1] - 3.0).abs() < 1e-9, "{:?}", r.finish);
+    }
+
+    #[test]
+    fn a_queue_carries_its_transfers_one_at_a_time_in_ready_order() {
+        let f = fab(2, 1);
+        let (a, b) = (Endpoint::new(0, 0), Endpoint::new(1, 0));
+        let op = Op::Transfer { src: a, dst: b, bytes: 1e9, rails: 1, weight: 1.0 };
+        let mut dag = Dag::new();
+        let d = dag.add(Op::Delay(0.5), &[]);
+        // Added first but ready at 0.5 s: it waits for the transfer that was ready at 0 s.
+        let late = dag.add_queued(op, &[d], 7);
+        let early = dag.add_queued(op, &[], 7);
+        let r = simulate(&f, &dag, &[], &EngineConfig::with_repair(RepairMode::None)).unwrap();
+        assert!((r.finish[early as usize] - 1.0).abs() < 1e-9, "{:?}", r.finish);
+        assert!((r.finish[late as usize] - 2.0).abs() < 1e-9, "{:?}", r.finish);
+        // Without the queue they share the link from 0.5 s on.
+        let mut dag = Dag::new();
+        let d = dag.add(Op::Delay(0.5), &[]);
+        let late = dag.add(op, &[d]);
+        let early = dag.add(op, &[]);
+        let r = simulate(&f, &dag, &[], &EngineConfig::with_repair(RepairMode::None)).unwrap();
+        assert!((r.finish[early as usize] - 1.5).abs() < 1e-9, "{:?}", r.finish);
+        assert!((r.finish[late as usize] - 2.0).abs() < 1e-9, "{:?}", r.finish);
+    }
+
+    #[test]
+    fn leaving_out_links_that_cannot_bind_changes_nothing() {
+        // PXN traffic between 4-NIC nodes: NVLink (4 x 100 Gbit/s <= nvlink) and the spine are left out of the
+        // sharing computation. A tiny intra-node transfer elsewhere keeps them in; the times must not move.
+        let mut s = FabricSpec::new(3, 4, 4, 100.0);
+        s.nvlink_gbps = 400.0;
+        let f = Fabric::new(s).unwrap();
+        let build = |intra: bool| {
+            let mut dag = Dag::new();
+            for (i, (src, dst, sr, dr)) in
+                [(0u32, 1u32, 0u32, 1u32), (0, 2, 1, 1), (1, 2, 2, 3), (2, 0, 3, 0), (0, 1, 2, 2)]
+                    .into_iter()
+                    .enumerate()
+            {
+                let bytes = 1e8 * (i + 1) as f64;
+                let op = Op::Pinned {
+                    src: Endpoint::new(src, 0),
+                    dst: Endpoint::new(dst, 3),
+                    bytes,
+                    src_rail: sr,
+                    dst_rail: dr,
+                    weight: 1.0,
+                };
+                dag.add(op, &[]);
+            }
+            if intra {
+                let op = Op::Transfer {
+                    src: Endpoint::new(2, 1),
+                    dst: Endpoint::new(2, 2),
+                    bytes: 1.0,
+                    rails: 0,
+                    weight: 1.0,
+                };
+                dag.add(op, &[]);
+            }
+            dag
+        };
+        let cfg = EngineConfig::with_repair(RepairMode::Spread);
+        let fails = [Failure::known_down(1, 0)];
+        let lean = simulate(&f, &build(false), &fails, &cfg).unwrap();
+        let full = simulate(&f, &build(true), &fails, &cfg).unwrap();
+        for i in 0..5 {
+            assert!(
+                (lean.finish[i] / full.finish[i] - 1.0).abs() < 1e-9,
+                "{i}: {:?} vs {:?}",
+                lean.finish,
+                full.finish
+            );
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! r2ccl-sim: a flow-level, event-driven cluster simulator for r2ccl.
 //!
 //! What it does: models nodes, GPUs on NVLink, rail-optimized NICs, rail switches and a spine as links with
-//! bandwidth and latency; runs any DAG of transfers and compute delays with max-min fair link sharing; applies
+//! bandwidth and latency; runs any DAG of transfers and compute delays with max-min fair link sharing (or, to
+//! cross-check, r2ccl-algo's first-come first-served port model); applies
 //! failure timelines (NIC down and back, silent black holes with a detection delay, degraded speed) to
 //! in-flight flows; builds AllReduce schedules for every strategy under test from formulas, and also runs the
 //! exact r2ccl-algo schedules that r2ccl-policy chooses ([`convert`]: every Send/Recv part becomes a flow pinned
@@ -22,7 +23,9 @@ pub mod reproduce;
 pub mod scenario;
 pub mod workload;
 
-pub use engine::{simulate, Dag, EngineConfig, Failure, FailureKind, Op, RailMask, RepairMode, RunResult, TaskId};
+pub use engine::{
+    simulate, Dag, EngineConfig, Failure, FailureKind, Op, RailMask, RepairMode, RunResult, Sharing, TaskId,
+};
 pub use error::SimError;
 pub use fabric::{Endpoint, Fabric, FabricSpec, LinkId};
 

@@ -5,7 +5,7 @@
 
 use crate::closed;
 use crate::collective::{healthy, AllReduceJob, Strategy};
-use crate::engine::{EngineConfig, Failure, FailureKind, RepairMode};
+use crate::engine::{EngineConfig, Failure, FailureKind, RepairMode, Sharing};
 use crate::error::SimError;
 use crate::fabric::{Fabric, FabricSpec};
 use crate::scenario::{Report, Scenario};
@@ -116,6 +116,119 @@ pub fn closed_form_table(chunks: u32) -> Result<Table, SimError> {
             "R2CCL-AllReduce (K)",
             "four-stage (1 NIC, beta, K=64) / lower bound",
             "recursive",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows,
+    })
+}
+
+/// What [`run_exact`] measured.
+struct Exact {
+    /// Makespan, seconds.
+    makespan: f64,
+    /// Finish time of each rank's last step, seconds.
+    rank_finish: Vec<f64>,
+    /// Bytes sent per NIC, `[node * nics + rail]`.
+    nic_tx: Vec<u64>,
+    /// Bytes received per NIC, same indexing.
+    nic_rx: Vec<u64>,
+}
+
+/// One exact r2ccl-algo AllReduce request on all nodes of `fab` (one rank per node) with `fails` known, under
+/// `sharing`.
+fn run_exact(
+    fab: &Fabric,
+    fails: &[Failure],
+    req: &r2ccl_algo::ScheduleRequest,
+    sharing: Sharing,
+) -> Result<Exact, SimError> {
+    let s = fab.spec();
+    let h = crate::workload::plan_health(fab, fails);
+    let nodes: Vec<u32> = (0..s.nodes).collect();
+    let topo = crate::convert::topology(fab, nodes.len(), 1)?;
+    let view = crate::convert::health_view(fab, &nodes, &h);
+    let af = r2ccl_policy::schedule_fabric(&topo, &view).map_err(|e| SimError::Convert(e.to_string()))?;
+    let layout = af.layout().clone();
+    let mut dag = crate::engine::Dag::new();
+    let build = |r| r2ccl_algo::build_rank_schedule(&af, req, r);
+    let c = crate::convert::append_schedules(&mut dag, fab, &layout, &nodes, build, None)?;
+    let cfg = EngineConfig { sharing, ..EngineConfig::with_repair(RepairMode::Spread) };
+    let r = crate::engine::simulate(fab, &dag, fails, &cfg)?;
+    let rank_finish = c.rank_end.iter().map(|&t| r.finish.get(t as usize).copied().unwrap_or(f64::NAN)).collect();
+    Ok(Exact { makespan: r.makespan, rank_finish, nic_tx: c.nic_tx, nic_rx: c.nic_rx })
+}
+
+/// Section 5 and 7 closed forms against the exact r2ccl-algo schedules (1 GiB, one rank per node), under the
+/// default max-min sharing and under r2ccl-algo's port model ([`Sharing::Ports`]).
+pub fn exact_closed_form_table() -> Result<Table, SimError> {
+    use r2ccl_algo::{Collective as AlgoCollective, R2cclParams, ScheduleRequest, Strategy as AlgoStrategy};
+    use r2ccl_core::{DType, NodeId, ReduceOp};
+    let count: u64 = 1 << 28;
+    let d = (count * 4) as f64;
+    let req = |st: AlgoStrategy, chunks: u32| {
+        ScheduleRequest::new(AlgoCollective::AllReduce { op: ReduceOp::Sum }, DType::F32, count)
+            .with_strategy(st)
+            .with_chunks(chunks)
+    };
+    let mut rows = Vec::new();
+    for (n, x) in [(4u32, 0.25), (4, 0.5), (8, 0.125), (8, 0.5)] {
+        let k = 8u32;
+        let lost = (x * f64::from(k)).round() as u32;
+        let mut spec = FabricSpec::new(n, 1, k, 100.0);
+        spec.nic_latency_us = 0.0;
+        spec.nvlink_latency_us = 0.0;
+        let fab = Fabric::new(spec)?;
+        let b = fab.spec().node_bytes_per_s();
+        let nf = closed::t_nf(n as usize, d, b);
+        let fails: Vec<Failure> = (0..lost).map(|r| Failure::known_down(1, r)).collect();
+        let bal = run_exact(&fab, &fails, &req(AlgoStrategy::Balance, 1), Sharing::MaxMin)?.makespan;
+        let r2 = R2cclParams { degraded: NodeId(1), tail_fraction: x, pipeline_chunks: 16 };
+        let r2req = req(AlgoStrategy::R2cclAllReduce(r2), 1);
+        let mm = run_exact(&fab, &fails, &r2req, Sharing::MaxMin)?.rank_finish;
+        let ports = run_exact(&fab, &fails, &r2req, Sharing::Ports)?.rank_finish;
+        let (_, _, _, r2k) = closed::r2ccl_allreduce(n as usize, d, b, x, 16);
+        let at = |v: &[f64]| v.get(1).copied().unwrap_or(f64::NAN) / nf;
+        // Four-stage: one NIC per node, node 0's degraded to beta = 1 - X.
+        let mut s1 = FabricSpec::new(n, 1, 1, 800.0);
+        s1.nic_latency_us = 0.0;
+        s1.nvlink_latency_us = 0.0;
+        let f1 = Fabric::new(s1)?;
+        let deg = [Failure {
+            node: 0,
+            rail: 0,
+            kind: FailureKind::Degraded { fraction: 1.0 - x },
+            at_s: -1.0,
+            until_s: None,
+        }];
+        let fsreq = req(AlgoStrategy::FourStage, 64);
+        let fs = run_exact(&f1, &deg, &fsreq, Sharing::MaxMin)?;
+        let (fs_mm, tx, rx) = (fs.makespan, fs.nic_tx, fs.nic_rx);
+        let fs_ports = run_exact(&f1, &deg, &fsreq, Sharing::Ports)?.makespan;
+        let nic = f1.spec().nic_bytes_per_s();
+        let fluid = (0..n as usize)
+            .map(|i| {
+                let bw = if i == 0 { nic * (1.0 - x) } else { nic };
+                tx[i].max(rx[i]) as f64 / bw
+            })
+            .fold(0.0, f64::max);
+        let lb = closed::lower_bound(n as usize, d, b, 1.0 - x);
+        rows.push(vec![
+            n.to_string(),
+            format!("{x}"),
+            format!("{:.3} / {:.3}", bal / nf, closed::balance_ratio(x)),
+            format!("{:.3} / {:.3} / {:.3}", at(&mm), at(&ports), r2k / nf),
+            format!("{:.3} / {:.3} / {:.3}", fluid / lb, fs_mm / lb, fs_ports / lb),
+        ]);
+    }
+    Ok(Table {
+        title: "Exact r2ccl-algo schedules against the closed forms (1 GiB, one rank per node)".into(),
+        header: [
+            "n",
+            "X",
+            "Balance T/T_nf / 1/(1-X)",
+            "R2CCL-AllReduce K=16, degraded node T/T_nf: max-min / ports / formula",
+            "four-stage K=64 (1 NIC, beta) / lower bound: bytes / max-min / ports",
         ]
         .map(String::from)
         .to_vec(),
@@ -247,13 +360,28 @@ pub fn gpt3_13b() -> Result<Table, SimError> {
     })
 }
 
-/// 512 GPUs with 1..=`max` concurrent NIC failures on distinct nodes.
-pub fn scale_512(max: u32) -> Result<Table, SimError> {
+/// Failure counts of the 512-GPU table that also run the planner's choice in `reproduce`. The planner picks the
+/// four-stage schedule with 64 chunks: about 8 million flows, 13 s for one failure and 60 s for ten (their
+/// flows then share one component of the max-min computation), so ten failures run only with
+/// `reproduce --extended` ([`PLANNER_FAILURES_512_EXTENDED`]).
+pub const PLANNER_FAILURES_512: [u32; 1] = [1];
+
+/// Failure counts of the 512-GPU table that run the planner's choice in `reproduce --extended`.
+pub const PLANNER_FAILURES_512_EXTENDED: [u32; 2] = [1, 10];
+
+/// 512 GPUs with 1..=`max` concurrent NIC failures on distinct nodes; the planner's choice runs for the failure
+/// counts in `planner_at`.
+pub fn scale_512(max: u32, planner_at: &[u32]) -> Result<Table, SimError> {
     let mut sc = scenario("dp_512gpu")?;
     let nodes = sc.fabric.nodes;
     let k = sc.fabric.nics_per_node;
+    let formula = sc.strategies.clone();
     let mut rows = Vec::new();
     for f in 1..=max {
+        sc.strategies.clone_from(&formula);
+        if planner_at.contains(&f) {
+            sc.strategies.push(Strategy::Planner);
+        }
         // Spread failures over the ring, on varied rails.
         sc.failures = (0..f)
             .map(|i| Failure {
@@ -266,7 +394,7 @@ pub fn scale_512(max: u32) -> Result<Table, SimError> {
             .collect();
         let r = sc.run()?;
         let mut row = vec![f.to_string()];
-        for s in [Strategy::HotRepair, Strategy::Balance, Strategy::Recursive] {
+        for s in [Strategy::HotRepair, Strategy::Balance, Strategy::Recursive, Strategy::Planner] {
             row.push(row_of(&r, s).map_or("-".into(), |x| pct(x.overhead_pct)));
         }
         let paper = match f {
@@ -278,8 +406,10 @@ pub fn scale_512(max: u32) -> Result<Table, SimError> {
         rows.push(row);
     }
     Ok(Table {
-        title: "512 GPUs (64 x 8), 1..10 concurrent NIC failures: iteration-time overhead (four-stage omitted: too slow to simulate at this size, see text)".into(),
-        header: ["failures", "hot repair", "Balance", "recursive", "paper (recursive)"].map(String::from).to_vec(),
+        title: "512 GPUs (64 x 8), 1..10 concurrent NIC failures: iteration-time overhead (formula four-stage omitted, see text)".into(),
+        header: ["failures", "hot repair", "Balance", "recursive (K = 8)", "planner (r2ccl-algo schedule)", "paper (recursive)"]
+            .map(String::from)
+            .to_vec(),
         rows,
     })
 }
@@ -292,12 +422,13 @@ pub fn scale_1024() -> Result<Table, SimError> {
     let mut rows = Vec::new();
     for x in &r.rows {
         let ratio = adapcc / x.failure_induced_s;
+        let ratio = if ratio < 1.0 { format!("{ratio:.2}x") } else { format!("{ratio:.1}x") };
         rows.push(vec![
             x.strategy.name().into(),
             format!("{:.3}", x.healthy_seconds),
             pct(x.overhead_pct),
             format!("{:.1}", x.failure_induced_s),
-            format!("{ratio:.1}x"),
+            ratio,
         ]);
     }
     Ok(Table {
@@ -356,7 +487,15 @@ pub fn inference() -> Result<Table, SimError> {
 
 /// Every table, in docs/reproduction.md order.
 pub fn all_tables() -> Result<Vec<Table>, SimError> {
-    Ok(vec![closed_form_table(16)?, gpt3_2p7b()?, gpt3_13b()?, scale_512(10)?, scale_1024()?, inference()?])
+    Ok(vec![
+        closed_form_table(16)?,
+        exact_closed_form_table()?,
+        gpt3_2p7b()?,
+        gpt3_13b()?,
+        scale_512(10, &PLANNER_FAILURES_512)?,
+        scale_1024()?,
+        inference()?,
+    ])
 }
 
 /// The healthy plan view (re-exported for tools).

@@ -4,7 +4,7 @@
 //! failures of components that do not exist, naming them.
 
 use crate::collective::{AllReduceJob, Strategy};
-use crate::engine::{EngineConfig, Failure, RepairMode};
+use crate::engine::{EngineConfig, Failure, RepairMode, Sharing};
 use crate::error::SimError;
 use crate::fabric::{Fabric, FabricSpec};
 use crate::workload::{allreduce_run, failure_induced, Recovery, Workload};
@@ -50,6 +50,7 @@ impl Detection {
     pub fn engine(&self) -> EngineConfig {
         EngineConfig {
             repair: RepairMode::Spread,
+            sharing: Sharing::MaxMin,
             detect_error_s: self.error_ms / 1e3,
             detect_blackhole_s: self.stall_timeout_ms / 1e3,
             detect_degraded_s: self.error_ms / 1e3,

@@ -1,13 +1,14 @@
 //! The exact r2ccl-algo schedules, converted to flow DAGs, against r2ccl-algo's own timing, the closed forms
 //! and r2ccl-algo's byte accounting.
 #![allow(clippy::unwrap_used, reason = "tests")]
+#![allow(clippy::print_stdout, reason = "tests report measured ratios")]
 
 use r2ccl_algo::{Algorithm, Collective, R2cclParams, ScheduleRequest, Strategy as AlgoStrategy, Traffic};
 use r2ccl_core::{DType, NicId, NodeId, ReduceOp};
 use r2ccl_sim::closed;
 use r2ccl_sim::collective::{healthy, AllReduceJob, PlanHealth, Strategy};
 use r2ccl_sim::convert::{append_allreduce, append_schedules, health_view, topology, Choice};
-use r2ccl_sim::{simulate, Dag, EngineConfig, Fabric, FabricSpec, Failure, FailureKind, RepairMode};
+use r2ccl_sim::{simulate, Dag, EngineConfig, Fabric, FabricSpec, Failure, FailureKind, RepairMode, Sharing};
 
 /// 16 MiB of f32 per rank.
 const BYTES: u64 = 16 * 1024 * 1024;
@@ -20,13 +21,18 @@ fn fabric(n: u32, g: u32, k: u32) -> Fabric {
 }
 
 struct Outcome {
+    /// Simulated makespan.
     sim: f64,
+    /// Finish time of every rank's last step.
+    rank_finish: Vec<f64>,
+    /// `r2ccl_algo::simulate`'s makespan.
     algo_sim: f64,
+    /// `r2ccl_algo::fluid_time`.
     fluid: f64,
 }
 
-/// Convert `req` on `fab` with `fails` known, simulate it, and compare bytes with `Traffic`.
-fn run(fab: &Fabric, fails: &[Failure], req: &ScheduleRequest) -> Outcome {
+/// Convert `req` on `fab` with `fails` known, simulate it under `sharing`, and compare bytes with `Traffic`.
+fn run_with(fab: &Fabric, fails: &[Failure], req: &ScheduleRequest, sharing: Sharing) -> Outcome {
     let s = fab.spec();
     let mut h: PlanHealth = healthy(fab);
     for f in fails {
@@ -51,11 +57,22 @@ fn run(fab: &Fabric, fails: &[Failure], req: &ScheduleRequest) -> Outcome {
         }
         assert_eq!(c.intra_bytes_of(n), traffic.intra_node(NodeId(n as u32)));
     }
-    let r = simulate(fab, &dag, fails, &EngineConfig::with_repair(RepairMode::Spread)).unwrap();
+    let cfg = EngineConfig { sharing, ..EngineConfig::with_repair(RepairMode::Spread) };
+    let r = simulate(fab, &dag, fails, &cfg).unwrap();
     assert!(!r.stalled);
     let params = r2ccl_algo::SimParams { intra_node_bytes_per_s: s.nvlink_gbps * 1e9 / 8.0 };
     let algo_sim = r2ccl_algo::simulate(&af, &all, &params).unwrap().makespan;
-    Outcome { sim: r.makespan, algo_sim, fluid: r2ccl_algo::fluid_time(&af, &traffic) }
+    Outcome {
+        sim: r.makespan,
+        rank_finish: c.rank_end.iter().map(|&t| r.finish[t as usize]).collect(),
+        algo_sim,
+        fluid: r2ccl_algo::fluid_time(&af, &traffic),
+    }
+}
+
+/// [`run_with`] under the default max-min sharing.
+fn run(fab: &Fabric, fails: &[Failure], req: &ScheduleRequest) -> Outcome {
+    run_with(fab, fails, req, Sharing::MaxMin)
 }
 
 fn req(strategy: AlgoStrategy, chunks: u32) -> ScheduleRequest {
@@ -102,24 +119,122 @@ fn hierarchical_balance_with_gpus_moves_the_same_bytes() {
     }
 }
 
+/// The three nested strategies with the chunk counts under test (R2CCL-AllReduce's degraded node is node 1).
+fn nested_cases(x: f64) -> Vec<(String, AlgoStrategy, u32)> {
+    let mut v = Vec::new();
+    for k in [1u32, 4, 8] {
+        let r2 = R2cclParams { degraded: NodeId(1), tail_fraction: x, pipeline_chunks: k };
+        v.push((format!("r2ccl_allreduce K={k}"), AlgoStrategy::R2cclAllReduce(r2), 1));
+        v.push((format!("recursive K={k}"), AlgoStrategy::Recursive { pipeline_chunks: k }, k));
+    }
+    for k in [1u32, 2, 4, 16] {
+        v.push((format!("four_stage K={k}"), AlgoStrategy::FourStage, k));
+    }
+    v
+}
+
 #[test]
-fn nested_strategies_are_bounded_by_algo_timing() {
-    // Max-min fair sharing between connections on a NIC (what a NIC does with several queue pairs) is slower
-    // than r2ccl-algo's first-come first-served ports for the pipelined helper and scatter stages; the
-    // converted schedules stay between the perfectly pipelined time and 1.5x r2ccl-algo's list schedule.
+fn under_the_port_model_converted_schedules_reproduce_algo_timing() {
+    // `Sharing::Ports` is r2ccl_algo::simulate's model (exclusive NIC ports, list scheduling in readiness order).
+    // Under it the converted DAGs reproduce r2ccl-algo's own times: the conversion (dependencies, message
+    // matching, NIC parts) is exact. Four-stage is within 5% only: its list schedule depends on the order in which
+    // simultaneously ready parts take ports (reversing that order moves r2ccl-sim's time by up to 6%), and the two
+    // simulators break such ties differently.
     for (n, k) in [(4u32, 4u32), (6, 2), (8, 4)] {
         let fab = fabric(n, 1, k);
-        let x = 1.0 / f64::from(k);
         let fails = [Failure::known_down(1, 0)];
-        let r2 = R2cclParams { degraded: NodeId(1), tail_fraction: x, pipeline_chunks: 8 };
-        for (what, st, chunks) in [
-            ("r2ccl_allreduce", AlgoStrategy::R2cclAllReduce(r2), 1),
-            ("recursive", AlgoStrategy::Recursive { pipeline_chunks: 8 }, 1),
-            ("four_stage", AlgoStrategy::FourStage, 16),
-        ] {
+        let x = 1.0 / f64::from(k);
+        let mut cases = nested_cases(x);
+        cases.push(("balance".into(), AlgoStrategy::Balance, 1));
+        cases.push(("single backup".into(), AlgoStrategy::SingleBackup, 1));
+        for (what, st, chunks) in cases {
+            let o = run_with(&fab, &fails, &req(st, chunks), Sharing::Ports);
+            let tol = if what.starts_with("four_stage") { 0.08 } else { 0.01 };
+            println!("ports: {what} n={n} k={k}: {:.4} x r2ccl_algo::simulate", o.sim / o.algo_sim);
+            close(o.sim, o.algo_sim, tol, &format!("ports: {what} n={n} k={k} vs r2ccl_algo::simulate"));
+        }
+    }
+}
+
+#[test]
+fn under_max_min_sharing_nested_strategies_stay_in_the_documented_band() {
+    // The default sharing differs from r2ccl-algo's port model: connections that share a NIC share its
+    // bandwidth instead of taking turns. Measured over these cases: 0.94x to 1.19x r2ccl_algo::simulate
+    // (docs/reproduction.md); never below the perfectly pipelined time.
+    let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
+    for (n, k) in [(4u32, 4u32), (6, 2), (8, 4)] {
+        let fab = fabric(n, 1, k);
+        let fails = [Failure::known_down(1, 0)];
+        for (what, st, chunks) in nested_cases(1.0 / f64::from(k)) {
             let o = run(&fab, &fails, &req(st, chunks));
             assert!(o.sim >= o.fluid * (1.0 - 1e-9), "{what} n={n} k={k}: {} below the fluid bound {}", o.sim, o.fluid);
-            assert!(o.sim <= 1.5 * o.algo_sim, "{what} n={n} k={k}: {} vs algo {}", o.sim, o.algo_sim);
+            let ratio = o.sim / o.algo_sim;
+            (lo, hi) = (lo.min(ratio), hi.max(ratio));
+            assert!((0.9..=1.25).contains(&ratio), "{what} n={n} k={k}: {ratio:.4} x r2ccl_algo::simulate");
+        }
+    }
+    println!("max-min / r2ccl_algo::simulate over the nested cases: {lo:.3} .. {hi:.3}");
+}
+
+#[test]
+fn r2ccl_allreduce_degraded_node_matches_the_k_chunk_formula() {
+    // MECHANISMS.md 5.2: 4 nodes x 4 NICs, node 2 lost NIC 1, X = Y = 1/4. The formula is the degraded node's
+    // finish time (the helpers forward the folded tail to the other healthy nodes afterwards).
+    let fab = fabric(4, 1, 4);
+    let b = fab.spec().node_bytes_per_s();
+    let count: u64 = 4 * 3 * 64 * 1024;
+    let d = (count * 4) as f64;
+    let fails = [Failure::known_down(2, 1)];
+    for k in [1u32, 2, 4, 8, 16] {
+        let p = R2cclParams { degraded: NodeId(2), tail_fraction: 0.25, pipeline_chunks: k };
+        let r = ScheduleRequest::new(Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, count)
+            .with_strategy(AlgoStrategy::R2cclAllReduce(p));
+        let (_, _, _, formula) = closed::r2ccl_allreduce(4, d, b, 0.25, k);
+        let ports = run_with(&fab, &fails, &r, Sharing::Ports);
+        close(ports.rank_finish[2], formula, 0.01, &format!("ports: degraded node, K={k}, vs max(T1, T2) + T3"));
+        // Under max-min sharing the helper's NICs carry the broadcast-back to the degraded node and the chain
+        // to the next healthy node at the same time, each at part speed: the degraded node finishes later.
+        let mm = run(&fab, &fails, &r);
+        let ratio = mm.rank_finish[2] / formula;
+        assert!((1.0..1.15).contains(&ratio), "max-min: degraded node K={k} at {ratio:.4} x the formula");
+    }
+}
+
+#[test]
+fn four_stage_moves_the_bound_bytes_but_its_event_time_stays_above_the_bound() {
+    // Section 7: one NIC per node, node 0 degraded to beta = 1 - X. The busiest NIC carries exactly the bytes of
+    // the lower bound; the event-level time does not reach it, in r2ccl_algo::simulate as in both sharing modes
+    // here (the stages are not rate-matched: see docs/reproduction.md).
+    for (n, x) in [(4u32, 0.25), (4, 0.5), (8, 0.125), (8, 0.5)] {
+        let mut s = FabricSpec::new(n, 1, 1, 800.0);
+        s.nic_latency_us = 0.0;
+        s.nvlink_latency_us = 0.0;
+        let fab = Fabric::new(s).unwrap();
+        let b = fab.spec().node_bytes_per_s();
+        let d = BYTES as f64;
+        let lb = closed::lower_bound(n as usize, d, b, 1.0 - x);
+        let deg = [Failure {
+            node: 0,
+            rail: 0,
+            kind: FailureKind::Degraded { fraction: 1.0 - x },
+            at_s: -1.0,
+            until_s: None,
+        }];
+        let r = req(AlgoStrategy::FourStage, 16);
+        let mm = run(&fab, &deg, &r);
+        close(mm.fluid, lb, 0.01, &format!("four-stage n={n} x={x}: busiest NIC vs lower bound"));
+        let ports = run_with(&fab, &deg, &r, Sharing::Ports);
+        println!("four-stage n={n} x={x}: ports {:.4} x r2ccl_algo::simulate", ports.sim / ports.algo_sim);
+        println!(
+            "four-stage n={n} x={x}: T/LB max-min {:.4} ports {:.4} algo {:.4}",
+            mm.sim / lb,
+            ports.sim / lb,
+            mm.algo_sim / lb
+        );
+        close(ports.sim, ports.algo_sim, 0.08, &format!("four-stage n={n} x={x}: ports vs r2ccl_algo::simulate"));
+        for (what, t) in [("max-min", mm.sim), ("ports", ports.sim), ("r2ccl_algo::simulate", mm.algo_sim)] {
+            let ratio = t / lb;
+            assert!((1.05..1.5).contains(&ratio), "four-stage n={n} x={x} {what}: {ratio:.4} x the bound");
         }
     }
 }
@@ -154,9 +269,11 @@ at_s = 0.5
         assert!(r.seconds.is_finite() && r.seconds > 0.0, "{:?}", r);
         assert!(r.failure_induced_s.is_finite(), "in-flight failure is repaired: {:?}", r);
     }
-    // Balance and single backup differ only in NIC weights: with one of two NICs lost both double.
+    // Balance and single backup differ only in NIC weights: with one of two NICs lost both double. Their
+    // busiest NICs carry the same bytes; node 3 uses one NIC under Balance (rail 1 is dropped everywhere) and
+    // both under single backup, which moves the event-level time by about 2%.
     let (ab, sb) = (get(Strategy::AlgoBalance), get(Strategy::AlgoSingleBackup));
-    close(ab.seconds, sb.seconds, 0.01, "balance vs single backup with K = 2");
+    close(ab.seconds, sb.seconds, 0.03, "balance vs single backup with K = 2");
     assert!(ab.overhead_pct > 50.0, "losing half a node's NICs at least halves its ring speed: {ab:?}");
 }
 

@@ -7,7 +7,7 @@ use r2ccl_sim::reproduce;
 use r2ccl_sim::scenario::Scenario;
 use std::time::Instant;
 
-const USAGE: &str = "usage: r2ccl-sim [--json] run FILE.toml | r2ccl-sim [--json] reproduce";
+const USAGE: &str = "usage: r2ccl-sim [--json] run FILE.toml | r2ccl-sim [--json] reproduce [--extended]";
 
 fn main() -> Result<()> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
@@ -47,14 +47,26 @@ fn main() -> Result<()> {
             }
         }
         Some("reproduce") => {
+            // --extended: also the planner's choice with ten failures on 512 GPUs (about a minute more).
+            let extended = match args.get(1).map(String::as_str) {
+                None => false,
+                Some("--extended") => true,
+                Some(other) => bail!("unknown argument {other}; {USAGE}"),
+            };
             let t0 = Instant::now();
             let mut tables = Vec::new();
             type Gen = fn() -> r2ccl_sim::Result<reproduce::Table>;
-            let gens: [(&str, Gen); 6] = [
+            let scale_512: Gen = if extended {
+                || reproduce::scale_512(10, &reproduce::PLANNER_FAILURES_512_EXTENDED)
+            } else {
+                || reproduce::scale_512(10, &reproduce::PLANNER_FAILURES_512)
+            };
+            let gens: [(&str, Gen); 7] = [
                 ("closed forms", || reproduce::closed_form_table(16)),
+                ("exact schedules vs closed forms", reproduce::exact_closed_form_table),
                 ("gpt3 2.7B", reproduce::gpt3_2p7b),
                 ("gpt3 13B", reproduce::gpt3_13b),
-                ("512 GPUs", || reproduce::scale_512(10)),
+                ("512 GPUs", scale_512),
                 ("175B 1024 GPUs", reproduce::scale_1024),
                 ("inference", reproduce::inference),
             ];
