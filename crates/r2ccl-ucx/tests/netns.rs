@@ -1,6 +1,6 @@
-//! Two network namespaces with two veth NICs each, joined by per-rail bridges (tbf-shaped): a NIC taken
-//! down, a silent black hole (bridge port disabled in the switch namespace) and a flap, each in the
-//! middle of a 64 MiB transfer from rank 0 to rank 1. The transfer completes bit-exact and the measured
+//! Two network namespaces with two (and then four) veth NICs each, joined by per-rail bridges
+//! (tbf-shaped): a NIC taken down, a silent black hole (bridge port disabled in the switch namespace)
+//! and a flap, each in the middle of a 64 MiB transfer from rank 0 to rank 1. The transfer completes bit-exact and the measured
 //! pause (fault to data flowing on the backup NIC) is printed. Needs root: otherwise prints SKIPPED.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 #![allow(clippy::print_stdout, clippy::print_stderr, reason = "a harness-less test reports on the terminal")]
@@ -52,12 +52,46 @@ fn check(name: &str, o: &Outcome, limit: Duration) {
 }
 
 fn with_testbed(f: impl FnOnce(&Arc<Testbed>)) {
+    with_nics(2, f);
+}
+
+fn with_nics(nics: u32, f: impl FnOnce(&Arc<Testbed>)) {
     if !is_root() {
         println!("SKIPPED: network namespace tests need root (run as root; CI does)");
         return;
     }
-    let tb = Arc::new(Testbed::up("t", 2, 2, Some("800mbit")));
+    let tb = Arc::new(Testbed::up("t", 2, nics, Some("800mbit")));
     f(&tb);
+}
+
+/// The three faults on one NIC of a node with four: down, silent black hole, flap.
+fn four_nics_down_black_hole_and_flap() {
+    for (name, kind) in [("4 NICs, NIC down", 0), ("4 NICs, black hole", 1), ("4 NICs, flap", 2)] {
+        with_nics(4, |tb| {
+            let t = tb.clone();
+            let o = run(
+                tb,
+                Box::new(move || {
+                    std::thread::sleep(INJECT_AFTER);
+                    let at = unix_ns();
+                    match kind {
+                        0 => t.link(0, 2, false),
+                        1 => t.blackhole(0, 2, true),
+                        _ => {
+                            for _ in 0..3 {
+                                t.link(0, 2, false);
+                                std::thread::sleep(Duration::from_millis(100));
+                                t.link(0, 2, true);
+                                std::thread::sleep(Duration::from_millis(100));
+                            }
+                        }
+                    }
+                    vec![at]
+                }),
+            );
+            check(name, &o, Duration::from_secs(2));
+        });
+    }
 }
 
 fn nic_down_mid_transfer() {
@@ -124,6 +158,7 @@ fn main() {
             ("nic_down_mid_transfer", nic_down_mid_transfer),
             ("silent_black_hole_mid_transfer", silent_black_hole_mid_transfer),
             ("flap_mid_transfer", flap_mid_transfer),
+            ("four_nics_down_black_hole_and_flap", four_nics_down_black_hole_and_flap),
         ],
     );
 }

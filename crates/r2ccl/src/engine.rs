@@ -764,6 +764,16 @@ impl Engine {
                     for r in 0..self.world {
                         self.send_ctrl(Rank(r), Ctrl::NicState { nic, up });
                     }
+                    // Every local NIC down: a running collective that involves another node can
+                    // never finish (even one that only waits to receive), so fail it now.
+                    if !up && self.exec.is_some() {
+                        let topo = self.session.topology();
+                        let isolated = topo.nics_of(nic.node).iter().all(|n| self.down_nics.contains(n));
+                        let alone = (0..self.world).all(|r| topo.node_of(Rank(r)) == Some(nic.node));
+                        if isolated && !alone {
+                            return Err(EngineError::NodeIsolated(nic.node.0));
+                        }
+                    }
                 }
                 SessionEvent::MigrationNeeded(req) => {
                     if self.exec.as_ref().is_some_and(|x| x.by_send.contains_key(&req.lane.transfer)) {
