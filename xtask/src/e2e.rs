@@ -27,6 +27,9 @@
 //!                                #   starts; KIND: down up blackhole restore drop undrop rate=RATE
 //! ```
 //!
+//! `--retries N` runs a failed scenario again up to N times and says so loudly (`RETRY`, `FLAKY`);
+//! CI uses 1 while the rare `all-nics-down` hang of the isolated rank is open.
+//!
 //! `--chaos N` runs N seeded random fault timelines instead (3 nodes x 3 NICs; rail 2 never
 //! fails) and prints a summary of runs, faults, failovers, wrong values and hangs (both must be 0).
 //!
@@ -481,16 +484,20 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let mut only: Option<String> = None;
     let mut seed = 0u64;
     let mut chaos = 0u32;
+    let mut retries = 0u32;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--scenario" => only = Some(it.next().context("--scenario needs a name")?.clone()),
             "--seed" => seed = it.next().context("--seed needs a number")?.parse().context("--seed: not a number")?,
+            "--retries" => {
+                retries = it.next().context("--retries needs a count")?.parse().context("--retries: not a number")?;
+            }
             "--chaos" => {
                 chaos = it.next().context("--chaos needs a count")?.parse().context("--chaos: not a number")?
             }
             other => bail!(
-                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N]"
+                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N] [--retries N]"
             ),
         }
     }
@@ -532,18 +539,44 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let exe = root.join("target/release/r2ccl-perf");
     let (mut passed, mut failed) = (0u32, 0u32);
     let mut tally = ChaosTally::default();
+    let mut flaky: Vec<String> = Vec::new();
     for sc in &scenarios {
         let logs = root.join("target/e2e").join(&sc.name);
         let _ = std::fs::remove_dir_all(&logs);
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-        let start = Instant::now();
-        let result = execute(sc, &exe, &logs, if chaos > 0 { 0 } else { seed });
-        let secs = start.elapsed().as_secs_f64();
-        let shape = format!("{}x{}", sc.spec.nodes, sc.spec.nics);
-        let problems = match &result {
+        let mut start = Instant::now();
+        let mut result = execute(sc, &exe, &logs, if chaos > 0 { 0 } else { seed });
+        let mut problems = match &result {
             Ok(o) => judge(sc, o),
             Err(e) => vec![format!("{e:#}")],
         };
+        for attempt in 1..=retries {
+            if problems.is_empty() {
+                break;
+            }
+            // Loud on purpose: a pass on a retry is a flake to fix, not a pass to forget. The
+            // first attempt's logs are kept next to the retry's.
+            println!(
+                "e2e: RETRY {} (attempt {} of {}): first attempt failed: {}",
+                sc.name,
+                attempt + 1,
+                retries + 1,
+                problems.join("; ")
+            );
+            flaky.push(sc.name.clone());
+            let kept = logs.with_extension(format!("attempt{attempt}"));
+            let _ = std::fs::remove_dir_all(&kept);
+            let _ = std::fs::rename(&logs, &kept);
+            std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+            start = Instant::now();
+            result = execute(sc, &exe, &logs, if chaos > 0 { 0 } else { seed });
+            problems = match &result {
+                Ok(o) => judge(sc, o),
+                Err(e) => vec![format!("{e:#}")],
+            };
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let shape = format!("{}x{}", sc.spec.nodes, sc.spec.nics);
         if let Ok(o) = &result {
             for line in o
                 .rank0_out
@@ -581,6 +614,9 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         "e2e: {passed} passed, {failed} failed{}",
         if seed != 0 { format!(" (seed {seed})") } else { String::new() }
     );
+    if !flaky.is_empty() {
+        println!("e2e: FLAKY (passed only on a retry or failed twice): {}", flaky.join(" "));
+    }
     if chaos > 0 {
         println!(
             "e2e: chaos summary: runs {}, faults {}, failovers {}, wrong values {}, hangs {} (seed {seed})",
