@@ -422,16 +422,21 @@ impl Communicator {
         input: &[u8],
         output: &mut [u8],
     ) -> Result<CollReport, CommError> {
-        if let Some(e) = self.async_error() {
-            return Err(e);
-        }
-        let (reply, rx) = crossbeam_channel::bounded(1);
         let bufs = Bufs::Borrowed {
             input: input.as_ptr(),
             in_len: input.len(),
             output: output.as_mut_ptr(),
             out_len: output.len(),
         };
+        self.run_borrowed(coll, dtype, count, bufs)
+    }
+
+    /// Hand a collective over borrowed memory to the progress thread and wait for its reply.
+    fn run_borrowed(&self, coll: Collective, dtype: DType, count: u64, bufs: Bufs) -> Result<CollReport, CommError> {
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        let (reply, rx) = crossbeam_channel::bounded(1);
         self.tx
             .send(Req::Coll { coll, dtype, count, bufs, reply })
             .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
@@ -455,20 +460,7 @@ impl Communicator {
         count: u64,
         buf: &mut [u8],
     ) -> Result<CollReport, CommError> {
-        if let Some(e) = self.async_error() {
-            return Err(e);
-        }
-        let (reply, rx) = crossbeam_channel::bounded(1);
-        let bufs = Bufs::InPlace { buf: buf.as_mut_ptr(), len: buf.len() };
-        self.tx
-            .send(Req::Coll { coll, dtype, count, bufs, reply })
-            .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
-        self.waker.wake();
-        // No timeout: as in `run`, the progress thread always replies and `buf` must outlive it.
-        match rx.recv() {
-            Ok(r) => r.map(|(_, report)| report),
-            Err(_) => Err(CommError::Aborted("the progress thread stopped".into())),
-        }
+        self.run_borrowed(coll, dtype, count, Bufs::InPlace { buf: buf.as_mut_ptr(), len: buf.len() })
     }
 
     /// AllReduce of `count` elements of `dtype` (in place when `input` and `output` hold the same bytes).
