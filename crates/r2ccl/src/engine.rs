@@ -768,10 +768,8 @@ impl Engine {
                     // never finish (even one that only waits to receive), so fail it now.
                     if !up && self.exec.is_some() {
                         let topo = self.session.topology();
-                        let isolated = topo.nics_of(nic.node).iter().all(|n| self.down_nics.contains(n));
-                        let alone = (0..self.world).all(|r| topo.node_of(Rank(r)) == Some(nic.node));
-                        if isolated && !alone {
-                            return Err(EngineError::NodeIsolated(nic.node.0));
+                        if (0..self.world).any(|r| topo.node_of(Rank(r)) != Some(nic.node)) {
+                            reachable(topo, &self.down_nics, false, nic.node, nic.node)?;
                         }
                     }
                 }
