@@ -23,6 +23,9 @@
 //! expect_error = "text"          # failure only: stderr of every survivor (a rank on a node
 //!                                #   no fault touches) contains this text
 //! env = ["R2CCL_BOOTSTRAP__PEER_TIMEOUT_MS=2000"]   # optional: extra environment of every rank
+//! launcher = "mpirun"            # optional: start the ranks with OpenMPI's `mpirun -np NODES`
+//!                                #   (each rank enters its node's namespace, takes its rank from
+//!                                #   OMPI_COMM_WORLD_RANK); default "direct": one process per node
 //! faults = ["2.0 1 0 down"]      # "AT_S NODE NIC KIND": AT_S seconds after rank 0's timeline
 //!                                #   starts; KIND: down up blackhole restore drop undrop rate=RATE
 //! ```
@@ -81,6 +84,18 @@ struct Scenario {
     faults: Vec<Step>,
     /// Extra `KEY=VALUE` environment of every rank (e.g. a shorter peer timeout).
     env: Vec<(String, String)>,
+    /// How the ranks are started.
+    launcher: Launcher,
+}
+
+/// How a scenario starts its ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Launcher {
+    /// One `ip netns exec` process per node, with `R2CCL_RANK` and `R2CCL_WORLD_SIZE`.
+    Direct,
+    /// One OpenMPI `mpirun -np NODES`; every rank finds its rank and world size in OpenMPI's
+    /// environment and enters its node's namespace itself.
+    Mpirun,
 }
 
 /// A value of the TOML subset.
@@ -164,6 +179,7 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
         expect: Expect::Success,
         expect_error: None,
         env: Vec::new(),
+        launcher: Launcher::Direct,
         faults: Vec::new(),
     };
     for (n, raw) in text.lines().enumerate() {
@@ -203,6 +219,13 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
                 }
             }
             "expect_error" => sc.expect_error = Some(string(value)?),
+            "launcher" => {
+                sc.launcher = match string(value)?.as_str() {
+                    "direct" => Launcher::Direct,
+                    "mpirun" => Launcher::Mpirun,
+                    other => bail!("{}: launcher must be \"direct\" or \"mpirun\", got `{other}`", at()),
+                }
+            }
             "env" => {
                 let Value::List(items) = value else {
                     bail!("{}: env must be an array of \"KEY=VALUE\" strings", at())
@@ -339,7 +362,10 @@ fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome>
     let nics: Vec<String> = (0..spec.nics).map(|r| format!("rail{r}")).collect();
     let root = format!("{}:{PORT}", Spec::mgmt_addr(0));
     let launched = Instant::now();
-    for i in 0..spec.nodes {
+    if sc.launcher == Launcher::Mpirun {
+        guard.children.push(launch_mpirun(sc, exe, logs, &root, &secret, &nics)?);
+    }
+    for i in (0..spec.nodes).filter(|_| sc.launcher == Launcher::Direct) {
         let out = File::create(logs.join(format!("rank{i}.out")))?;
         let err = File::create(logs.join(format!("rank{i}.err")))?;
         let mut cmd = Command::new("ip");
@@ -402,8 +428,20 @@ fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome>
             break;
         }
         if Instant::now() >= deadline {
-            for (c, end) in guard.children.iter_mut().zip(ends.iter_mut()) {
+            if sc.launcher == Launcher::Mpirun {
+                // Evidence first, then the ranks, then mpirun (which then exits).
+                for i in 0..spec.nodes {
+                    let pid = read(&logs.join(format!("rank{i}.pid"))).trim().parse::<u32>().ok();
+                    if let (Some(pid), false) = (pid, logs.join(format!("rank{i}.rc")).exists()) {
+                        dump_stacks(pid, &logs.join(format!("rank{i}.stacks")));
+                        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+                    }
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            for (i, (c, end)) in guard.children.iter_mut().zip(ends.iter_mut()).enumerate() {
                 if end.is_none() {
+                    dump_stacks(c.id(), &logs.join(format!("rank{i}.stacks")));
                     let _ = c.kill();
                     let _ = c.wait();
                     *end = Some(End::Hung);
@@ -414,9 +452,98 @@ fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome>
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(guard);
-    let ends = ends.into_iter().map(|e| e.unwrap_or(End::Hung)).collect();
+    let mut ends: Vec<End> = ends.into_iter().map(|e| e.unwrap_or(End::Hung)).collect();
+    if sc.launcher == Launcher::Mpirun {
+        // One process launched them all: each rank's own exit status is in its `.rc` file.
+        ends = (0..spec.nodes)
+            .map(|i| {
+                read(&logs.join(format!("rank{i}.rc")))
+                    .trim()
+                    .parse::<i32>()
+                    .map_or(End::Hung, |code| End::Exited(std::os::unix::process::ExitStatusExt::from_raw(code << 8)))
+            })
+            .collect();
+    }
     let errs = (0..spec.nodes).map(|i| read(&logs.join(format!("rank{i}.err")))).collect();
     Ok(Outcome { ends, rank0_out: read(&out0), errs, fault_errors, applied })
+}
+
+/// Starts every rank of `sc` with one `mpirun -np NODES` (OpenMPI). Each rank runs a small shell
+/// wrapper that enters namespace `<prefix>-n$OMPI_COMM_WORLD_RANK`, names its node after its
+/// rank, and records its pid and exit status in `logs/rank<R>.{pid,rc}` (its output goes to
+/// `rank<R>.{out,err}` as with the direct launcher). The rank and world size come from
+/// OpenMPI's environment (`OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`), as in a real job.
+fn launch_mpirun(sc: &Scenario, exe: &Path, logs: &Path, root: &str, secret: &str, nics: &[String]) -> Result<Child> {
+    let spec = &sc.spec;
+    let args = sc.args.join(" ");
+    let (exe, logs) = (exe.display(), logs.display());
+    let prefix = format!("{}-n", spec.prefix);
+    let script = format!(
+        "R=$OMPI_COMM_WORLD_RANK; ip netns exec {prefix}$R env R2CCL_NODE=node$R {exe} {args} \
+         >{logs}/rank$R.out 2>{logs}/rank$R.err & echo $! >{logs}/rank$R.pid; wait $!; echo $? >{logs}/rank$R.rc"
+    );
+    let mut env: Vec<(String, String)> = vec![
+        ("R2CCL_ROOT".into(), root.to_owned()),
+        ("R2CCL_SECRET".into(), secret.to_owned()),
+        ("R2CCL_NICS".into(), nics.join(",")),
+        ("R2CCL_OOB_IFACE".into(), "mgmt0".into()),
+        ("UCX_LOG_LEVEL".into(), std::env::var("UCX_LOG_LEVEL").unwrap_or_else(|_| "fatal".into())),
+    ];
+    env.extend(sc.env.iter().cloned());
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", &spec.nodes.to_string()]);
+    for (k, _) in &env {
+        cmd.args(["-x", k]);
+    }
+    cmd.args(["sh", "-c", &script]);
+    // The rank's identity must come from OpenMPI, not from an inherited R2CCL_* variable.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("R2CCL_") && k != "R2CCL_DEBUG" && k != "R2CCL_DEBUG_SUBSYS" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env).stdin(Stdio::null());
+    cmd.stdout(File::create(format!("{logs}/mpirun.out"))?).stderr(File::create(format!("{logs}/mpirun.err"))?);
+    cmd.spawn().context("starting mpirun (apt-get install openmpi-bin, or `cargo xtask setup`)")
+}
+
+/// Writes every thread's stack of a hung rank to `path` with gdb (best effort: a missing gdb or
+/// a gdb that does not answer within 30 s is noted in the file), so a rare hang leaves evidence.
+fn dump_stacks(pid: u32, path: &Path) {
+    let out = Command::new("timeout")
+        .args(["30", "gdb", "-p", &pid.to_string(), "-batch", "-nx", "-ex", "thread apply all bt"])
+        .stdin(Stdio::null())
+        .output();
+    let text = match out {
+        Ok(o) => format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+        Err(e) => format!("could not run gdb: {e}"),
+    };
+    if let Err(e) = std::fs::write(path, text) {
+        eprintln!("e2e: writing {}: {e}", path.display());
+    }
+}
+
+/// Prints the thread stacks and the last log lines of every rank that hung (CI logs are all a
+/// rare hang leaves behind).
+fn print_hang_evidence(name: &str, logs: &Path) {
+    let Ok(dir) = std::fs::read_dir(logs) else { return };
+    let mut stacks: Vec<PathBuf> =
+        dir.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "stacks")).collect();
+    stacks.sort();
+    for path in stacks {
+        let rank = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        println!("  {name}: {rank} hung; its thread stacks:");
+        let text = read(&path);
+        for line in text.lines().filter(|l| l.starts_with("Thread ") || l.starts_with('#')).take(200) {
+            println!("    {line}");
+        }
+        let err = read(&path.with_extension("err"));
+        let lines: Vec<&str> = err.lines().collect();
+        println!("  {name}: last lines of {rank}.err:");
+        for line in &lines[lines.len().saturating_sub(15)..] {
+            println!("    {line}");
+        }
+    }
 }
 
 /// The problems with an outcome (empty: the scenario passed).
@@ -426,7 +553,7 @@ fn judge(sc: &Scenario, o: &Outcome) -> Vec<String> {
         o.ends.iter().enumerate().filter(|(_, e)| matches!(e, End::Hung)).map(|(r, _)| r.to_string()).collect();
     if !hung.is_empty() {
         bad.push(format!(
-            "HANG: rank(s) {} still running at the {} s deadline (killed)",
+            "HANG: rank(s) {} still running at the {} s deadline (killed; thread stacks in rank<R>.stacks)",
             hung.join(","),
             sc.deadline.as_secs()
         ));
@@ -564,6 +691,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
                 problems.join("; ")
             );
             flaky.push(sc.name.clone());
+            print_hang_evidence(&sc.name, &logs);
             let kept = logs.with_extension(format!("attempt{attempt}"));
             let _ = std::fs::remove_dir_all(&kept);
             let _ = std::fs::rename(&logs, &kept);
@@ -608,6 +736,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
             for p in &problems {
                 println!("  {}: {p}", sc.name);
             }
+            print_hang_evidence(&sc.name, &logs);
         }
     }
     println!(

@@ -19,6 +19,7 @@ pub(crate) const PACKAGES: &[(&str, &str)] = &[
     ("libgloo-dev", "Gloo, the other loopback peer (bench/peers/gloo_allreduce.cc)"),
     ("g++", "builds the Gloo peer"),
     ("fonts-dejavu-core", "a TTF font for the text of the benchmark plots (plotters ab_glyph)"),
+    ("gdb", "e2e dumps every thread's stack of a hung rank before killing it"),
 ];
 
 fn is_installed(pkg: &str) -> bool {

@@ -542,6 +542,11 @@ struct Progress {
     /// OOB messages that arrived during init, before the progress loop ran.
     early_oob: Vec<OobEvent>,
     departed: std::collections::BTreeSet<u32>,
+    /// For each departed rank, the last collective it completed (from its goodbye): a
+    /// collective after that one can never complete here.
+    departed_after: std::collections::BTreeMap<u32, u64>,
+    /// The last collective this rank completed (its part finished and was delivered).
+    last_done: u64,
 }
 
 struct Current {
@@ -751,6 +756,8 @@ impl Progress {
             policy_topo,
             early_oob,
             departed: std::collections::BTreeSet::new(),
+            departed_after: std::collections::BTreeMap::new(),
+            last_done: 0,
             wake_rx,
             nic_bytes_seen: Vec::new(),
             plan_cache: BTreeMap::new(),
@@ -892,7 +899,9 @@ impl Progress {
         for ev in std::mem::take(&mut self.early_oob) {
             self.on_oob(ev, &mut current);
         }
-        let mut queue: std::collections::VecDeque<Req> = std::collections::VecDeque::new();
+        // Requests not started yet, with when they arrived (a collective waiting for the
+        // previous round's health views is bounded by the collective deadline too).
+        let mut queue: std::collections::VecDeque<(Instant, Req)> = std::collections::VecDeque::new();
         let mut last_moved = (0, 0, 0);
         let mut idle_spins = 0u32;
         loop {
@@ -909,20 +918,31 @@ impl Progress {
                     self.set_broken(e.clone());
                     self.fail(&mut current, e);
                 }
-                Ok(req) => queue.push_back(req),
+                Ok(req) => queue.push_back((Instant::now(), req)),
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
             }
             if current.is_none() {
-                if let Some(req) = queue.front() {
-                    if let Some(e) = self.broken.clone() {
-                        if let Some(Req::Coll { reply, .. }) = queue.pop_front() {
+                if let Some((queued, req)) = queue.front() {
+                    let blocked = if self.broken.is_some() { None } else { self.unstartable(*queued) };
+                    if let Some(e) = self.broken.clone().or(blocked) {
+                        if let Some((_, Req::Coll { reply, .. })) = queue.pop_front() {
                             let _ = reply.send(Err(e));
                         }
                     } else if self.ready_to_plan(matches!(req, Req::Coll { .. })) {
-                        if let Some(Req::Coll { coll, dtype, count, bufs, reply }) = queue.pop_front() {
+                        if let Some((_, Req::Coll { coll, dtype, count, bufs, reply })) = queue.pop_front() {
                             current = self.start_coll(coll, dtype, count, bufs, reply);
                         }
                     }
+                }
+            }
+            if let Some(c) = &current {
+                // A rank that left after an earlier collective will never join this one.
+                let gone = self.departed_after.iter().find(|(_, &last)| last < c.seq).map(|(&r, &last)| (r, last));
+                if let Some((rank, last)) = gone {
+                    let seq = c.seq;
+                    let why = format!("it left the communicator after collective #{last}, so #{seq} cannot complete");
+                    self.set_broken(CommError::PeerLost { rank, why: why.clone() });
+                    self.fail(&mut current, CommError::PeerLost { rank, why });
                 }
             }
             while let Some(ev) = self.mesh.recv_deadline(Instant::now()) {
@@ -946,6 +966,7 @@ impl Progress {
                             None => self.engine.output(&self.transport, c.out_len),
                         };
                         let secs = c.started.elapsed().as_secs_f64();
+                        self.last_done = c.seq;
                         crate::metrics::record_collective("collective", c.strategy, secs);
                         self.export_nic_bytes();
                         let report = CollReport { seq: c.seq, strategy: c.strategy, epoch: c.epoch, seconds: secs };
@@ -984,7 +1005,9 @@ impl Progress {
     /// transfers) until each has left too or the peer timeout passes.
     fn depart(&mut self, current: &mut Option<Current>) {
         self.fail(current, CommError::Aborted("communicator destroyed".into()));
-        self.mesh.broadcast(Channel::Abort, &[DEPART]);
+        let mut bye = vec![DEPART];
+        bye.extend_from_slice(&self.last_done.to_le_bytes());
+        self.mesh.broadcast(Channel::Abort, &bye);
         self.departed.insert(self.rank);
         let deadline = Instant::now() + Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms);
         while (self.departed.len() as u32) < self.world && Instant::now() < deadline {
@@ -995,6 +1018,34 @@ impl Progress {
             let _ = self.engine.drive(now, &mut self.transport);
             self.flush_engine();
         }
+    }
+
+    /// Why the next collective (queued at `queued`) can never start, if it cannot: a rank whose
+    /// health view it still needs has left the communicator, or the views did not all arrive
+    /// within the collective deadline.
+    fn unstartable(&self, queued: Instant) -> Option<CommError> {
+        let a = self.agreement.as_ref()?;
+        if a.is_complete() {
+            return None;
+        }
+        let missing = a.missing();
+        let next = self.seq + 1;
+        if let Some(&rank) = missing.iter().find(|r| self.departed.contains(r)) {
+            let why = format!("it left the communicator before collective #{next}");
+            return Some(CommError::PeerLost { rank, why });
+        }
+        let waited = queued.elapsed();
+        (waited > self.coll_deadline()).then(|| CommError::Timeout {
+            seq: next,
+            waited_ms: waited.as_millis() as u64,
+            waiting: format!("the health views of rank(s) {missing:?} (they have not called collective #{next})"),
+        })
+    }
+
+    /// How long one collective may take (from its start, or from its request while it waits
+    /// for the previous round's views).
+    fn coll_deadline(&self) -> Duration {
+        Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.max(1000) * 12)
     }
 
     /// Whether the previous round's views are all in (so the next plan can be made).
@@ -1116,7 +1167,7 @@ impl Progress {
             strategy,
             epoch: self.agreed.epoch().0,
             started,
-            deadline: started + Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.max(1000) * 12),
+            deadline: started + self.coll_deadline(),
         })
     }
 
@@ -1213,6 +1264,12 @@ impl Progress {
             }
             OobEvent::Message { from, channel: Channel::Abort, payload } if payload.first() == Some(&DEPART) => {
                 self.departed.insert(from);
+                match payload.get(1..9).and_then(|b| <[u8; 8]>::try_from(b).ok()) {
+                    Some(b) => {
+                        self.departed_after.insert(from, u64::from_le_bytes(b));
+                    }
+                    None => crate::metrics::count_malformed("oob", 1),
+                }
             }
             OobEvent::Message { from, channel: Channel::Abort, payload } => {
                 let e = match payload.first() {

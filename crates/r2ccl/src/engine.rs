@@ -463,7 +463,30 @@ impl Engine {
             unacked: BTreeSet::new(),
         });
         tracing::debug!(target: subsys::COLL, rank = %self.rank, seq, steps = n, "collective started");
+        // NICs that went down between collectives: the check at the NIC event saw no collective.
+        self.check_peers()?;
         self.advance(now, t)
+    }
+
+    /// Whether the running collective can still finish given the NICs known to be down: this
+    /// node and every node it exchanges data with keep a usable NIC (and, rail-only, a common
+    /// rail). Called when a collective starts and whenever a NIC's state changes while one runs.
+    fn check_peers(&self) -> Result<(), EngineError> {
+        let Some(x) = &self.exec else { return Ok(()) };
+        let topo = self.session.topology();
+        let Some(me) = topo.node_of(self.rank) else { return Ok(()) };
+        let peers: BTreeSet<NodeId> = x
+            .by_send
+            .keys()
+            .map(|k| k.dst)
+            .chain(x.by_recv.keys().map(|k| k.src))
+            .filter_map(|r| topo.node_of(r))
+            .filter(|&n| n != me)
+            .collect();
+        for peer in peers {
+            reachable(topo, &self.down_nics, self.cfg.rail_only, me, peer)?;
+        }
+        Ok(())
     }
 
     /// The output buffer of the collective that finished last.
@@ -766,11 +789,8 @@ impl Engine {
                     }
                     // Every local NIC down: a running collective that involves another node can
                     // never finish (even one that only waits to receive), so fail it now.
-                    if !up && self.exec.is_some() {
-                        let topo = self.session.topology();
-                        if (0..self.world).any(|r| topo.node_of(Rank(r)) != Some(nic.node)) {
-                            reachable(topo, &self.down_nics, false, nic.node, nic.node)?;
-                        }
+                    if !up {
+                        self.check_peers()?;
                     }
                 }
                 SessionEvent::MigrationNeeded(req) => {
@@ -874,6 +894,7 @@ impl Engine {
                     self.session.handle_nic_up(now, nic);
                 } else {
                     self.session.handle_nic_down(now, t, nic);
+                    self.check_peers()?;
                 }
             }
             Ctrl::MigrateReq { key, lane, start, end, sender_done, local, remote, epoch } => {
