@@ -10,7 +10,8 @@
 //!   AlltoAll and Send/Recv, with ring, latency-optimal (recursive doubling / binomial
 //!   tree) and hierarchical algorithms, any ring order (from logical re-ranking), and the
 //!   failure strategies of MECHANISMS.md: Balance, single backup NIC, R2CCL-AllReduce,
-//!   recursive AllReduce and the four-stage bound-reaching AllReduce.
+//!   recursive AllReduce and the four-stage bound-reaching AllReduce; and grouped
+//!   point-to-point sends and receives to arbitrary peers ([`build_p2p_group`]).
 //! - Runs schedules on in-memory buffers with a single-threaded reference executor
 //!   ([`execute`]) that detects deadlocks instead of hanging.
 //! - Computes the section-7 lower bound, closed-form strategy times ([`model`]), per-NIC
@@ -35,7 +36,7 @@ mod sim;
 mod spec;
 mod traffic;
 
-pub use build::{build_all, build_rank_schedule, even_part};
+pub use build::{build_all, build_p2p_group, build_rank_schedule, even_part, p2p_group_lens, P2pOp};
 pub use error::{AlgoError, ExecError, SimError};
 pub use exec::{execute, ExecOrder};
 pub use layout::{Fabric, Layout, RailMask, RailPart, RailPolicy, RailSplit};

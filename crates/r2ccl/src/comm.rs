@@ -18,7 +18,9 @@ use crate::engine::{Engine, EngineConfig, EngineEvent};
 use crate::oob::{Channel, OobEvent, OobMesh};
 use crate::wake::{WakeReceiver, Waker};
 use crossbeam_channel::{Receiver, Sender};
-use r2ccl_algo::{build_rank_schedule, Algorithm, Collective, Fabric, Layout, ScheduleRequest, Strategy};
+use r2ccl_algo::{
+    build_p2p_group, build_rank_schedule, Algorithm, Collective, Fabric, Layout, P2pOp, ScheduleRequest, Strategy,
+};
 use r2ccl_config::Config;
 use r2ccl_core::{subsys, DType, HealthView, NicId, NodeId, Rank};
 use r2ccl_transport::{SessionConfig, Topology};
@@ -229,14 +231,57 @@ impl Bufs {
     }
 }
 
-enum Req {
-    Coll {
-        coll: Collective,
-        dtype: DType,
-        count: u64,
-        bufs: Bufs,
-        reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
+/// What a request runs: a collective, or a group of point-to-point operations.
+#[derive(Clone, Debug)]
+enum Work {
+    /// A collective of every rank.
+    Coll(Collective),
+    /// This rank's sends and receives of a group (every rank calls one, possibly empty).
+    Group(Vec<P2pOp>),
+}
+
+impl Work {
+    fn name(&self) -> &'static str {
+        match self {
+            Work::Coll(c) => c.name(),
+            Work::Group(_) => "group",
+        }
+    }
+}
+
+/// How ranks `me` and `q` describe the operations between them in a group: both list the
+/// counts from the lower rank to the higher, then back, so that mirrored calls compare equal.
+fn pair_desc(me: u32, q: u32, dtype: DType, ops: &[P2pOp]) -> String {
+    let counts = |send: bool| -> Vec<u64> {
+        ops.iter().filter(|o| o.peer() == Rank(q) && o.is_send() == send).map(P2pOp::count).collect()
+    };
+    let (lo, hi) = (me.min(q), me.max(q));
+    let (up, down) = if me == lo { (counts(true), counts(false)) } else { (counts(false), counts(true)) };
+    format!("group of {dtype}: rank {lo} -> {hi} {up:?}, rank {hi} -> {lo} {down:?}")
+}
+
+/// One operation of [`Communicator::group`] (like `ncclSend` / `ncclRecv` between
+/// `ncclGroupStart` and `ncclGroupEnd`).
+#[derive(Debug)]
+pub enum P2p<'a> {
+    /// Send `data` to rank `peer`.
+    Send {
+        /// The receiver.
+        peer: u32,
+        /// The bytes (a whole number of elements).
+        data: &'a [u8],
     },
+    /// Receive into `buf` from rank `peer` (exactly `buf.len()` bytes).
+    Recv {
+        /// The sender.
+        peer: u32,
+        /// Where the bytes go.
+        buf: &'a mut [u8],
+    },
+}
+
+enum Req {
+    Coll { work: Work, dtype: DType, count: u64, bufs: Bufs, reply: Sender<Result<(Vec<u8>, CollReport), CommError>> },
     Abort(String),
     Shutdown,
 }
@@ -407,7 +452,7 @@ impl Communicator {
         }
         let (reply, rx) = crossbeam_channel::bounded(1);
         self.tx
-            .send(Req::Coll { coll, dtype, count, bufs: Bufs::Owned { input, output }, reply })
+            .send(Req::Coll { work: Work::Coll(coll), dtype, count, bufs: Bufs::Owned { input, output }, reply })
             .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
         self.waker.wake();
         Ok(Handle { rx, deadline })
@@ -438,7 +483,7 @@ impl Communicator {
         }
         let (reply, rx) = crossbeam_channel::bounded(1);
         self.tx
-            .send(Req::Coll { coll, dtype, count, bufs, reply })
+            .send(Req::Coll { work: Work::Coll(coll), dtype, count, bufs, reply })
             .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
         self.waker.wake();
         // No timeout here on purpose: the progress thread bounds every collective by its own
@@ -448,6 +493,72 @@ impl Communicator {
             Ok(r) => r.map(|(_, report)| report),
             Err(_) => Err(CommError::Aborted("the progress thread stopped".into())),
         }
+    }
+
+    /// Run a group of point-to-point operations and wait for all of them (NCCL's `ncclSend`
+    /// and `ncclRecv` between `ncclGroupStart` and `ncclGroupEnd`): every operation is in
+    /// flight at once, so the order of the list does not matter for deadlock.
+    ///
+    /// The k-th send from rank A to rank B pairs with B's k-th receive from A, and both must
+    /// have the same length; a send to oneself pairs with a receive from oneself. Like a
+    /// collective, a group is a step of the communicator's sequence: every rank calls `group`
+    /// at the same point (a rank with nothing to do passes an empty list), and ranks whose
+    /// operations do not mirror each other all get [`CommError::Mismatch`] naming the pair.
+    pub fn group(&self, dtype: DType, ops: &mut [P2p<'_>]) -> Result<CollReport, CommError> {
+        let elem = dtype.size();
+        let mut plan = Vec::with_capacity(ops.len());
+        let mut input = Vec::new();
+        let mut out_len = 0usize;
+        for (i, op) in ops.iter().enumerate() {
+            let (peer, len, send) = match op {
+                P2p::Send { peer, data } => (*peer, data.len(), true),
+                P2p::Recv { peer, buf } => (*peer, buf.len(), false),
+            };
+            if peer >= self.world {
+                return Err(CommError::Invalid(format!(
+                    "group operation {i}: rank {peer} is outside 0..{}",
+                    self.world
+                )));
+            }
+            if len % elem != 0 {
+                return Err(CommError::Invalid(format!(
+                    "group operation {i}: {len} bytes is not a whole number of {dtype} elements"
+                )));
+            }
+            let count = (len / elem) as u64;
+            plan.push(if send {
+                P2pOp::Send { peer: Rank(peer), count }
+            } else {
+                P2pOp::Recv { peer: Rank(peer), count }
+            });
+            match op {
+                P2p::Send { data, .. } => input.extend_from_slice(data),
+                P2p::Recv { .. } => out_len += len,
+            }
+        }
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        let (reply, rx) = crossbeam_channel::bounded(1);
+        let bufs = Bufs::Owned { input, output: vec![0; out_len] };
+        self.tx
+            .send(Req::Coll { work: Work::Group(plan), dtype, count: 0, bufs, reply })
+            .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
+        self.waker.wake();
+        // The progress thread bounds the group by the collective deadline and always replies.
+        let (output, report) = rx.recv().map_err(|_| CommError::Aborted("the progress thread stopped".into()))??;
+        let mut at = 0;
+        for op in ops.iter_mut() {
+            if let P2p::Recv { buf, .. } = op {
+                let src = output.get(at..at + buf.len()).ok_or_else(|| CommError::Failed {
+                    seq: report.seq,
+                    why: format!("group output holds {} bytes", output.len()),
+                })?;
+                buf.copy_from_slice(src);
+                at += buf.len();
+            }
+        }
+        Ok(report)
     }
 
     /// Run a collective in place and wait for it (NCCL's convention: AllGather reads this
@@ -535,8 +646,10 @@ struct Progress {
     agreement: Option<Agreement>,
     stash: BTreeMap<u64, Vec<(u32, HealthView)>>,
     seq: u64,
-    descs: BTreeMap<u64, String>,
-    peer_descs: BTreeMap<u64, String>,
+    /// This rank's argument descriptions waiting for a peer's: (collective, peer) -> text.
+    descs: BTreeMap<(u64, u32), String>,
+    /// Peers' argument descriptions that came before this rank's: (collective, peer) -> text.
+    peer_descs: BTreeMap<(u64, u32), String>,
     broken: Option<CommError>,
     policy_topo: Option<r2ccl_policy::Topology>,
     /// OOB messages that arrived during init, before the progress loop ran.
@@ -929,8 +1042,8 @@ impl Progress {
                             let _ = reply.send(Err(e));
                         }
                     } else if self.ready_to_plan(matches!(req, Req::Coll { .. })) {
-                        if let Some((_, Req::Coll { coll, dtype, count, bufs, reply })) = queue.pop_front() {
-                            current = self.start_coll(coll, dtype, count, bufs, reply);
+                        if let Some((_, Req::Coll { work, dtype, count, bufs, reply })) = queue.pop_front() {
+                            current = self.start_coll(&work, dtype, count, bufs, reply);
                         }
                     }
                 }
@@ -1061,7 +1174,7 @@ impl Progress {
 
     fn start_coll(
         &mut self,
-        coll: Collective,
+        work: &Work,
         dtype: DType,
         count: u64,
         bufs: Bufs,
@@ -1101,35 +1214,61 @@ impl Progress {
         }
         self.agreement = Some(a);
         self.stash.retain(|&r, _| r > seq);
-        // Argument check with the ring neighbour.
-        let desc = format!("{coll:?} {dtype} count={count}");
-        let mut msg = seq.to_le_bytes().to_vec();
-        msg.extend_from_slice(desc.as_bytes());
-        if self.world > 1 {
-            let _ = self.mesh.send((self.rank + 1) % self.world, Channel::Control, &msg);
-        }
-        let prev = (self.rank + self.world - 1) % self.world;
-        if let Some(theirs) = self.peer_descs.remove(&seq) {
-            if theirs != desc {
-                let text = format!("collective #{seq}: rank {prev} called {theirs}, rank {} called {desc}", self.rank);
-                self.broadcast_mismatch(seq, &text);
-                let _ = reply.send(Err(CommError::Mismatch(text.clone())));
-                self.set_broken(CommError::Mismatch(text));
-                return None;
+        // Argument check: a collective with the ring neighbours (each rank sends its call to the
+        // next and compares with the previous); a group with every other rank (the operations
+        // between two ranks must mirror each other, so both describe the pair the same way).
+        type Descs = Vec<(u32, String)>;
+        let (sends, expects): (Descs, Descs) = match work {
+            _ if self.world < 2 => (Vec::new(), Vec::new()),
+            Work::Coll(coll) => {
+                let desc = format!("{coll:?} {dtype} count={count}");
+                let (next, prev) = ((self.rank + 1) % self.world, (self.rank + self.world - 1) % self.world);
+                (vec![(next, desc.clone())], vec![(prev, desc)])
             }
-        } else {
-            self.descs.insert(seq, desc);
+            Work::Group(ops) => {
+                let pairs: Vec<(u32, String)> = (0..self.world)
+                    .filter(|&q| q != self.rank)
+                    .map(|q| (q, pair_desc(self.rank, q, dtype, ops)))
+                    .collect();
+                (pairs.clone(), pairs)
+            }
+        };
+        for (to, desc) in sends {
+            let mut msg = seq.to_le_bytes().to_vec();
+            msg.extend_from_slice(desc.as_bytes());
+            let _ = self.mesh.send(to, Channel::Control, &msg);
+        }
+        for (from, desc) in expects {
+            match self.peer_descs.remove(&(seq, from)) {
+                Some(theirs) if theirs != desc => {
+                    let text =
+                        format!("collective #{seq}: rank {from} called {theirs}, rank {} called {desc}", self.rank);
+                    self.broadcast_mismatch(seq, &text);
+                    let _ = reply.send(Err(CommError::Mismatch(text.clone())));
+                    self.set_broken(CommError::Mismatch(text));
+                    return None;
+                }
+                Some(_) => {}
+                None => {
+                    self.descs.insert((seq, from), desc);
+                }
+            }
         }
         // Plans are pure functions of (collective, size, agreed view): reuse them.
-        let key = format!("{coll:?}|{dtype}|{count}|{:x}|{}", self.agreed.digest(), self.agreed.epoch().0);
-        let plan = match self.plan_cache.get(&key) {
-            Some(p) => Ok(p.clone()),
-            None => self.plan(coll, dtype, count).inspect(|p| {
-                if self.plan_cache.len() >= PLAN_CACHE {
-                    self.plan_cache.clear();
+        let plan = match work {
+            Work::Coll(coll) => {
+                let key = format!("{coll:?}|{dtype}|{count}|{:x}|{}", self.agreed.digest(), self.agreed.epoch().0);
+                match self.plan_cache.get(&key) {
+                    Some(p) => Ok(p.clone()),
+                    None => self.plan(*coll, dtype, count).inspect(|p| {
+                        if self.plan_cache.len() >= PLAN_CACHE {
+                            self.plan_cache.clear();
+                        }
+                        self.plan_cache.insert(key, p.clone());
+                    }),
                 }
-                self.plan_cache.insert(key, p.clone());
-            }),
+            }
+            Work::Group(ops) => self.plan_group(dtype, ops),
         };
         let (sched, strategy) = match plan {
             Ok(p) => p,
@@ -1147,7 +1286,7 @@ impl Progress {
             };
             let _ = reply.send(Err(CommError::Invalid(format!(
                 "{} needs a {}-byte input and a {}-byte output (in place: one buffer of the larger), {got}",
-                coll.name(),
+                work.name(),
                 sched.input_len,
                 out_len,
             ))));
@@ -1206,6 +1345,19 @@ impl Progress {
         Ok((sched, if small { "tree" } else { "balance" }))
     }
 
+    /// This rank's schedule for a point-to-point group on the agreed view (sends split over
+    /// the NICs by Balance weights).
+    fn plan_group(&self, dtype: DType, ops: &[P2pOp]) -> Result<(r2ccl_algo::RankSchedule, &'static str), CommError> {
+        let failed = |why: String| CommError::Failed { seq: self.seq, why };
+        let fabric = match &self.policy_topo {
+            Some(topo) => r2ccl_policy::schedule_fabric(topo, &self.agreed).map_err(|e| failed(e.to_string()))?,
+            None => Fabric::new(self.layout()?, self.agreed.clone()).map_err(|e| failed(e.to_string()))?,
+        };
+        let sched =
+            build_p2p_group(&fabric, Rank(self.rank), dtype, ops).map_err(|e| CommError::Invalid(e.to_string()))?;
+        Ok((sched, "group"))
+    }
+
     fn broadcast_mismatch(&self, seq: u64, text: &str) {
         let mut msg = vec![ABORT_MISMATCH];
         msg.extend_from_slice(&seq.to_le_bytes());
@@ -1248,7 +1400,7 @@ impl Progress {
                 }
                 let seq = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
                 let theirs = String::from_utf8_lossy(&payload[8..]).into_owned();
-                match self.descs.remove(&seq) {
+                match self.descs.remove(&(seq, from)) {
                     Some(mine) if mine != theirs => {
                         let text =
                             format!("collective #{seq}: rank {from} called {theirs}, rank {} called {mine}", self.rank);
@@ -1258,7 +1410,7 @@ impl Progress {
                     }
                     Some(_) => {}
                     None => {
-                        self.peer_descs.insert(seq, theirs);
+                        self.peer_descs.insert((seq, from), theirs);
                     }
                 }
             }

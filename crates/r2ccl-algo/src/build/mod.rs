@@ -4,8 +4,11 @@
 //! unconditionally), and emits only the calling rank's steps, so building one rank's
 //! schedule costs time and memory proportional to what that rank does.
 
+mod group;
 mod nested;
 mod prims;
+
+pub use group::{build_p2p_group, p2p_group_lens, P2pOp};
 
 use crate::layout::{Fabric, RailMask, RailPolicy};
 use crate::schedule::{Buf, RankSchedule, Region, ScheduleBuilder, SplitRef, StepKind, Tag};

@@ -3,7 +3,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr, reason = "a command-line tool reports on the terminal")]
 
 use anyhow::{anyhow, bail, Context, Result};
-use r2ccl::comm::{CommOptions, Communicator};
+use r2ccl::comm::{CommOptions, Communicator, P2p};
 use r2ccl_algo::Collective;
 use r2ccl_core::kernels::{finalize_avg_bytes, reduce_bytes};
 use r2ccl_core::{DType, Rank, ReduceOp};
@@ -164,6 +164,9 @@ fn fill(dtype: DType, op: ReduceOp, rank: u32, seed: u64, elems: u64) -> Vec<u8>
 }
 
 struct Case {
+    /// sendrecv (nccl-tests' pattern: every rank sends to the next and receives from the
+    /// previous, in one group); `coll` is unused then.
+    ring_p2p: bool,
     coll: Collective,
     count: u64,
     bytes: u64,
@@ -184,7 +187,7 @@ fn case(c: Coll, dtype: DType, op: ReduceOp, args: &PerfArgs, (rank, world): (u3
         Coll::Broadcast => (Collective::Broadcast { root: Rank(root) }, bytes / es),
         Coll::Reduce => (Collective::Reduce { op, root: Rank(root) }, bytes / es),
         Coll::AllToAll => (Collective::AlltoAll, bytes / es / p),
-        Coll::SendRecv => (Collective::SendRecv { src: Rank(0), dst: Rank(1 % world) }, bytes / es),
+        Coll::SendRecv => (Collective::SendRecv { src: Rank(0), dst: Rank(0) }, bytes / es),
     };
     let (in_elems, out_elems) = match c {
         Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::SendRecv => (count, count),
@@ -219,10 +222,10 @@ fn case(c: Coll, dtype: DType, op: ReduceOp, args: &PerfArgs, (rank, world): (u3
                     .flat_map(|i| inputs[i][rank as usize * blk..(rank as usize + 1) * blk].to_vec())
                     .collect(),
             ),
-            Coll::SendRecv => (rank == 1 % world).then(|| inputs[0].clone()),
+            Coll::SendRecv => Some(inputs[((rank + world - 1) % world) as usize].clone()),
         }
     };
-    Ok(Case { coll, count, bytes, input, out_len: (out_elems * es) as usize, expected })
+    Ok(Case { ring_p2p: c == Coll::SendRecv, coll, count, bytes, input, out_len: (out_elems * es) as usize, expected })
 }
 
 fn wrong(dtype: DType, got: &[u8], want: &Option<Vec<u8>>) -> u64 {
@@ -349,12 +352,25 @@ fn rank_main(argv: &[String]) -> Result<bool> {
 /// One blocking collective; in place, the output buffer is also the input.
 /// One collective; in place, `out` is the single buffer NCCL's in-place convention uses.
 fn run_once(comm: &Communicator, c: &Case, dtype: DType, in_place: bool, out: &mut [u8]) -> Result<()> {
-    if in_place {
+    if c.ring_p2p {
+        // In place, the send buffer is the receive buffer: send what it holds before the call.
+        let owned = in_place.then(|| out.to_vec());
+        ring_sendrecv(comm, dtype, owned.as_deref().unwrap_or(&c.input), out)?;
+    } else if in_place {
         comm.run_in_place(c.coll, dtype, c.count, out)?;
     } else {
         comm.run(c.coll, dtype, c.count, &c.input, out)?;
     }
     Ok(())
+}
+
+/// nccl-tests' sendrecv step: send `data` to the next rank and receive from the previous one,
+/// both in flight at once (one group).
+fn ring_sendrecv(comm: &Communicator, dtype: DType, data: &[u8], out: &mut [u8]) -> Result<r2ccl::comm::CollReport> {
+    let (rank, world) = (comm.rank(), comm.world());
+    let mut ops =
+        [P2p::Send { peer: (rank + 1) % world, data }, P2p::Recv { peer: (rank + world - 1) % world, buf: out }];
+    Ok(comm.group(dtype, &mut ops)?)
 }
 
 /// The in-place buffer before a run: the input, placed where NCCL's convention reads it
@@ -409,7 +425,13 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
     }
     loop {
         let t = Instant::now();
-        let (out, rep) = comm.start(c.coll, dtype, c.count, c.input.clone(), vec![0u8; c.out_len], timeout)?.wait()?;
+        let (out, rep) = if c.ring_p2p {
+            let mut out = vec![0u8; c.out_len];
+            let rep = ring_sendrecv(comm, dtype, &c.input, &mut out)?;
+            (out, rep)
+        } else {
+            comm.start(c.coll, dtype, c.count, c.input.clone(), vec![0u8; c.out_len], timeout)?.wait()?
+        };
         let secs = t.elapsed().as_secs_f64();
         wrong_total += wrong(dtype, &out, &c.expected);
         strategy = rep.strategy;
