@@ -378,8 +378,30 @@ fn basic(
     let intra = Rate { spb: c.net.intra_spb, cross: false };
     let (t, total, params) = match c.coll {
         Collective::AllReduce { .. } => {
-            let r = c.net.ring(&mut acc, order, c.count, 1, RailMask::ALL, pol, true, true)?;
-            let t = if c.n < 2 { 0.0 } else { 2.0 * (n - 1.0) * (c.hop(r) + c.block / n * r.spb) };
+            // Several ranks per node: r2ccl-algo's hierarchical AllReduce (a chain reduce to the
+            // node's leader, the leaders' ring, a chain broadcast), pipelined in k chunks; without
+            // pipelining the 2(g-1) intra-node hops of the whole buffer would run one after another.
+            let r = c.net.ring(&mut c.acc(), order, c.count, 1, RailMask::ALL, pol, true, true)?;
+            let g = f64::from(c.g);
+            let time = |kf: f64| {
+                let ring = if c.n < 2 { 0.0 } else { 2.0 * (n - 1.0) * (kf * c.hop(r) + c.block / n * r.spb) };
+                let chain =
+                    if c.g > 1 { 2.0 * (g - 1.0 + kf - 1.0) * (c.alpha + c.block / kf * c.net.intra_spb) } else { 0.0 };
+                ring + chain
+            };
+            let mut best = (time(1.0), 1u32);
+            for kk in CHUNK_CHOICES.into_iter().filter(|_| c.g > 1) {
+                if u64::from(kk) > c.count.max(1) {
+                    break;
+                }
+                let t = time(f64::from(kk));
+                if t < best.0 {
+                    best = (t, kk);
+                }
+            }
+            let (t, kk) = best;
+            c.net.ring(&mut acc, order, c.count, kk, RailMask::ALL, pol, true, true)?;
+            let params = if c.g > 1 { StrategyParams { chunks: Some(kk), ..params } } else { params };
             (t, 2.0 * (n - 1.0) * c.block, params)
         }
         Collective::ReduceScatter { .. } | Collective::AllGather => {
@@ -840,12 +862,15 @@ pub fn plan_payload(
     if is_allreduce && n >= 2 {
         cands.extend(recursive_doubling(&mut ctx, &order)?);
     }
+    // The plain strategies model their own (pipelined) intra-node chains; the nested ones
+    // get the intra-node reduce-scatter / all-gather estimate.
     let t_intra = if is_allreduce { intra(topology, block) } else { 0.0 };
+    let plain = |s: Strategy| matches!(s, Strategy::Ring | Strategy::Balance | Strategy::SingleBackup);
     for c in &mut cands {
         if count == 0 {
             c.time_s = 0.0;
             c.model_total_bytes = 0.0;
-        } else if c.strategy != Strategy::RecursiveDoubling {
+        } else if c.strategy != Strategy::RecursiveDoubling && !plain(c.strategy) {
             c.time_s += t_intra;
         }
     }
@@ -865,7 +890,7 @@ pub fn plan_payload(
         let nominal = f.nominal();
         let naf = nominal.algo(g, health.epoch())?;
         let mut nctx = Ctx { net: Net::new(&nominal, &naf, elem, intra_spb), ..ctx };
-        basic(&mut nctx, Strategy::Ring, &identity, RailPolicy::Balance, false)?.map_or(0.0, |c| c.time_s) + t_intra
+        basic(&mut nctx, Strategy::Ring, &identity, RailPolicy::Balance, false)?.map_or(0.0, |c| c.time_s)
     };
     let lb = if count == 0 { 0.0 } else { lower_bound(&f, collective, d, g)? };
     let nic_weights = (0..n * k).map(|x| f.bw[x] as f64 / f.node_bw[x / k] as f64).collect();
