@@ -33,6 +33,8 @@ fn every_collective_is_exact_on_four_ranks() {
         let t = text(&o);
         assert!(o.status.success(), "{coll}: {t}");
         assert!(t.contains("# Out of bounds values : 0 OK"), "{coll}: {t}");
+        // A fault-free job says nothing alarming, not even while its ranks leave one by one.
+        assert!(!t.contains(" WARN ") && !t.contains(" ERROR "), "{coll}: warnings in a fault-free run: {t}");
     }
 }
 

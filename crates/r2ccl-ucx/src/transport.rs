@@ -218,6 +218,8 @@ pub struct UcxTransport {
     rank: Rank,
     node: NodeId,
     peers: BTreeMap<Rank, Peer>,
+    /// Peers that left the communicator: their endpoints are closed and never reconnected.
+    forgotten: std::collections::BTreeSet<Rank>,
     events: VecDeque<TransportEvent>,
     next_req: u64,
     next_handle: u64,
@@ -307,6 +309,7 @@ impl UcxTransport {
             rank: cfg.rank,
             node: cfg.node,
             peers: BTreeMap::new(),
+            forgotten: std::collections::BTreeSet::new(),
             events: VecDeque::new(),
             next_req: 1,
             next_handle: 1,
@@ -431,6 +434,9 @@ impl UcxTransport {
 
     /// Reconnect the endpoints to `peer` on `rail` if UCX reported them failed (a path coming back).
     fn heal_endpoints(&mut self, rail: usize, peer: Rank) {
+        if self.forgotten.contains(&peer) {
+            return;
+        }
         let failed = self
             .set
             .rails()
@@ -558,6 +564,21 @@ impl UcxTransport {
         self.retire(o.state);
         self.complete(id, o.path, kind.unwrap_or(CompletionKind::Cancelled));
         true
+    }
+
+    /// Forget `peer`, which left the communicator: close its endpoints on every rail now, so
+    /// that its process exiting raises no endpoint errors here, and never reconnect to it.
+    /// Call it only when nothing more is exchanged with that peer over the data paths.
+    pub fn forget_peer(&mut self, peer: Rank) {
+        if !self.forgotten.insert(peer) {
+            return;
+        }
+        for rail in 0..self.nics.len() {
+            if let Some(r) = self.set.rail_mut(rail) {
+                r.disconnect(peer);
+            }
+        }
+        tracing::debug!(target: NET, %peer, "peer left: its endpoints are closed");
     }
 
     /// NICs that could not be opened when their rank started (this rank's and, after
@@ -787,7 +808,7 @@ impl UcxTransport {
         for rail in 0..self.nics.len() {
             let failed: Vec<Rank> = self.set.rails()[rail].failures().into_iter().map(|(p, _, _)| p).collect();
             for peer in failed {
-                if !self.nics[rail].reported_eps.insert(peer) {
+                if self.forgotten.contains(&peer) || !self.nics[rail].reported_eps.insert(peer) {
                     continue;
                 }
                 let Some(p) = self.peers.get(&peer) else { continue };

@@ -1122,6 +1122,9 @@ impl Progress {
         bye.extend_from_slice(&self.last_done.to_le_bytes());
         self.mesh.broadcast(Channel::Abort, &bye);
         self.departed.insert(self.rank);
+        for &peer in self.departed.iter().filter(|&&r| r != self.rank) {
+            self.transport.forget_peer(Rank(peer));
+        }
         let deadline = Instant::now() + Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms);
         while (self.departed.len() as u32) < self.world && Instant::now() < deadline {
             while let Some(ev) = self.mesh.recv_deadline(Instant::now() + Duration::from_millis(1)) {
@@ -1416,6 +1419,10 @@ impl Progress {
             }
             OobEvent::Message { from, channel: Channel::Abort, payload } if payload.first() == Some(&DEPART) => {
                 self.departed.insert(from);
+                // Both sides are leaving: nothing more crosses the data paths between them.
+                if self.departed.contains(&self.rank) {
+                    self.transport.forget_peer(Rank(from));
+                }
                 match payload.get(1..9).and_then(|b| <[u8; 8]>::try_from(b).ok()) {
                     Some(b) => {
                         self.departed_after.insert(from, u64::from_le_bytes(b));
