@@ -454,7 +454,12 @@ impl Harness {
 
     fn prefix_exact(&self, key: TransferKey, start: u32, boundary: u32) -> Result<bool, HarnessError> {
         let Some(x) = self.xfers.get(&key) else { return Ok(true) };
-        let cs = self.cfg.session.chunk_size as usize;
+        let nics = self
+            .sessions
+            .first()
+            .and_then(|s| s.topology().node_of(key.src).map(|n| s.topology().nics_of(n).len()))
+            .unwrap_or(1);
+        let cs = crate::session::transfer_chunk_size(self.cfg.session.chunk_size, x.data.len() as u64, nics) as usize;
         let a = (start as usize * cs).min(x.data.len());
         let b = (boundary as usize * cs).min(x.data.len());
         let got = self.region(key.dst, x.dst)?;

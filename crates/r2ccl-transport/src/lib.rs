@@ -38,8 +38,8 @@ pub use chunkset::ChunkSet;
 pub use fabric::{FabricConfig, FabricPort, FaultAction, MemFabric, NicStats};
 pub use ids::{ChunkId, CommId, LaneId, MemHandle, PathId, RequestId, TransferKey};
 pub use session::{
-    Buffer, ChunkProblem, LaneInfo, MigrationRequest, MoveReason, PathActivity, Session, SessionConfig, SessionError,
-    SessionEvent, SessionStats,
+    transfer_chunk_size, Buffer, ChunkProblem, LaneInfo, MigrationRequest, MoveReason, PathActivity, Session,
+    SessionConfig, SessionError, SessionEvent, SessionStats, MIN_STRIPE_CHUNK,
 };
 pub use stripe::{chunk_count, chunk_len, stripe};
 pub use topology::{Topology, TopologyError};

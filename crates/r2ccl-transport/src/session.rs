@@ -32,10 +32,27 @@ pub struct Buffer {
     pub len: u64,
 }
 
+/// The smallest chunk a transfer is cut into so that it stripes over several NICs (a
+/// configured chunk size below it is used as is).
+pub const MIN_STRIPE_CHUNK: u32 = 64 * 1024;
+
+/// Bytes per chunk of a transfer of `len` bytes from a node with `sender_nics` NICs: the
+/// configured `chunk_size`, halved (not below [`MIN_STRIPE_CHUNK`]) until the transfer has at
+/// least two chunks per NIC, so that a transfer of a few chunks still stripes over every NIC.
+pub fn transfer_chunk_size(chunk_size: u32, len: u64, sender_nics: usize) -> u32 {
+    let mut chunk = chunk_size;
+    while chunk / 2 >= MIN_STRIPE_CHUNK && u64::from(chunk_count(len, chunk)) < 2 * sender_nics as u64 {
+        chunk /= 2;
+    }
+    chunk
+}
+
 /// Tunables of a session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SessionConfig {
     /// Bytes per chunk (the unit of transfer and of replay); both ends must use the same value.
+    /// A transfer too short to give every NIC two chunks uses a smaller one (see
+    /// [`MIN_STRIPE_CHUNK`]).
     pub chunk_size: u32,
     /// Chunks in flight per lane.
     pub window: u32,
@@ -360,6 +377,8 @@ struct SendTransfer {
     src: MemHandle,
     offset: usize,
     len: u64,
+    /// Bytes per chunk of this transfer ([`Session::chunk_size_for`]).
+    chunk: u32,
     completed: ChunkSet,
     lanes: Vec<Lane>,
     reported: bool,
@@ -370,6 +389,8 @@ struct RecvTransfer {
     dst: MemHandle,
     offset: usize,
     len: u64,
+    /// Bytes per chunk of this transfer ([`Session::chunk_size_for`]).
+    chunk: u32,
     have: ChunkSet,
     reported: bool,
 }
@@ -495,10 +516,11 @@ impl Session {
         if eff.iter().all(|&w| w == 0) && len > 0 {
             return Err(SessionError::NoUsableNic(key));
         }
-        let n = chunk_count(len, self.cfg.chunk_size);
+        let chunk = self.chunk_size_for(key, len);
+        let n = chunk_count(len, chunk);
         let mut lanes = Vec::new();
         let mut ids = Vec::new();
-        for (i, (start, end)) in stripe(len, self.cfg.chunk_size, &eff).into_iter().enumerate() {
+        for (i, (start, end)) in stripe(len, chunk, &eff).into_iter().enumerate() {
             if start == end {
                 continue;
             }
@@ -521,7 +543,7 @@ impl Session {
             ids.push(id);
         }
         let reported = n == 0;
-        self.sends.insert(key, SendTransfer { src, offset, len, completed: ChunkSet::new(n), lanes, reported });
+        self.sends.insert(key, SendTransfer { src, offset, len, chunk, completed: ChunkSet::new(n), lanes, reported });
         if reported {
             self.events.push_back(SessionEvent::SendComplete(key));
         }
@@ -549,8 +571,9 @@ impl Session {
         if self.retired_set.remove(&key) {
             self.retired.retain(|k| *k != key);
         }
-        let n = chunk_count(len, self.cfg.chunk_size);
-        self.recvs.insert(key, RecvTransfer { dst, offset, len, have: ChunkSet::new(n), reported: false });
+        let chunk = self.chunk_size_for(key, len);
+        let n = chunk_count(len, chunk);
+        self.recvs.insert(key, RecvTransfer { dst, offset, len, chunk, have: ChunkSet::new(n), reported: false });
         if let Some(peer_node) = self.topo.node_of(key.src) {
             for local in self.topo.nics_of(self.node) {
                 for remote in self.topo.nics_of(peer_node) {
@@ -566,6 +589,13 @@ impl Session {
         }
         self.check_recv_complete(key);
         Ok(())
+    }
+
+    /// Bytes per chunk of transfer `key` of `len` bytes ([`transfer_chunk_size`] with the
+    /// sending node's NIC count); both ends compute it from the same inputs.
+    fn chunk_size_for(&self, key: TransferKey, len: u64) -> u32 {
+        let nics = self.topo.node_of(key.src).map_or(1, |n| self.topo.nics_of(n).len());
+        transfer_chunk_size(self.cfg.chunk_size, len, nics)
     }
 
     fn check_transfer<T: Transport + ?Sized>(
@@ -1105,8 +1135,8 @@ impl Session {
 
     fn apply<T: Transport + ?Sized>(&mut self, t: &mut T, path: PathId, h: &ChunkHeader, payload: &[u8]) {
         let key = h.transfer();
-        let cs = self.cfg.chunk_size;
         let Some(rt) = self.recvs.get_mut(&key) else { return };
+        let cs = rt.chunk;
         let idx = h.id.index;
         if h.total_len != rt.len || idx >= rt.have.capacity() || h.len != chunk_len(rt.len, cs, idx) {
             self.stats.mismatched += 1;
@@ -1147,10 +1177,10 @@ impl Session {
     }
 
     fn post_work<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T) {
-        let cs = self.cfg.chunk_size;
         let window = self.cfg.window as usize;
         let mut failed = Vec::new();
         for (&key, tr) in &mut self.sends {
+            let cs = tr.chunk;
             for (i, lane) in tr.lanes.iter_mut().enumerate() {
                 if lane.quiesced {
                     continue;
@@ -1198,7 +1228,7 @@ impl Session {
                 }
             }
         }
-        let cap = HEADER_LEN + cs as usize;
+        let cap = HEADER_LEN + self.cfg.chunk_size as usize;
         for (&path, st) in &mut self.paths {
             if !st.listen || st.down || self.down_nics.contains(&path.local) {
                 continue;

@@ -160,3 +160,39 @@ fn wrong_calls_are_refused() {
     assert!(Session::new(Rank(0), cfg, Topology::uniform(1, 1, 1, 1).unwrap()).is_err());
     assert!(Session::new(Rank(5), SessionConfig::default(), Topology::uniform(1, 1, 1, 1).unwrap()).is_err());
 }
+
+#[test]
+fn a_transfer_of_one_configured_chunk_still_stripes_over_every_nic() {
+    // 1 MiB chunks configured, a 1 MiB transfer, 2 NICs: cut into 256 KiB chunks, 2 per NIC.
+    assert_eq!(r2ccl_transport::transfer_chunk_size(1 << 20, 1 << 20, 2), 256 << 10);
+    assert_eq!(r2ccl_transport::transfer_chunk_size(1 << 20, 64 << 20, 2), 1 << 20);
+    assert_eq!(r2ccl_transport::transfer_chunk_size(1 << 20, 1000, 4), r2ccl_transport::MIN_STRIPE_CHUNK);
+    assert_eq!(r2ccl_transport::transfer_chunk_size(CS, 10, 2), CS, "a configured size below the floor is kept");
+    let f = MemFabric::new(FabricConfig { nics_per_node: 2, ..FabricConfig::default() });
+    let topo = Topology::uniform(2, 1, 2, 1).unwrap();
+    let cfg = SessionConfig { chunk_size: 1 << 20, window: 4, ..SessionConfig::default() };
+    let mut s: Vec<_> = (0..2).map(|r| Session::new(Rank(r), cfg, topo.clone()).unwrap()).collect();
+    for x in &mut s {
+        x.open_comm(CommId(1));
+    }
+    let mut w = World { f, s, now: Duration::ZERO };
+    let key = TransferKey::new(1, 0, 0, 0, 1);
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 251) as u8).collect();
+    let src = w.region(0, &data);
+    let dst = w.region(1, &vec![0; data.len()]);
+    let mut p1 = w.f.port(Rank(1)).unwrap();
+    w.s[1].expect_recv(w.now, &mut p1, key, dst).unwrap();
+    let p0 = w.f.port(Rank(0)).unwrap();
+    let lanes = w.s[0].start_send(w.now, &p0, key, src, &[1, 1]).unwrap();
+    assert_eq!(lanes.len(), 2, "both NICs carry a lane");
+    let mut done = false;
+    for _ in 0..200 {
+        if w.step().iter().any(|(r, e)| *r == 1 && *e == SessionEvent::RecvComplete(key)) {
+            done = true;
+            break;
+        }
+    }
+    assert!(done, "the transfer completes");
+    let p1 = w.f.port(Rank(1)).unwrap();
+    assert!(p1.region(dst.region).unwrap() == data.as_slice(), "bit-exact");
+}

@@ -306,7 +306,10 @@ impl Engine {
         for (i, st) in x.state.iter().enumerate() {
             if *st == StepState::Running {
                 if let StepKind::Recv { peer, dst, .. } = x.sched.steps()[i].kind {
-                    let n = r2ccl_transport::chunk_count(dst.len, self.session.config().chunk_size);
+                    let topo = self.session.topology();
+                    let nics = topo.node_of(peer).map_or(1, |n| topo.nics_of(n).len());
+                    let chunk = r2ccl_transport::transfer_chunk_size(self.session.config().chunk_size, dst.len, nics);
+                    let n = r2ccl_transport::chunk_count(dst.len, chunk);
                     match x.keys[i].map(|k| (k, self.session.held(k, 0, n))) {
                         Some((k, Ok(held))) => {
                             out.push(format!("receive of {k} from {peer} ({held}/{n} chunks in order)"))
