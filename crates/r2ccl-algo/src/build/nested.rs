@@ -51,28 +51,19 @@ struct Level {
     mask: RailMask,
 }
 
-/// How nodes outside a level join it.
-enum Join {
-    /// Four-stage: scatter-in evenly to all members, gather-back from all members.
-    Spread,
-    /// Reduce-to-helper and broadcast-back in `k` chunks after stage 1 (helpers rotate
-    /// over the members chunk by chunk; members get the result by a chain from the helper).
-    Helper {
-        /// Pipeline chunks.
-        k: u32,
-        /// Rails for the joiners' transfers to and from helpers.
-        mask: RailMask,
-    },
-}
-
-fn run_levels(
+/// Levels with the helper join (R2CCL-AllReduce, recursive AllReduce): every level runs
+/// its ring (stage 1); after all of them, the leaders outside a level reduce into a helper
+/// and get the result back in `k` chunks (helpers rotate over the members chunk by chunk;
+/// members get the result by a chain from the helper). `join_mask`: rails of the joiners'
+/// transfers to and from helpers.
+fn helper_levels(
     cx: &mut Cx<'_>,
     leaders: &[Rank],
     me: Option<usize>,
     levels: &[Level],
-    join: &Join,
+    k: u32,
+    join_mask: RailMask,
 ) -> Result<(), AlgoError> {
-    let chunks = u64::from(cx.chunks);
     let l = leaders.len();
     let status = |lv: &Level| -> (Option<usize>, bool) {
         match me {
@@ -90,92 +81,184 @@ fn run_levels(
         }
         (0..l).filter(|&i| !inside[i]).map(|i| leaders[i]).collect()
     };
-    match join {
-        Join::Spread => {
-            for lv in levels {
-                let (ph_sc, ph_ga) = (cx.phase(), cx.phase());
-                let members: Vec<Rank> = lv.members.iter().map(|&m| leaders[m]).collect();
-                let excluded = excluded_of(lv);
-                let s = members.len() as u64;
-                let range = lv.range;
-                let seg = move |j: usize| range.part(s, j as u64);
-                let (pos, is_excluded) = status(lv);
-                // Chunk-major order: every member's first chunk leaves first, so the
-                // members' reduce-scatter pipelines start together.
-                if is_excluded {
-                    for c in 0..chunks {
-                        for (j, &m) in members.iter().enumerate() {
-                            cx.send(m, Tag::new(ph_sc, 0, c as u32), seg(j).part(chunks, c), lv.mask, &[])?;
-                        }
-                    }
-                }
-                if let Some(j) = pos {
+    for lv in levels {
+        let members: Vec<Rank> = lv.members.iter().map(|&m| leaders[m]).collect();
+        prims::ring_allreduce(cx, &members, lv.range, lv.mask)?;
+    }
+    let barrier = cx.sinks_since(0);
+    let k = u64::from(k);
+    for lv in levels {
+        let (ph_up, ph_down, ph_chain) = (cx.phase(), cx.phase(), cx.phase());
+        let members: Vec<Rank> = lv.members.iter().map(|&m| leaders[m]).collect();
+        let excluded = excluded_of(lv);
+        if excluded.is_empty() || members.is_empty() {
+            continue;
+        }
+        let s = members.len();
+        let (pos, is_excluded) = status(lv);
+        for c in 0..k {
+            let piece = lv.range.part(k, c);
+            let hpos = (c as usize) % s;
+            let tag = |ph| Tag::new(ph, c as u32, 0);
+            if is_excluded {
+                cx.send(members[hpos], tag(ph_up), piece, join_mask, &barrier)?;
+            }
+            if let Some(j) = pos {
+                let q = (j + s - hpos) % s;
+                if q == 0 {
                     for &e in &excluded {
-                        for c in 0..chunks {
-                            cx.recv(e, Tag::new(ph_sc, 0, c as u32), seg(j).part(chunks, c), true, lv.mask)?;
-                        }
+                        cx.recv(e, tag(ph_up), piece, true, join_mask)?;
                     }
-                }
-                prims::ring_rs(cx, &members, &seg, lv.mask)?;
-                prims::ring_ag(cx, &members, &seg, lv.mask)?;
-                if let Some(j) = pos {
                     for &e in &excluded {
-                        for c in 0..chunks {
-                            cx.send(e, Tag::new(ph_ga, 0, c as u32), seg(j).part(chunks, c), lv.mask, &[])?;
-                        }
+                        cx.send(e, tag(ph_down), piece, join_mask, &[])?;
                     }
+                } else {
+                    cx.recv(members[(j + s - 1) % s], tag(ph_chain), piece, false, RailMask::ALL)?;
                 }
-                if is_excluded {
-                    for c in 0..chunks {
-                        for (j, &m) in members.iter().enumerate() {
-                            cx.recv(m, Tag::new(ph_ga, 0, c as u32), seg(j).part(chunks, c), false, lv.mask)?;
-                        }
-                    }
+                if q + 1 < s {
+                    cx.send(members[(j + 1) % s], tag(ph_chain), piece, RailMask::ALL, &[])?;
                 }
+            }
+            if is_excluded {
+                cx.recv(members[hpos], tag(ph_down), piece, false, join_mask)?;
             }
         }
-        Join::Helper { k, mask: join_mask } => {
-            for lv in levels {
-                let members: Vec<Rank> = lv.members.iter().map(|&m| leaders[m]).collect();
-                prims::ring_allreduce(cx, &members, lv.range, lv.mask)?;
-            }
-            let barrier = cx.sinks_since(0);
-            let k = u64::from(*k);
-            for lv in levels {
-                let (ph_up, ph_down, ph_chain) = (cx.phase(), cx.phase(), cx.phase());
-                let members: Vec<Rank> = lv.members.iter().map(|&m| leaders[m]).collect();
-                let excluded = excluded_of(lv);
-                if excluded.is_empty() || members.is_empty() {
-                    continue;
+    }
+    Ok(())
+}
+
+/// Ring admission window of the four-stage schedule, in chunks (see [`spread`]).
+const RING_WINDOW: u64 = 4;
+
+/// One level of the four-stage schedule as this rank sees it.
+struct SpreadLevel {
+    members: Vec<Rank>,
+    excluded: Vec<Rank>,
+    range: Elems,
+    mask: RailMask,
+    /// This rank's position among the members.
+    pos: Option<usize>,
+    /// This rank's index among the joiners.
+    joiner: Option<usize>,
+    /// Phases of scatter-in, reduce-scatter, all-gather and gather-back.
+    ph: [u16; 4],
+}
+
+impl SpreadLevel {
+    /// Member `j`'s segment.
+    fn seg(&self, j: usize) -> Elems {
+        self.range.part(self.members.len() as u64, j as u64)
+    }
+
+    /// Whether this rank is in a ring of this level that moves bytes.
+    fn rings(&self) -> bool {
+        self.pos.is_some() && self.members.len() >= 2 && self.range.len > 0
+    }
+}
+
+/// The four-stage levels (section 7): each level's members run a ring AllReduce of its
+/// range; the other leaders (joiners) scatter their share of it in, evenly over the
+/// members, and gather the result back.
+///
+/// The schedule is chunk-major and rate-matched. Chunk `c` of every level goes through
+/// scatter-in, reduce-scatter, all-gather and gather-back (steps are emitted chunk by
+/// chunk, level by level, so every rank's program order is the same interleaving), and
+/// dependencies keep the stages at the pace the water-filled plan gives them:
+/// - ring admission: a member starts the reduce-scatter of chunk `c` only once its own
+///   reduce-scatter of chunk `c - RING_WINDOW` is complete (that chunk's scatter-in
+///   included). Reduced chunks, and with them gather-back, flow from the start instead of
+///   after the whole reduce-scatter, and a ring runs no more than the window ahead of the
+///   scatter-in it needs;
+/// - scatter pacing: a joiner's scatter-in message `m` (of `s * K` for a level of `s`
+///   members) waits for send `m / (s * K)` (as a fraction) of its own lowest ring, its
+///   clock. Without it the scatter-in, ready at once, takes the joiner's NICs first and
+///   the ring through the joiner stalls; with it the joiner's NICs carry ring and
+///   scatter-in bytes in the plan's proportion all along;
+/// - gather-back of a chunk follows its scatter-in and reduce-scatter by data dependencies.
+///
+/// The messages (peers, sizes, splits) are exactly those of a plain ring AllReduce per
+/// level plus one scatter-in and one gather-back message per joiner, member and chunk, so
+/// bytes per NIC are unchanged by the pacing.
+fn spread(cx: &mut Cx<'_>, leaders: &[Rank], me: Option<usize>, levels: &[Level]) -> Result<(), AlgoError> {
+    let k = u64::from(cx.chunks);
+    let mut lv = Vec::with_capacity(levels.len());
+    for level in levels {
+        let ph = [cx.phase(), cx.phase(), cx.phase(), cx.phase()];
+        let mut inside = vec![false; leaders.len()];
+        for &m in &level.members {
+            inside[m] = true;
+        }
+        let members: Vec<Rank> = level.members.iter().map(|&m| leaders[m]).collect();
+        let excluded: Vec<Rank> = (0..leaders.len()).filter(|&i| !inside[i]).map(|i| leaders[i]).collect();
+        let pos = me.and_then(|i| level.members.iter().position(|&m| m == i));
+        let joiner = me.and_then(|i| excluded.iter().position(|&r| r == leaders[i]));
+        lv.push(SpreadLevel { members, excluded, range: level.range, mask: level.mask, pos, joiner, ph });
+    }
+    if me.is_none() {
+        return Ok(());
+    }
+    // The clock: this rank's lowest ring, its sends in emission order and their number.
+    let clock = lv.iter().position(SpreadLevel::rings);
+    let clock_total = clock.map_or(0, |l| 2 * (lv[l].members.len() as u64 - 1) * k);
+    let mut clock_sends: Vec<u32> = Vec::new();
+    // Per level: the receive that completes this rank's reduce-scatter of each chunk.
+    let mut rs_done: Vec<Vec<Option<u32>>> = vec![Vec::new(); lv.len()];
+    for c in 0..k {
+        let chunk = c as u32;
+        for (l, v) in lv.iter().enumerate() {
+            let s = v.members.len();
+            // Scatter-in; joiner q starts at member q so that joiners do not collide.
+            if let Some(q) = v.joiner {
+                for a in 0..s {
+                    let j = (q + a) % s;
+                    let m = c * s as u64 + a as u64;
+                    let due = (u128::from(m) * u128::from(clock_total) / (s as u128 * u128::from(k))) as usize;
+                    let pace: Vec<u32> = clock_sends.get(due).or(clock_sends.last()).copied().into_iter().collect();
+                    cx.send(v.members[j], Tag::new(v.ph[0], 0, chunk), v.seg(j).part(k, c), v.mask, &pace)?;
                 }
-                let s = members.len();
-                let (pos, is_excluded) = status(lv);
-                for c in 0..k {
-                    let piece = lv.range.part(k, c);
-                    let hpos = (c as usize) % s;
-                    let tag = |ph| Tag::new(ph, c as u32, 0);
-                    if is_excluded {
-                        cx.send(members[hpos], tag(ph_up), piece, *join_mask, &barrier)?;
+            }
+            if let Some(j) = v.pos {
+                for &e in &v.excluded {
+                    cx.recv(e, Tag::new(v.ph[0], 0, chunk), v.seg(j).part(k, c), true, v.mask)?;
+                }
+            }
+            // The ring: reduce-scatter, then all-gather.
+            if let (Some(pos), true) = (v.pos, s >= 2) {
+                let (next, prev) = (v.members[(pos + 1) % s], v.members[(pos + s - 1) % s]);
+                let is_clock = clock == Some(l);
+                let mut done = None;
+                for t in 0..s - 1 {
+                    let tag = Tag::new(v.ph[1], t as u32, chunk);
+                    let admit: Vec<u32> = match c.checked_sub(RING_WINDOW) {
+                        Some(w) if t == 0 => rs_done[l].get(w as usize).copied().flatten().into_iter().collect(),
+                        _ => Vec::new(),
+                    };
+                    let sent = cx.send(next, tag, v.seg((pos + 2 * s - t - 1) % s).part(k, c), v.mask, &admit)?;
+                    if is_clock {
+                        clock_sends.extend(sent);
                     }
-                    if let Some(j) = pos {
-                        let q = (j + s - hpos) % s;
-                        if q == 0 {
-                            for &e in &excluded {
-                                cx.recv(e, tag(ph_up), piece, true, *join_mask)?;
-                            }
-                            for &e in &excluded {
-                                cx.send(e, tag(ph_down), piece, *join_mask, &[])?;
-                            }
-                        } else {
-                            cx.recv(members[(j + s - 1) % s], tag(ph_chain), piece, false, RailMask::ALL)?;
-                        }
-                        if q + 1 < s {
-                            cx.send(members[(j + 1) % s], tag(ph_chain), piece, RailMask::ALL, &[])?;
-                        }
+                    let got = cx.recv(prev, tag, v.seg((pos + 2 * s - t - 2) % s).part(k, c), true, v.mask)?;
+                    done = got.or(done);
+                }
+                rs_done[l].push(done);
+                for t in 0..s - 1 {
+                    let tag = Tag::new(v.ph[2], t as u32, chunk);
+                    let sent = cx.send(next, tag, v.seg((pos + s - t) % s).part(k, c), v.mask, &[])?;
+                    if is_clock {
+                        clock_sends.extend(sent);
                     }
-                    if is_excluded {
-                        cx.recv(members[hpos], tag(ph_down), piece, false, *join_mask)?;
-                    }
+                    cx.recv(prev, tag, v.seg((pos + 2 * s - t - 1) % s).part(k, c), false, v.mask)?;
+                }
+            }
+            // Gather-back.
+            if let Some(j) = v.pos {
+                for &e in &v.excluded {
+                    cx.send(e, Tag::new(v.ph[3], 0, chunk), v.seg(j).part(k, c), v.mask, &[])?;
+                }
+            }
+            if v.joiner.is_some() {
+                for (j, &m) in v.members.iter().enumerate() {
+                    cx.recv(m, Tag::new(v.ph[3], 0, chunk), v.seg(j).part(k, c), false, v.mask)?;
                 }
             }
         }
@@ -231,7 +314,7 @@ pub(crate) fn r2ccl_allreduce(cx: &mut Cx<'_>, ring: &[Rank], n: u64, params: &R
             },
         ];
         let levels = if leaders.len() < 2 { &levels[..1] } else { &levels[..] };
-        run_levels(cx, leaders, me, levels, &Join::Helper { k: params.pipeline_chunks, mask: healthy_mask })
+        helper_levels(cx, leaders, me, levels, params.pipeline_chunks, healthy_mask)
     })
 }
 
@@ -245,7 +328,7 @@ pub(crate) fn recursive(cx: &mut Cx<'_>, ring: &[Rank], n: u64, k: u32) -> Resul
             model::recursive_plan(&bw)?
         };
         let levels = plan_levels(leaders.len(), &bw, &plan, n);
-        run_levels(cx, leaders, me, &levels, &Join::Helper { k, mask: RailMask::ALL })
+        helper_levels(cx, leaders, me, &levels, k, RailMask::ALL)
     })
 }
 
@@ -259,6 +342,6 @@ pub(crate) fn four_stage(cx: &mut Cx<'_>, ring: &[Rank], n: u64) -> Result<(), A
             model::four_stage_plan(&bw)?
         };
         let levels = plan_levels(leaders.len(), &bw, &plan, n);
-        run_levels(cx, leaders, me, &levels, &Join::Spread)
+        spread(cx, leaders, me, &levels)
     })
 }
