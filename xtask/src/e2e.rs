@@ -31,7 +31,7 @@
 //! ```
 //!
 //! `--retries N` runs a failed scenario again up to N times and says so loudly (`RETRY`, `FLAKY`);
-//! CI uses 1 while the rare `all-nics-down` hang of the isolated rank is open.
+//! CI uses 1 as a net for timing-dependent failures; a hung rank's thread stacks are dumped with gdb.
 //!
 //! `--chaos N` runs N seeded random fault timelines instead (3 nodes x 3 NICs; rail 2 never
 //! fails) and prints a summary of runs, faults, failovers, wrong values and hangs (both must be 0).
