@@ -36,6 +36,14 @@ pub unsafe trait SendBuf: Send + 'static {
         let _ = context;
         None
     }
+    /// A receive into this buffer completed: UCX wrote `n` bytes from its start.
+    ///
+    /// # Safety
+    /// Called only by the request that owned the buffer for a receive, after UCX wrote those `n`
+    /// bytes (`n` at most the posted [`RecvBuf::recv_capacity`]).
+    unsafe fn on_received(&mut self, n: usize) {
+        let _ = n;
+    }
 }
 
 /// Memory UCX may write for a receive.
@@ -46,6 +54,10 @@ pub unsafe trait SendBuf: Send + 'static {
 pub unsafe trait RecvBuf: SendBuf {
     /// Start of the bytes, writable.
     fn as_mut_ptr(&mut self) -> *mut u8;
+    /// How many bytes a receive may write from [`RecvBuf::as_mut_ptr`].
+    fn recv_capacity(&self) -> usize {
+        self.byte_len()
+    }
 }
 
 // SAFETY: a Vec's heap buffer does not move when the Vec is moved; the request owns the Vec exclusively.
@@ -56,12 +68,22 @@ unsafe impl SendBuf for Vec<u8> {
     fn byte_len(&self) -> usize {
         self.len()
     }
+    unsafe fn on_received(&mut self, n: usize) {
+        if n > self.len() {
+            // SAFETY: n <= capacity (the posted length) and UCX initialized bytes 0..n.
+            unsafe { self.set_len(n) };
+        }
+    }
 }
 
-// SAFETY: as for SendBuf; writes stay within `len` initialized bytes.
+// SAFETY: as for SendBuf; a receive writes into the Vec's whole allocation (its capacity), so a
+// pooled buffer needs no zeroing before reuse; the length becomes what arrived (`on_received`).
 unsafe impl RecvBuf for Vec<u8> {
     fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.as_mut_slice().as_mut_ptr()
+        Vec::as_mut_ptr(self)
+    }
+    fn recv_capacity(&self) -> usize {
+        self.capacity()
     }
 }
 
@@ -305,6 +327,12 @@ impl<B: SendBuf> Request<B> {
                 let mut info = sys::ucp_tag_recv_info { sender_tag: 0, length: 0 };
                 // SAFETY: `raw` is an in-flight receive request of this worker; the lock is held.
                 let status = Status(unsafe { sys::ucp_tag_recv_request_test(self.raw, &mut info) });
+                if status.is_ok() {
+                    if let Some(b) = self.buffer.as_mut() {
+                        // SAFETY: this receive completed; UCX wrote `info.length` bytes, at most the posted length.
+                        unsafe { b.on_received(info.length) };
+                    }
+                }
                 (status, info.length, info.sender_tag)
             }
             Op::Send => {
@@ -386,7 +414,7 @@ impl<B: RecvBuf> Request<B> {
             param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH;
             param.memh = memh;
         }
-        let len = buffer.byte_len();
+        let len = buffer.recv_capacity();
         let ptr = {
             let locked = worker.lock();
             // SAFETY: live worker, lock held; the buffer has `len` writable bytes at a stable address that

@@ -462,12 +462,10 @@ impl UcxTransport {
             Held::Send(payload) => r.send(path.peer, me, payload).map(State::Live),
             Held::Recv(cap) => {
                 let tag = u64::from(path.peer.0) | (u64::from(path.remote.rail.0) << 32);
+                // Received bytes land in the buffer's allocation: no zeroing of a pooled buffer.
                 let mut buf = self.pool.pop().unwrap_or_default();
-                if buf.len() >= cap {
-                    buf.truncate(cap);
-                } else {
-                    buf.resize(cap, 0);
-                }
+                buf.clear();
+                buf.reserve(cap);
                 r.recv(tag, DATA_MASK, buf).map(State::Live)
             }
             Held::Probe => {
@@ -604,18 +602,19 @@ impl UcxTransport {
         self.nics.iter().map(|n| (n.tx_bytes, n.rx_bytes)).collect()
     }
 
-    /// Sleep until a NIC's worker has something to do, `wake` (the caller's own wake-up fd, e.g.
-    /// a pipe its other threads write to) or a link-state change is readable, or `timeout`
+    /// Sleep until a NIC's worker has something to do, one of the `wake` fds (the caller's own
+    /// sources, e.g. a pipe its other threads write to, its control connections) or a link-state
+    /// change is readable, or `timeout`
     /// passed, whichever comes first. Returns at once when a worker has events pending. Call it
     /// only after a progress call found nothing to do: an idle progress thread then gives the
     /// CPU to the ranks and kernel work it is waiting for instead of spinning.
-    pub fn wait(&mut self, timeout: Duration, wake: Option<RawFd>) {
+    pub fn wait(&mut self, timeout: Duration, wake: &[RawFd]) {
         // A send in flight needs progress to push more bytes when its socket drains, and UCX's
         // TCP transport does not signal writability on the event fd: keep progressing.
         if self.out.values().any(|o| o.kind == Kind::Send && matches!(o.state, State::Live(_))) {
             return;
         }
-        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.nics.len() + 2);
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.nics.len() + 1 + wake.len());
         for w in self.set.workers() {
             match (w.arm(), w.event_fd()) {
                 (Ok(true), Ok(fd)) => fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 }),
@@ -626,9 +625,7 @@ impl UcxTransport {
         if let Some(m) = &self.monitor {
             fds.push(libc::pollfd { fd: m.raw_fd(), events: libc::POLLIN, revents: 0 });
         }
-        if let Some(fd) = wake {
-            fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
-        }
+        fds.extend(wake.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
         let ms = i32::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
         // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs for the call's duration.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };

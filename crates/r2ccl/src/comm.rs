@@ -345,12 +345,10 @@ impl Communicator {
         let connect_timeout = Duration::from_millis(opts.config.bootstrap.connect_timeout_ms);
         let (waker, wake_rx) =
             crate::wake::pair().map_err(|e| CommError::Bootstrap(format!("cannot create the wake-up socket: {e}")))?;
-        let oob_waker = waker.clone();
         let thread = std::thread::Builder::new()
             .name(format!("r2ccl-progress-{}", opts.rank))
             .spawn(move || match Progress::init(opts, sh, wake_rx) {
                 Ok(p) => {
-                    p.mesh.set_waker(oob_waker);
                     let _ = init_tx.send(Ok(p.node_of.clone()));
                     p.run(&rx);
                 }
@@ -1102,7 +1100,9 @@ impl Progress {
             if moved == last_moved {
                 idle_spins += 1;
                 if idle_spins > IDLE_SPINS {
-                    self.transport.wait(IDLE_WAIT, Some(self.wake_rx.fd()));
+                    let mut fds = self.mesh.fds();
+                    fds.push(self.wake_rx.fd());
+                    self.transport.wait(IDLE_WAIT, &fds);
                     self.wake_rx.drain();
                 } else {
                     std::thread::yield_now();

@@ -2,19 +2,21 @@
 //! the bootstrap network (never a data NIC), carrying detection messages, health-view
 //! agreement and aborts, with heartbeats so a dead peer is noticed within the peer timeout.
 //!
-//! Threads: one reader per connection (it turns frames into [`OobEvent`]s), one
-//! heartbeat sender, one acceptor that drops and counts strangers for the mesh's
-//! lifetime. The progress thread consumes events with [`OobMesh::recv_deadline`].
+//! Threads: one heartbeat sender and one acceptor that drops and counts strangers for the
+//! mesh's lifetime. Reading is done by the thread that asks for events
+//! ([`OobMesh::recv_deadline`], the progress thread once the communicator runs): non-blocking
+//! reads of every connection, so a control message reaches the engine without a hand-off
+//! between threads; [`OobMesh::fds`] lets that thread sleep in `poll(2)` on the connections too.
 
 use crate::bootstrap::{PeerInfo, Secret};
 use crate::bootstrap_mac::{tag, tags_equal};
-use crate::wake::Waker;
-use crossbeam_channel::{Receiver, Sender};
 use r2ccl_core::subsys;
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// What an OOB frame carries.
@@ -106,19 +108,6 @@ fn write_msg(stream: &mut TcpStream, channel: Channel, payload: &[u8]) -> io::Re
     stream.write_all(&buf)
 }
 
-fn read_msg(stream: &mut TcpStream) -> io::Result<(u8, Vec<u8>)> {
-    let mut len = [0u8; 4];
-    stream.read_exact(&mut len)?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len == 0 || len > MAX_PAYLOAD + 1 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bad OOB frame length {len}")));
-    }
-    let mut buf = vec![0u8; len];
-    stream.read_exact(&mut buf)?;
-    let channel = buf.remove(0);
-    Ok((channel, buf))
-}
-
 /// Counters of the mesh.
 #[derive(Debug, Default)]
 pub struct OobStats {
@@ -132,11 +121,139 @@ pub struct OobStats {
 pub struct OobMesh {
     rank: u32,
     writers: Vec<Option<Arc<Mutex<TcpStream>>>>,
-    events: Receiver<OobEvent>,
+    inbox: Mutex<Inbox>,
     stats: Arc<OobStats>,
     shutdown: Arc<AtomicBool>,
-    /// Woken after every event a reader queues (see [`OobMesh::set_waker`]).
-    waker: Arc<OnceLock<Waker>>,
+}
+
+/// The read side of every connection: partial frames, liveness, decoded events not yet taken.
+struct Inbox {
+    peers: Vec<Option<PeerIn>>,
+    events: VecDeque<OobEvent>,
+    /// A peer silent this long is lost.
+    timeout: Duration,
+}
+
+/// One connection's read side.
+struct PeerIn {
+    stream: TcpStream,
+    /// Bytes received and not yet decoded (at most one partial frame after a pump).
+    buf: Vec<u8>,
+    /// When the last byte arrived (heartbeats included).
+    heard: Instant,
+}
+
+/// What one non-blocking read saw.
+enum ReadOutcome {
+    /// Bytes were appended.
+    Data,
+    /// Nothing to read now.
+    Empty,
+    /// The connection is gone, with why.
+    Lost(String),
+}
+
+impl PeerIn {
+    /// Read what the socket holds without blocking (the socket itself stays blocking for the
+    /// writers that share it).
+    fn read_some(&mut self) -> ReadOutcome {
+        const READ: usize = 64 * 1024;
+        self.buf.reserve(READ);
+        let spare = self.buf.spare_capacity_mut();
+        // SAFETY: `spare` is writable memory of `spare.len()` bytes owned by `self.buf`; the fd
+        // is open while `self` lives; recv writes at most that many bytes.
+        let n =
+            unsafe { libc::recv(self.stream.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len(), libc::MSG_DONTWAIT) };
+        match usize::try_from(n) {
+            Ok(0) => ReadOutcome::Lost("connection closed (process exited?)".into()),
+            Ok(n) => {
+                // SAFETY: recv initialized the first `n` spare bytes (n <= spare.len()).
+                unsafe { self.buf.set_len(self.buf.len() + n) };
+                ReadOutcome::Data
+            }
+            Err(_) => {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => ReadOutcome::Empty,
+                    _ => ReadOutcome::Lost(format!("connection error: {e}")),
+                }
+            }
+        }
+    }
+
+    /// Decode the complete frames in the buffer; an impossible length loses the peer.
+    fn decode(&mut self, from: u32, stats: &OobStats, out: &mut VecDeque<OobEvent>) -> Result<(), String> {
+        let mut at = 0;
+        while self.buf.len() - at >= 4 {
+            let len = u32::from_le_bytes([self.buf[at], self.buf[at + 1], self.buf[at + 2], self.buf[at + 3]]) as usize;
+            if len == 0 || len > MAX_PAYLOAD + 1 {
+                return Err(format!("connection error: bad OOB frame length {len}"));
+            }
+            if self.buf.len() - at - 4 < len {
+                break;
+            }
+            let ch = self.buf[at + 4];
+            let payload = &self.buf[at + 5..at + 4 + len];
+            match Channel::from_u8(ch) {
+                Some(Channel::Heartbeat) => {}
+                Some(channel) => out.push_back(OobEvent::Message { from, channel, payload: payload.to_vec() }),
+                None => {
+                    stats.malformed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(target: subsys::BOOTSTRAP, peer = from, channel = ch, "dropped OOB frame with unknown channel");
+                }
+            }
+            at += 4 + len;
+        }
+        self.buf.drain(..at);
+        Ok(())
+    }
+}
+
+impl Inbox {
+    /// Read every connection that has bytes, decode its frames, and report peers that closed,
+    /// failed, sent garbage or stayed silent past the timeout (each once; it is then dropped).
+    fn pump(&mut self, stats: &OobStats) {
+        let live: Vec<usize> = (0..self.peers.len()).filter(|&r| self.peers[r].is_some()).collect();
+        if live.is_empty() {
+            return;
+        }
+        let mut fds: Vec<libc::pollfd> = live
+            .iter()
+            .filter_map(|&r| self.peers[r].as_ref())
+            .map(|p| libc::pollfd { fd: p.stream.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+            .collect();
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs; zero timeout.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+        let now = Instant::now();
+        for (i, &r) in live.iter().enumerate() {
+            let from = r as u32;
+            let Some(peer) = self.peers[r].as_mut() else { continue };
+            let mut lost = None;
+            if ready > 0 && fds[i].revents != 0 {
+                loop {
+                    match peer.read_some() {
+                        ReadOutcome::Data => peer.heard = now,
+                        ReadOutcome::Empty => break,
+                        ReadOutcome::Lost(why) => {
+                            lost = Some(why);
+                            break;
+                        }
+                    }
+                }
+                // Frames that arrived before a close are still delivered, in order.
+                if let Err(why) = peer.decode(from, stats, &mut self.events) {
+                    lost = Some(why);
+                }
+            }
+            if lost.is_none() && now.duration_since(peer.heard) > self.timeout {
+                lost = Some(format!("silent for {} ms (no heartbeat)", self.timeout.as_millis()));
+            }
+            if let Some(why) = lost {
+                self.events.push_back(OobEvent::PeerLost { rank: from, why });
+                self.peers[r] = None;
+            }
+        }
+    }
 }
 
 /// Accept-side handshake: challenge, then the connector proves the secret and names its rank.
@@ -178,51 +295,6 @@ fn connect_hello(addr: &str, secret: &Secret, rank: u32, deadline: Instant) -> i
     }
 }
 
-fn spawn_reader(
-    mut stream: TcpStream,
-    peer: u32,
-    tx: Sender<OobEvent>,
-    timeout: Duration,
-    stats: Arc<OobStats>,
-    waker: Arc<OnceLock<Waker>>,
-) {
-    std::thread::spawn(move || {
-        let lost = |why: String| OobEvent::PeerLost { rank: peer, why };
-        if let Err(e) = stream.set_read_timeout(Some(timeout)) {
-            let _ = tx.send(lost(format!("cannot arm the liveness timer: {e}")));
-            return;
-        }
-        loop {
-            let event = match read_msg(&mut stream) {
-                Ok((ch, payload)) => match Channel::from_u8(ch) {
-                    Some(Channel::Heartbeat) => continue,
-                    Some(channel) => OobEvent::Message { from: peer, channel, payload },
-                    None => {
-                        stats.malformed.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(target: subsys::BOOTSTRAP, peer, channel = ch, "dropped OOB frame with unknown channel");
-                        continue;
-                    }
-                },
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                    lost(format!("silent for {} ms (no heartbeat)", timeout.as_millis()))
-                }
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    lost("connection closed (process exited?)".into())
-                }
-                Err(e) => lost(format!("connection error: {e}")),
-            };
-            let is_lost = matches!(event, OobEvent::PeerLost { .. });
-            let sent = tx.send(event).is_ok();
-            if let Some(w) = waker.get() {
-                w.wake();
-            }
-            if !sent || is_lost {
-                return;
-            }
-        }
-    });
-}
-
 impl OobMesh {
     /// Connect to every peer in `table` (lower ranks accept, higher ranks connect) by
     /// `deadline`. `listener` is this rank's OOB listener (its address is in the table).
@@ -241,7 +313,6 @@ impl OobMesh {
         }
         let start = Instant::now();
         let stats = Arc::new(OobStats::default());
-        let waker = Arc::new(OnceLock::new());
         let shutdown = Arc::new(AtomicBool::new(false));
         let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
         for peer in table.iter().filter(|p| p.rank < rank) {
@@ -300,11 +371,13 @@ impl OobMesh {
                 }
             }
         }
-        let (tx, events) = crossbeam_channel::unbounded();
         let mut writers = Vec::with_capacity(world as usize);
+        let mut peers = Vec::with_capacity(world as usize);
+        let heard = Instant::now();
         for (peer, s) in streams.into_iter().enumerate() {
             let Some(s) = s else {
                 writers.push(None);
+                peers.push(None);
                 continue;
             };
             // Control messages are small and latency-bound: no Nagle delay.
@@ -312,7 +385,7 @@ impl OobMesh {
             let reader = s.try_clone().map_err(|source| OobError::Io { rank: peer as u32, source })?;
             // Heartbeat writes must not block forever on a dead peer's full buffer.
             s.set_write_timeout(Some(peer_timeout)).map_err(|source| OobError::Io { rank: peer as u32, source })?;
-            spawn_reader(reader, peer as u32, tx.clone(), peer_timeout, stats.clone(), waker.clone());
+            peers.push(Some(PeerIn { stream: reader, buf: Vec::new(), heard }));
             writers.push(Some(Arc::new(Mutex::new(s))));
         }
         let beat: Vec<Arc<Mutex<TcpStream>>> = writers.iter().flatten().cloned().collect();
@@ -329,12 +402,8 @@ impl OobMesh {
                 std::thread::sleep(period);
             }
         });
-        Ok(Self { rank, writers, events, stats, shutdown, waker })
-    }
-
-    /// Have every later event wake `waker` (the progress thread sleeping in `poll(2)`); set once.
-    pub fn set_waker(&self, waker: Waker) {
-        let _ = self.waker.set(waker);
+        let inbox = Inbox { peers, events: VecDeque::new(), timeout: peer_timeout };
+        Ok(Self { rank, writers, inbox: Mutex::new(inbox), stats, shutdown })
     }
 
     /// This rank.
@@ -358,9 +427,42 @@ impl OobMesh {
             .collect()
     }
 
-    /// The next event, or `None` if nothing arrives by `deadline`.
+    /// The next event, or `None` if nothing arrives by `deadline` (a deadline already passed
+    /// still reads what the connections hold, without blocking).
     pub fn recv_deadline(&self, deadline: Instant) -> Option<OobEvent> {
-        self.events.recv_deadline(deadline).ok()
+        loop {
+            let fds = {
+                let mut inbox = self.inbox.lock().unwrap_or_else(PoisonError::into_inner);
+                if inbox.events.is_empty() {
+                    inbox.pump(&self.stats);
+                }
+                if let Some(ev) = inbox.events.pop_front() {
+                    return Some(ev);
+                }
+                inbox.peers.iter().flatten().map(|p| p.stream.as_raw_fd()).collect::<Vec<RawFd>>()
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            // Wake at least every 50 ms to check the peers' liveness.
+            let ms = i32::try_from(left.min(Duration::from_millis(50)).as_micros().div_ceil(1000)).unwrap_or(50);
+            let mut pfds: Vec<libc::pollfd> =
+                fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+            if pfds.is_empty() {
+                std::thread::sleep(Duration::from_millis(u64::from(ms.unsigned_abs())));
+            } else {
+                // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structs for the call's duration.
+                unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+            }
+        }
+    }
+
+    /// The connections' descriptors, to `poll(2)` for readability beside other sources (then
+    /// call [`OobMesh::recv_deadline`] with a passed deadline to take what arrived).
+    pub fn fds(&self) -> Vec<RawFd> {
+        let inbox = self.inbox.lock().unwrap_or_else(PoisonError::into_inner);
+        inbox.peers.iter().flatten().map(|p| p.stream.as_raw_fd()).collect()
     }
 
     /// Connections dropped for not proving the secret.
@@ -379,7 +481,7 @@ impl Drop for OobMesh {
         self.shutdown.store(true, Ordering::Relaxed);
         for w in self.writers.iter().flatten() {
             if let Ok(s) = w.lock() {
-                // Closing both directions wakes the reader threads, which then exit.
+                // Closing both directions tells every peer at once (it reads end of file).
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
         }

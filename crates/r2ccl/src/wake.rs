@@ -1,6 +1,6 @@
-//! Wake-ups for the progress thread: a non-blocking socket pair that the caller's threads and
-//! the OOB readers write a byte to, so an idle progress thread can sleep in `poll(2)` (with
-//! the UCX workers' event fds) and still react at once to a new request or control message.
+//! Wake-ups for the progress thread: a non-blocking socket pair that the caller's threads write
+//! a byte to, so an idle progress thread can sleep in `poll(2)` (with the UCX workers' event fds
+//! and the OOB connections) and still react at once to a new request.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};

@@ -7,7 +7,7 @@
 use r2ccl::bootstrap::Secret;
 use r2ccl::comm::{CommError, CommOptions, Communicator, P2p};
 use r2ccl_config::Config;
-use r2ccl_core::DType;
+use r2ccl_core::{DType, ReduceOp};
 use std::net::TcpListener;
 
 const WORLD: u32 = 3;
@@ -100,7 +100,16 @@ fn a_group_that_does_not_mirror_its_peer_is_a_mismatch_on_every_rank() {
                     1 => vec![P2p::Recv { peer: 0, buf: &mut buf }],
                     _ => vec![],
                 };
-                comm.group(DType::U8, &mut ops).unwrap_err()
+                match comm.group(DType::U8, &mut ops) {
+                    Err(e) => e,
+                    // Rank 2 has no operation with either side of the mismatch, so its (empty)
+                    // group may finish before the mismatch reaches it; its next call must fail.
+                    Ok(_) if me == 2 => {
+                        let mut out = [0u8; 4];
+                        comm.all_reduce(&[1u8; 4], &mut out, DType::U8, ReduceOp::Sum).unwrap_err()
+                    }
+                    Ok(_) => panic!("rank {me}: a mismatched group succeeded"),
+                }
             })
         })
         .collect();
