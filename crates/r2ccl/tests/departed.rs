@@ -3,59 +3,33 @@
 //! of this process, each its own node with two `lo` rails).
 #![allow(clippy::unwrap_used, reason = "a panic here is a test failure with a message")]
 
-use r2ccl::bootstrap::Secret;
-use r2ccl::comm::{CommError, CommOptions, Communicator};
-use r2ccl_config::Config;
-use r2ccl_core::{DType, ReduceOp};
-use std::net::TcpListener;
-use std::time::{Duration, Instant};
+mod common;
 
-fn options(rank: u32, root: &str, secret: &Secret) -> CommOptions {
-    let mut config = Config::default();
-    config.bootstrap.connect_timeout_ms = 20_000;
-    // The collective deadline is 12 x this (120 s): the error below must come long before.
-    config.bootstrap.peer_timeout_ms = 10_000;
-    CommOptions {
-        rank,
-        world: 2,
-        root: root.to_owned(),
-        secret: secret.clone(),
-        node: format!("node{rank}"),
-        nics: vec!["lo".into(), "lo".into()],
-        config,
-        env_faults: false,
-    }
-}
+use r2ccl::comm::CommError;
+use r2ccl_core::{DType, ReduceOp};
+use std::time::{Duration, Instant};
 
 #[test]
 fn a_collective_a_departed_peer_never_joins_fails_at_once_naming_it() {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let root = format!("127.0.0.1:{port}");
-    let secret = Secret::from_hex("00112233445566778899aabbccddeeff").unwrap();
-    let threads: Vec<_> = (0..2u32)
-        .map(|rank| {
-            let (root, secret) = (root.clone(), secret.clone());
-            std::thread::spawn(move || {
-                let comm = Communicator::init(options(rank, &root, &secret)).unwrap();
-                let input = [1u8, 0, 0, 0];
-                let mut out = [0u8; 4];
-                for _ in 0..2 {
-                    comm.all_reduce(&input, &mut out, DType::U32, ReduceOp::Sum).unwrap();
-                    assert_eq!(u32::from_le_bytes(out), 2);
-                }
-                if rank == 0 {
-                    // Rank 0 leaves after two collectives.
-                    drop(comm);
-                    return None;
-                }
-                // Rank 1 calls a third one, which rank 0 will never join.
-                std::thread::sleep(Duration::from_millis(200));
-                let started = Instant::now();
-                let err = comm.all_reduce(&input, &mut out, DType::U32, ReduceOp::Sum).unwrap_err();
-                Some((err, started.elapsed()))
-            })
-        })
-        .collect();
+    // The collective deadline is 12 x the peer timeout (120 s): the error below must come long before.
+    let threads = common::spawn_ranks(2, 10_000, |rank, comm| {
+        let input = [1u8, 0, 0, 0];
+        let mut out = [0u8; 4];
+        for _ in 0..2 {
+            comm.all_reduce(&input, &mut out, DType::U32, ReduceOp::Sum).unwrap();
+            assert_eq!(u32::from_le_bytes(out), 2);
+        }
+        if rank == 0 {
+            // Rank 0 leaves after two collectives.
+            drop(comm);
+            return None;
+        }
+        // Rank 1 calls a third one, which rank 0 will never join.
+        std::thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        let err = comm.all_reduce(&input, &mut out, DType::U32, ReduceOp::Sum).unwrap_err();
+        Some((err, started.elapsed()))
+    });
     let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     let (err, took) = results[1].clone().unwrap();
     assert!(matches!(err, CommError::PeerLost { rank: 0, .. }), "rank 1 got {err}");
