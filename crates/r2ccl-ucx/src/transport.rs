@@ -231,7 +231,19 @@ pub struct UcxTransport {
     /// Message buffers to send from and receive into again (fresh large allocations page-fault on
     /// every touch; reusing warm ones keeps the kernel out of the data path).
     pool: Vec<Vec<u8>>,
+    /// A request may have finished since the last full poll: UCX progressed something, or a
+    /// request was posted or cancelled. Polling every outstanding request takes the worker lock
+    /// once each, so idle rounds skip it (but never for longer than [`FULL_POLL_EVERY`]).
+    unpolled: bool,
+    /// When every outstanding request was last polled.
+    polled_at: Instant,
 }
+
+/// Longest sleep of [`UcxTransport::wait`] while a send is in flight (see there).
+const SEND_NAP: Duration = Duration::from_micros(100);
+
+/// Longest time between two polls of every outstanding request, whatever UCX reported.
+const FULL_POLL_EVERY: Duration = Duration::from_millis(1);
 
 /// Most buffers [`UcxTransport`] keeps for reuse.
 const POOL_MAX: usize = 256;
@@ -319,6 +331,8 @@ impl UcxTransport {
             fired: Vec::new(),
             connected_at: None,
             pool: Vec::new(),
+            unpolled: true,
+            polled_at: Instant::now(),
         })
     }
 
@@ -455,6 +469,8 @@ impl UcxTransport {
 
     /// Post `held` on its path now (the NIC is healthy and not a black hole).
     fn launch(&mut self, path: PathId, held: Held) -> State {
+        // A post may finish at once (UCX completes small sends inline).
+        self.unpolled = true;
         let rail = path.local.rail.index();
         let Some(r) = self.set.rails().get(rail) else { return State::Stuck };
         let me = u64::from(self.rank.0) | (u64::from(rail_u16(rail)) << 32);
@@ -531,31 +547,13 @@ impl UcxTransport {
         Ok(id)
     }
 
-    /// The outcome of a finished live request.
-    fn outcome(&self, kind: Kind, rail: usize, req: &mut Request<Vec<u8>>) -> Option<CompletionKind> {
-        let res = req.poll()?;
-        Some(match res {
-            Ok(n) if kind == Kind::Recv => {
-                let mut buf = req.take_buffer().unwrap_or_default();
-                buf.truncate(n);
-                CompletionKind::Received(buf)
-            }
-            Ok(_) => CompletionKind::Sent,
-            Err(e) => {
-                let down = self.nics.get(rail).is_some_and(Nic::is_down);
-                tracing::debug!(target: NET, rail, error = %e, "request failed");
-                CompletionKind::Failed(if down { PathFault::LocalNicDown } else { PathFault::Endpoint })
-            }
-        })
-    }
-
     /// Cancel one request: its real outcome if it finished, else `Cancelled`; in-flight UCX requests are
     /// detached (kept until UCX lets go).
     fn cancel_one(&mut self, id: RequestId) -> bool {
         let Some(mut o) = self.out.remove(&id) else { return false };
         let rail = o.path.local.rail.index();
         let kind = match &mut o.state {
-            State::Live(r) => self.outcome(o.kind, rail, r),
+            State::Live(r) => outcome(&self.nics, o.kind, rail, r),
             State::Delayed(k, _) => Some(k.clone()),
             _ => None,
         };
@@ -610,10 +608,11 @@ impl UcxTransport {
     /// CPU to the ranks and kernel work it is waiting for instead of spinning.
     pub fn wait(&mut self, timeout: Duration, wake: &[RawFd]) {
         // A send in flight needs progress to push more bytes when its socket drains, and UCX's
-        // TCP transport does not signal writability on the event fd: keep progressing.
-        if self.out.values().any(|o| o.kind == Kind::Send && matches!(o.state, State::Live(_))) {
-            return;
-        }
+        // TCP transport does not signal writability on the event fd: nap for at most
+        // SEND_NAP then (far less than a socket buffer takes to drain), never spin; a spinning
+        // thread per rank starves the kernel's packet processing and the other ranks.
+        let sending = self.out.values().any(|o| o.kind == Kind::Send && matches!(o.state, State::Live(_)));
+        let timeout = if sending { timeout.min(SEND_NAP) } else { timeout };
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.nics.len() + 1 + wake.len());
         for w in self.set.workers() {
             match (w.arm(), w.event_fd()) {
@@ -626,9 +625,13 @@ impl UcxTransport {
             fds.push(libc::pollfd { fd: m.raw_fd(), events: libc::POLLIN, revents: 0 });
         }
         fds.extend(wake.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
-        let ms = i32::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs for the call's duration.
-        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        let ts = libc::timespec {
+            tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(timeout.subsec_nanos().min(999_999_999) as i32),
+        };
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs and `ts` a valid timespec
+        // for the call's duration; a null signal mask leaves the thread's mask unchanged.
+        unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
     }
 
     /// Keep `buf` for a later send or receive (up to [`POOL_MAX`] buffers).
@@ -818,20 +821,28 @@ impl UcxTransport {
 
     fn collect_completions(&mut self) {
         let now = Instant::now();
-        let ids: Vec<RequestId> = self.out.keys().copied().collect();
-        for id in ids {
-            let Some(mut o) = self.out.remove(&id) else { continue };
+        // Poll in place and take out only what finished: the requests are large, and moving
+        // every outstanding one out of the map and back in on every progress round was the
+        // progress thread's largest cost.
+        let mut finished: Vec<(RequestId, CompletionKind)> = Vec::new();
+        let poll_live = self.unpolled || now >= self.polled_at + FULL_POLL_EVERY;
+        if poll_live {
+            self.unpolled = false;
+            self.polled_at = now;
+        }
+        let nics = &self.nics;
+        for (&id, o) in &mut self.out {
             let rail = o.path.local.rail.index();
-            if self.nics[rail].blackhole {
-                self.out.insert(id, o);
+            if nics[rail].blackhole {
                 continue;
             }
             let done = match &mut o.state {
-                State::Live(r) => self.outcome(o.kind, rail, r),
+                State::Live(_) | State::Probe { .. } if !poll_live => None,
+                State::Live(r) => outcome(nics, o.kind, rail, r),
                 State::Probe { send, reply } => {
                     let send_failed = send.as_mut().and_then(|s| s.poll()).is_some_and(|r| r.is_err());
                     if send_failed {
-                        Some(CompletionKind::Failed(if self.nics[rail].is_down() {
+                        Some(CompletionKind::Failed(if nics[rail].is_down() {
                             PathFault::LocalNicDown
                         } else {
                             PathFault::Endpoint
@@ -847,10 +858,13 @@ impl UcxTransport {
                 State::Delayed(k, at) => (now >= *at).then(|| k.clone()),
                 State::Held(_) | State::Stuck => None,
             };
-            let Some(kind) = done else {
-                self.out.insert(id, o);
-                continue;
-            };
+            if let Some(kind) = done {
+                finished.push((id, kind));
+            }
+        }
+        for (id, kind) in finished {
+            let Some(mut o) = self.out.remove(&id) else { continue };
+            let rail = o.path.local.rail.index();
             if let CompletionKind::Received(b) = &kind {
                 self.nics[rail].bytes += b.len() as u64;
                 self.nics[rail].rx_bytes += b.len() as u64;
@@ -866,6 +880,24 @@ impl UcxTransport {
         }
         self.detached.retain_mut(|r| !r.is_done());
     }
+}
+
+/// The outcome of a finished live request.
+fn outcome(nics: &[Nic], kind: Kind, rail: usize, req: &mut Request<Vec<u8>>) -> Option<CompletionKind> {
+    let res = req.poll()?;
+    Some(match res {
+        Ok(n) if kind == Kind::Recv => {
+            let mut buf = req.take_buffer().unwrap_or_default();
+            buf.truncate(n);
+            CompletionKind::Received(buf)
+        }
+        Ok(_) => CompletionKind::Sent,
+        Err(e) => {
+            let down = nics.get(rail).is_some_and(Nic::is_down);
+            tracing::debug!(target: NET, rail, error = %e, "request failed");
+            CompletionKind::Failed(if down { PathFault::LocalNicDown } else { PathFault::Endpoint })
+        }
+    })
 }
 
 fn parse_blob(b: &[u8]) -> Result<(Rank, Peer), &'static str> {
@@ -992,6 +1024,7 @@ impl Transport for UcxTransport {
             if self.set.progress() == 0 {
                 break;
             }
+            self.unpolled = true;
         }
         self.answer_probes();
         self.report_endpoint_errors();

@@ -1016,8 +1016,10 @@ impl Progress {
         let mut last_moved = (0, 0, 0);
         let mut idle_spins = 0u32;
         loop {
-            match rx.recv_timeout(Duration::ZERO) {
-                Ok(Req::Shutdown) | Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+            // try_recv, not recv_timeout(ZERO): the latter backs off (spins, then yields) before
+            // it gives up, on every round of this loop.
+            match rx.try_recv() {
+                Ok(Req::Shutdown) | Err(crossbeam_channel::TryRecvError::Disconnected) => {
                     self.depart(&mut current);
                     return;
                 }
@@ -1030,7 +1032,7 @@ impl Progress {
                     self.fail(&mut current, e);
                 }
                 Ok(req) => queue.push_back((Instant::now(), req)),
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                Err(crossbeam_channel::TryRecvError::Empty) => {}
             }
             if current.is_none() {
                 if let Some((queued, req)) = queue.front() {
