@@ -167,6 +167,9 @@ struct Exec {
     sched: RankSchedule,
     base: [u64; 3],
     staging: Vec<u64>,
+    /// Per step: a send whose source region a later step writes (it goes out of a private
+    /// copy at `staging`; see [`sends_needing_a_copy`]).
+    private: Vec<bool>,
     remaining: Vec<u32>,
     dependents: Vec<Vec<u32>>,
     state: Vec<StepState>,
@@ -380,15 +383,16 @@ impl Engine {
         let mut end = base[2] + sched.scratch_len;
         let n = sched.steps().len();
         let mut staging = vec![0u64; n];
+        let private = sends_needing_a_copy(&sched);
         for (i, s) in sched.steps().iter().enumerate() {
             match s.kind {
                 StepKind::Recv { dst, reduce: true, .. } => {
                     staging[i] = end;
                     end += dst.len;
                 }
-                // Sends from buffers that later steps overwrite go out of a private copy, so
+                // Sends from regions that later steps overwrite go out of a private copy, so
                 // a replay after a failure still finds the bytes that were first sent.
-                StepKind::Send { src, .. } if src.buf != Buf::Input => {
+                StepKind::Send { src, .. } if private[i] => {
                     staging[i] = end;
                     end += src.len;
                 }
@@ -454,6 +458,7 @@ impl Engine {
             sched,
             base,
             staging,
+            private,
             remaining,
             dependents,
             state: vec![StepState::Waiting; n],
@@ -612,7 +617,7 @@ impl Engine {
                         weights.iter_mut().for_each(|w| *w = 1);
                     }
                     let mut offset = region_abs(&base, &src) as usize;
-                    if src.buf != Buf::Input {
+                    if x.private[i] {
                         let ws = t.region_mut(h)?;
                         let stage = x.staging[i] as usize;
                         ws.copy_within(offset..offset + src.len as usize, stage);
@@ -983,6 +988,47 @@ impl Engine {
     }
 }
 
+/// Per step of `sched`: whether it is a send whose source bytes a later step may overwrite
+/// (a receive, copy or reduce into an overlapping region). Such a send must go out of a
+/// private copy: the engine counts a send done once posted, and a replay after a failure
+/// must find the bytes first sent. Every other send can go straight from its region, which
+/// keeps its bytes to the end of the collective. Schedules list steps in a valid program order
+/// and order every write after the reads before it, so a writer that may run after a send
+/// comes later in the list. One backward sweep with a merged interval set per buffer.
+fn sends_needing_a_copy(sched: &RankSchedule) -> Vec<bool> {
+    let steps = sched.steps();
+    let mut private = vec![false; steps.len()];
+    // Per buffer: start -> end of the disjoint, merged byte ranges written by later steps.
+    let mut written: [BTreeMap<u64, u64>; 3] = Default::default();
+    for (i, s) in steps.iter().enumerate().rev() {
+        match s.kind {
+            StepKind::Send { src, .. } => {
+                let set = &written[src.buf as usize];
+                let end = src.offset + src.len;
+                private[i] = src.len > 0 && set.range(..end).next_back().is_some_and(|(_, &e)| e > src.offset);
+            }
+            StepKind::Recv { dst, .. } | StepKind::Copy { dst, .. } | StepKind::Reduce { dst, .. } => {
+                if dst.len == 0 {
+                    continue;
+                }
+                let set = &mut written[dst.buf as usize];
+                let (mut lo, mut hi) = (dst.offset, dst.offset + dst.len);
+                // Absorb every range that overlaps or touches [lo, hi).
+                while let Some((&a, &b)) = set.range(..=hi).next_back() {
+                    if b < lo {
+                        break;
+                    }
+                    set.remove(&a);
+                    lo = lo.min(a);
+                    hi = hi.max(b);
+                }
+                set.insert(lo, hi);
+            }
+        }
+    }
+    private
+}
+
 fn migrate_req(req: MigrationRequest, to: PathId, epoch: u32) -> Ctrl {
     Ctrl::MigrateReq {
         key: req.lane.transfer,
@@ -1019,4 +1065,56 @@ fn reachable(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use r2ccl_algo::{build_rank_schedule, Algorithm, Collective, Fabric, Layout, ScheduleRequest};
+    use r2ccl_core::{DType, HealthView, ReduceOp};
+
+    /// The definition, by brute force: a later step writes an overlapping range of the buffer.
+    fn reference(sched: &RankSchedule) -> Vec<bool> {
+        let steps = sched.steps();
+        let dst = |k: &StepKind| match *k {
+            StepKind::Recv { dst, .. } | StepKind::Copy { dst, .. } | StepKind::Reduce { dst, .. } => Some(dst),
+            StepKind::Send { .. } => None,
+        };
+        (0..steps.len())
+            .map(|i| match steps[i].kind {
+                StepKind::Send { src, .. } => steps[i + 1..]
+                    .iter()
+                    .filter_map(|s| dst(&s.kind))
+                    .any(|d| d.buf == src.buf && d.offset < src.offset + src.len && src.offset < d.offset + d.len),
+                _ => false,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn private_copies_are_exactly_the_sends_a_later_step_overwrites() {
+        let layout = Layout::uniform(4, 1, 2).unwrap();
+        let fabric = Fabric::new(layout, HealthView::uniform(4, 2, 100_000)).unwrap();
+        let sum = ReduceOp::Sum;
+        let cases = [
+            ScheduleRequest::new(Collective::AllReduce { op: sum }, DType::F32, 4096).with_chunks(4),
+            ScheduleRequest::new(Collective::AllReduce { op: sum }, DType::F32, 1000).with_algorithm(Algorithm::Tree),
+            ScheduleRequest::new(Collective::ReduceScatter { op: sum }, DType::F32, 1024).with_chunks(2),
+            ScheduleRequest::new(Collective::AllGather, DType::F32, 1024),
+            ScheduleRequest::new(Collective::Broadcast { root: Rank(1) }, DType::F32, 1024).with_chunks(3),
+            ScheduleRequest::new(Collective::AlltoAll, DType::F32, 256),
+        ];
+        let mut saved = 0;
+        for req in cases {
+            for r in 0..4 {
+                let sched = build_rank_schedule(&fabric, &req, Rank(r)).unwrap();
+                let got = sends_needing_a_copy(&sched);
+                assert_eq!(got, reference(&sched), "{req:?} rank {r}");
+                let sends = sched.steps().iter().filter(|s| matches!(s.kind, StepKind::Send { .. })).count();
+                saved += sends - got.iter().filter(|&&p| p).count();
+            }
+        }
+        // The ring's all-gather half and every send from the input need no copy.
+        assert!(saved > 0);
+    }
 }
