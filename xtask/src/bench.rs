@@ -479,6 +479,10 @@ fn run_job(ctx: &Ctx, spec: &Spec, job: &Job, logs: &Path) -> Result<JobOut> {
             .env("R2CCL_NODE", format!("node{i}"))
             .env("R2CCL_OOB_IFACE", "mgmt0")
             .env("UCX_LOG_LEVEL", std::env::var("UCX_LOG_LEVEL").unwrap_or_else(|_| "fatal".into()));
+        // veth reports 10000 Mbit/s whatever tbf lets through: tell the planner the shaped rate.
+        if let Some(bps) = spec.rate.as_deref().and_then(|r| rate_bps(r).ok()) {
+            cmd.env("R2CCL_TRANSPORT__NIC_SPEED_MBPS", ((bps / 1e6).round() as u64).max(1).to_string());
+        }
         for (k, v) in &job.env {
             cmd.env(k, v);
         }

@@ -71,11 +71,15 @@ pub struct TransportConfig {
     pub chunk_bytes: u64,
     /// Chunks in flight per path.
     pub max_inflight_chunks: u32,
+    /// Rate of every data NIC for the planner, Mbit/s; 0 reads each NIC's speed from sysfs
+    /// (100000 where the driver reports none). Set it where the driver's figure is not the
+    /// real rate (shaped or virtual links).
+    pub nic_speed_mbps: u64,
 }
 
 impl Default for TransportConfig {
     fn default() -> Self {
-        Self { nics: Vec::new(), chunk_bytes: 1 << 20, max_inflight_chunks: 8 }
+        Self { nics: Vec::new(), chunk_bytes: 1 << 20, max_inflight_chunks: 8, nic_speed_mbps: 0 }
     }
 }
 
@@ -213,6 +217,9 @@ impl Config {
             });
         }
         range("transport.max_inflight_chunks", t.max_inflight_chunks, 1, 1024, "")?;
+        if t.nic_speed_mbps != 0 {
+            range("transport.nic_speed_mbps", t.nic_speed_mbps, 1, 100_000_000, " Mbit/s (or 0: from sysfs)")?;
+        }
         for (i, nic) in t.nics.iter().enumerate() {
             if nic.is_empty() || nic.len() > 15 || nic.contains(['/', ' ', ':']) {
                 return Err(ConfigError::OutOfRange {

@@ -628,6 +628,8 @@ struct Progress {
     world: u32,
     node_of: Vec<u32>,
     nics: usize,
+    /// The planner's NIC rate, Mbit/s (the slowest any rank reported at bootstrap).
+    nic_mbps: u64,
     mesh: OobMesh,
     /// Readable when a caller or an OOB reader has something for this thread.
     wake_rx: WakeReceiver,
@@ -691,7 +693,7 @@ impl Progress {
             rank: opts.rank,
             node: opts.node.clone(),
             oob_addr,
-            blob: (opts.nics.len() as u32).to_le_bytes().to_vec(),
+            blob: nic_blob(&opts.nics, cfg.transport.nic_speed_mbps),
         };
         let table = if opts.rank == 0 {
             let addr = opts
@@ -726,6 +728,8 @@ impl Progress {
         if nic_counts.iter().any(|&k| k as usize != opts.nics.len()) {
             return Err(CommError::Invalid(format!("ranks disagree on the number of data NICs: {nic_counts:?}")));
         }
+        // The planner's NIC rate: the slowest NIC any rank reported, the same on every rank.
+        let nic_mbps = table.iter().filter_map(|p| blob_min_speed(&p.blob)).min().unwrap_or(NIC_MBPS);
         let mesh = OobMesh::establish(
             oob,
             opts.rank,
@@ -805,7 +809,7 @@ impl Progress {
         };
         let mut engine =
             Engine::new(Rank(opts.rank), opts.world, ecfg, topo).map_err(|e| CommError::Transport(e.to_string()))?;
-        let mut agreed = HealthView::uniform(nodes, nics, NIC_MBPS);
+        let mut agreed = HealthView::uniform(nodes, nics, nic_mbps);
         // NICs that could not be opened when their rank started are failed from the first
         // collective on; every rank derives the same set from the same address blobs.
         let dead = transport.dead_nics();
@@ -822,7 +826,7 @@ impl Progress {
         let contiguous = rpn * nodes == opts.world as usize
             && node_of.iter().enumerate().all(|(r, &n)| n as usize == r / rpn.max(1));
         let policy_topo = if contiguous {
-            r2ccl_policy::Topology::uniform(nodes, nics, NIC_MBPS)
+            r2ccl_policy::Topology::uniform(nodes, nics, nic_mbps)
                 .and_then(|t| t.with_ranks_per_node(rpn as u32))
                 .and_then(|t| t.with_alpha(LOOPBACK_ALPHA_S))
                 // The UCX backend connects NIC r only to the peers' NIC r (a rail-only fabric, as
@@ -838,19 +842,20 @@ impl Progress {
             }
         }
         if opts.rank == 0 && !cfg.topo.dump_file.is_empty() {
-            match dump_cluster_view(&cfg.topo.dump_file, &names, &node_of, &opts.nics) {
+            match dump_cluster_view(&cfg.topo.dump_file, &names, &node_of, &opts.nics, nic_mbps) {
                 Ok(()) => tracing::info!(target: subsys::TOPO, file = %cfg.topo.dump_file, "cluster view written"),
                 Err(e) => {
                     tracing::warn!(target: subsys::TOPO, file = %cfg.topo.dump_file, error = %e, "cluster view not written")
                 }
             }
         }
-        tracing::info!(target: subsys::INIT, rank = opts.rank, world = opts.world, nodes, nics, "communicator ready");
+        tracing::info!(target: subsys::INIT, rank = opts.rank, world = opts.world, nodes, nics, nic_mbps, "communicator ready");
         Ok(Self {
             rank: opts.rank,
             world: opts.world,
             node_of,
             nics,
+            nic_mbps,
             mesh,
             transport,
             engine,
@@ -878,7 +883,7 @@ impl Progress {
 
 /// Write the communicator's cluster view (nodes in rank order, their ranks and data NICs) to
 /// `path` as a topology description that `r2ccl-topo` loads back (`R2CCL_TOPO_DUMP_FILE`).
-fn dump_cluster_view(path: &str, names: &[&str], node_of: &[u32], nics: &[String]) -> Result<(), String> {
+fn dump_cluster_view(path: &str, names: &[&str], node_of: &[u32], nics: &[String], mbps: u64) -> Result<(), String> {
     let contiguous = node_of.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1);
     if !contiguous {
         return Err("ranks are not numbered node by node; the description format needs that".into());
@@ -897,7 +902,7 @@ fn dump_cluster_view(path: &str, names: &[&str], node_of: &[u32], nics: &[String
             let unique = nics.iter().filter(|x| *x == nic).count() == 1;
             let nic_name = if unique { nic.clone() } else { format!("{nic}.{r}") };
             text.push_str(&format!(
-                "\n[[nodes.nics]]\nname = {nic_name:?}\nrail = {r}\nspeed_mbps = {NIC_MBPS}\nvirtual = true\nnuma = 0\n"
+                "\n[[nodes.nics]]\nname = {nic_name:?}\nrail = {r}\nspeed_mbps = {mbps}\nvirtual = true\nnuma = 0\n"
             ));
         }
     }
@@ -922,22 +927,53 @@ fn transport_topology(node_of: &[u32], nics: usize) -> Result<Topology, CommErro
         .map_err(|e| CommError::Invalid(e.to_string()))
 }
 
-/// Nominal NIC rate assumed when no topology says otherwise, Mbit/s (only ratios matter to the planner).
+/// NIC rate assumed when neither `transport.nic_speed_mbps` nor the driver gives one, Mbit/s.
 const NIC_MBPS: u64 = 100_000;
+
+/// This rank's bootstrap blob: its number of data NICs (u32), then each NIC's rate in Mbit/s
+/// (u64): `configured` when set, else what the driver reports in sysfs, else [`NIC_MBPS`].
+fn nic_blob(nics: &[String], configured: u64) -> Vec<u8> {
+    let mut blob = (nics.len() as u32).to_le_bytes().to_vec();
+    for nic in nics {
+        let speed = if configured > 0 {
+            configured
+        } else {
+            r2ccl_topo::discover::sysfs::read_interface(std::path::Path::new("/sys"), nic)
+                .ok()
+                .and_then(|d| d.speed_mbps)
+                .unwrap_or(NIC_MBPS)
+        };
+        blob.extend_from_slice(&speed.to_le_bytes());
+    }
+    blob
+}
+
+/// The slowest NIC rate in a peer's blob ([`nic_blob`]); `None` when it lists none.
+fn blob_min_speed(blob: &[u8]) -> Option<u64> {
+    blob.get(4..)?
+        .chunks_exact(8)
+        .filter_map(|b| <[u8; 8]>::try_from(b).ok().map(u64::from_le_bytes))
+        .filter(|&v| v > 0)
+        .min()
+}
 /// Per-message latency assumed by the planner's cost model, seconds.
 const LOOPBACK_ALPHA_S: f64 = 20e-6;
 
 /// Smallest part of a pipelined ring step per sending NIC, bytes (see [`pipeline_ring`]).
-const RING_PART_PER_NIC: u64 = 512 << 10;
+const RING_PART_MIN: u64 = 128 << 10;
+/// A part of a pipelined ring step carries at least this much of a NIC's time (see
+/// [`pipeline_ring`]), so the per-message cost stays small next to the transfer.
+const RING_PART_TIME_US: u64 = 1000;
 /// Most parts a ring step is pipelined in.
 const RING_PARTS_MAX: u32 = 64;
 
 /// Pipeline a plain ring (AllReduce, ReduceScatter, AllGather under Ring, Balance or single
-/// backup, one part per step as planned) in parts of at least [`RING_PART_PER_NIC`] per NIC:
-/// a step's next part leaves as soon as its previous part arrived, so the NICs keep sending
-/// across step boundaries, where one part per step left every link idle until its slowest
-/// lane finished (4 nodes x 2 NICs at 100 mbit, 64 MiB AllReduce: about 0.1 s per step).
-fn pipeline_ring(req: ScheduleRequest, ranks: usize, nics: usize) -> ScheduleRequest {
+/// backup, one part per step as planned) in parts of at least [`RING_PART_MIN`] bytes and
+/// [`RING_PART_TIME_US`] of NIC time (at `nic_mbps`) per NIC: a step's next part leaves as
+/// soon as its previous part arrived, so the NICs keep sending across step boundaries, where
+/// one part per step left every link idle until its slowest lane finished (4 nodes x 2 NICs
+/// at 100 mbit, 64 MiB AllReduce: about 0.1 s per step).
+fn pipeline_ring(req: ScheduleRequest, ranks: usize, nics: usize, nic_mbps: u64) -> ScheduleRequest {
     let plain = matches!(req.strategy, Strategy::Balance | Strategy::SingleBackup);
     let step_elems = match req.collective {
         Collective::AllReduce { .. } => req.count / (ranks.max(1) as u64),
@@ -948,7 +984,8 @@ fn pipeline_ring(req: ScheduleRequest, ranks: usize, nics: usize) -> ScheduleReq
         return req;
     }
     let step_bytes = step_elems.saturating_mul(req.dtype.size() as u64);
-    let parts = step_bytes / (RING_PART_PER_NIC * nics.max(1) as u64);
+    let part = RING_PART_MIN.max(nic_mbps.saturating_mul(RING_PART_TIME_US) / 8);
+    let parts = step_bytes / part.saturating_mul(nics.max(1) as u64);
     let parts = u32::try_from(parts).unwrap_or(u32::MAX).clamp(1, RING_PARTS_MAX);
     req.with_chunks(parts)
 }
@@ -1360,7 +1397,7 @@ impl Progress {
                 _ => plan.chosen,
             };
             let req = plan.request_for(strategy).map_err(|e| failed(e.to_string()))?;
-            let req = pipeline_ring(req, self.node_of.len(), self.nics);
+            let req = pipeline_ring(req, self.node_of.len(), self.nics, self.nic_mbps);
             let fabric = r2ccl_policy::schedule_fabric(topo, &self.agreed).map_err(|e| failed(e.to_string()))?;
             let sched =
                 build_rank_schedule(&fabric, &req, Rank(self.rank)).map_err(|e| CommError::Invalid(e.to_string()))?;
@@ -1372,7 +1409,7 @@ impl Progress {
             && matches!(coll, Collective::AllReduce { .. } | Collective::Broadcast { .. } | Collective::Reduce { .. });
         let algorithm = if small { Algorithm::Tree } else { Algorithm::Ring };
         let req = ScheduleRequest::new(coll, dtype, count).with_algorithm(algorithm).with_strategy(Strategy::Balance);
-        let req = pipeline_ring(req, self.node_of.len(), self.nics);
+        let req = pipeline_ring(req, self.node_of.len(), self.nics, self.nic_mbps);
         let sched =
             build_rank_schedule(&fabric, &req, Rank(self.rank)).map_err(|e| CommError::Invalid(e.to_string()))?;
         Ok((sched, if small { "tree" } else { "balance" }))
@@ -1548,25 +1585,29 @@ mod tests {
     }
 
     #[test]
-    fn large_plain_rings_are_pipelined_in_parts_of_half_a_mib_per_nic() {
-        // 64 MiB over 4 ranks: 16 MiB steps; 2 NICs: 16 parts of 1 MiB (512 KiB per NIC).
-        assert_eq!(pipeline_ring(allreduce(64 << 20), 4, 2).chunks, 16);
-        assert_eq!(pipeline_ring(allreduce(64 << 20), 4, 1).chunks, 32);
-        // Capped, and never below one part.
-        assert_eq!(pipeline_ring(allreduce(1 << 30), 4, 1).chunks, RING_PARTS_MAX);
-        assert_eq!(pipeline_ring(allreduce(1 << 20), 4, 2).chunks, 1);
+    fn large_plain_rings_are_pipelined_in_parts_of_a_millisecond_per_nic() {
+        // 100 Mbit/s NICs: the 128 KiB floor. 64 MiB over 4 ranks: 16 MiB steps; 2 NICs: 64
+        // parts (the cap); 4 MiB: 1 MiB steps, 4 parts of 256 KiB (128 KiB per NIC).
+        assert_eq!(pipeline_ring(allreduce(64 << 20), 4, 2, 100).chunks, RING_PARTS_MAX);
+        assert_eq!(pipeline_ring(allreduce(4 << 20), 4, 2, 100).chunks, 4);
+        assert_eq!(pipeline_ring(allreduce(4 << 20), 4, 1, 100).chunks, 8);
+        // 100 Gbit/s: 12.5 MB per NIC and part, so 64 MiB over 4 ranks on 1 NIC is one part.
+        assert_eq!(pipeline_ring(allreduce(64 << 20), 4, 1, 100_000).chunks, 1);
+        assert_eq!(pipeline_ring(allreduce(1 << 30), 4, 1, 100_000).chunks, 21);
+        // Never below one part.
+        assert_eq!(pipeline_ring(allreduce(1 << 20), 4, 2, 100).chunks, 1);
         let ag = ScheduleRequest::new(Collective::AllGather, DType::F32, (8 << 20) / 4);
-        assert_eq!(pipeline_ring(ag, 4, 2).chunks, 8);
+        assert_eq!(pipeline_ring(ag, 4, 2, 100).chunks, 32);
     }
 
     #[test]
     fn other_algorithms_and_planned_chunks_are_left_alone() {
         let tree = allreduce(64 << 20).with_algorithm(Algorithm::Tree);
-        assert_eq!(pipeline_ring(tree, 4, 2).chunks, 1);
+        assert_eq!(pipeline_ring(tree, 4, 2, 100).chunks, 1);
         let planned = allreduce(64 << 20).with_chunks(4);
-        assert_eq!(pipeline_ring(planned, 4, 2).chunks, 4);
+        assert_eq!(pipeline_ring(planned, 4, 2, 100).chunks, 4);
         let bcast = ScheduleRequest::new(Collective::Broadcast { root: Rank(0) }, DType::F32, 16 << 20);
-        assert_eq!(pipeline_ring(bcast, 4, 2).chunks, 1);
-        assert_eq!(pipeline_ring(allreduce(64 << 20), 1, 2).chunks, 1);
+        assert_eq!(pipeline_ring(bcast, 4, 2, 100).chunks, 1);
+        assert_eq!(pipeline_ring(allreduce(64 << 20), 1, 2, 100).chunks, 1);
     }
 }
