@@ -16,8 +16,9 @@ use crate::{
     ChunkId, ChunkSet, CommId, LaneId, MemHandle, PathFault, PathId, RequestId, Topology, TransferKey, Transport,
     TransportError, TransportEvent,
 };
+use r2ccl_core::kernels::reduce_bytes;
 use r2ccl_core::subsys::NET;
-use r2ccl_core::{NicId, NodeId, Rank};
+use r2ccl_core::{DType, NicId, NodeId, Rank, ReduceOp};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
@@ -93,6 +94,16 @@ pub enum SessionError {
     /// The transfer is already active.
     #[error("transfer {0} is already active")]
     DuplicateTransfer(TransferKey),
+    /// A reducing receive whose length or chunks do not hold whole elements.
+    #[error("transfer {key} of {len} bytes cannot be reduced as {dtype:?} (not whole elements)")]
+    Misaligned {
+        /// The transfer.
+        key: TransferKey,
+        /// Its length.
+        len: u64,
+        /// The element type.
+        dtype: DType,
+    },
     /// One weight per local NIC is needed.
     #[error("{got} striping weights for {nics} local NICs")]
     WeightCount {
@@ -393,6 +404,17 @@ struct RecvTransfer {
     chunk: u32,
     have: ChunkSet,
     reported: bool,
+    /// How an arriving chunk lands in `dst`.
+    combine: Combine,
+}
+
+/// How a received chunk is applied to its destination bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Combine {
+    /// `dst = chunk`.
+    Copy,
+    /// `dst = dst op chunk`, element-wise.
+    Reduce(DType, ReduceOp),
 }
 
 /// Chunks that came before their transfer was expected: the whole message (header included) is kept.
@@ -560,6 +582,37 @@ impl Session {
         key: TransferKey,
         dst: Buffer,
     ) -> Result<(), SessionError> {
+        self.expect(now, t, key, dst, Combine::Copy)
+    }
+
+    /// As [`Session::expect_recv`], but each chunk is reduced into `dst` as it arrives
+    /// (`dst = dst op chunk`, element-wise, exactly once per chunk: duplicates and replays
+    /// are dropped as for a copy). `dst` must hold whole elements of `dtype`.
+    pub fn expect_recv_reduce<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        key: TransferKey,
+        dst: Buffer,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<(), SessionError> {
+        let elem = dtype.size() as u64;
+        let chunk = u64::from(self.chunk_size_for(key, dst.len));
+        if dst.len % elem != 0 || chunk % elem != 0 {
+            return Err(SessionError::Misaligned { key, len: dst.len, dtype });
+        }
+        self.expect(now, t, key, dst, Combine::Reduce(dtype, op))
+    }
+
+    fn expect<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        key: TransferKey,
+        dst: Buffer,
+        combine: Combine,
+    ) -> Result<(), SessionError> {
         let Buffer { region: dst, offset, len } = dst;
         if key.dst != self.rank {
             return Err(SessionError::WrongRank { key, me: self.rank });
@@ -573,7 +626,8 @@ impl Session {
         }
         let chunk = self.chunk_size_for(key, len);
         let n = chunk_count(len, chunk);
-        self.recvs.insert(key, RecvTransfer { dst, offset, len, chunk, have: ChunkSet::new(n), reported: false });
+        self.recvs
+            .insert(key, RecvTransfer { dst, offset, len, chunk, have: ChunkSet::new(n), reported: false, combine });
         if let Some(peer_node) = self.topo.node_of(key.src) {
             for local in self.topo.nics_of(self.node) {
                 for remote in self.topo.nics_of(peer_node) {
@@ -1148,13 +1202,15 @@ impl Session {
             return;
         }
         let off = rt.offset + idx as usize * cs as usize;
-        let dst = rt.dst;
-        let written = t
-            .region_mut(dst)
-            .ok()
-            .and_then(|r| r.get_mut(off..off + payload.len()))
-            .map(|d| d.copy_from_slice(payload))
-            .is_some();
+        let (dst, combine) = (rt.dst, rt.combine);
+        let written =
+            t.region_mut(dst).ok().and_then(|r| r.get_mut(off..off + payload.len())).is_some_and(|d| match combine {
+                Combine::Copy => {
+                    d.copy_from_slice(payload);
+                    true
+                }
+                Combine::Reduce(dtype, op) => reduce_bytes(dtype, op, d, payload).is_ok(),
+            });
         if !written {
             self.stats.mismatched += 1;
             return self.bad(path, ChunkProblem::Mismatch(h.id));

@@ -2,7 +2,7 @@
 //! early chunks are kept until their transfer is expected, and wrong calls are refused.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use r2ccl_core::{NicId, Rank};
+use r2ccl_core::{DType, NicId, Rank, ReduceOp};
 use r2ccl_transport::{
     Buffer, CommId, FabricConfig, FaultAction, MemFabric, MoveReason, PathFault, Session, SessionConfig, SessionError,
     SessionEvent, Topology, TransferKey, Transport,
@@ -195,4 +195,42 @@ fn a_transfer_of_one_configured_chunk_still_stripes_over_every_nic() {
     assert!(done, "the transfer completes");
     let p1 = w.f.port(Rank(1)).unwrap();
     assert!(p1.region(dst.region).unwrap() == data.as_slice(), "bit-exact");
+}
+
+#[test]
+fn a_reducing_receive_adds_each_chunk_once_into_place() {
+    let mut w = World::new();
+    let key = TransferKey::new(1, 0, 0, 0, 1);
+    let n = 16 * CS as usize / 4;
+    let a: Vec<u8> = (0..n as u32).flat_map(|i| i.to_le_bytes()).collect();
+    let b: Vec<u8> = (0..n as u32).flat_map(|i| (7 * i + 3).to_le_bytes()).collect();
+    let src = w.region(0, &a);
+    let dst = w.region(1, &b);
+    let mut p1 = w.f.port(Rank(1)).unwrap();
+    w.s[1].expect_recv_reduce(w.now, &mut p1, key, dst, DType::U32, ReduceOp::Sum).unwrap();
+    let p0 = w.f.port(Rank(0)).unwrap();
+    w.s[0].start_send(w.now, &p0, key, src, &[1, 1]).unwrap();
+    let mut done = false;
+    for _ in 0..200 {
+        if w.step().iter().any(|(r, e)| *r == 1 && *e == SessionEvent::RecvComplete(key)) {
+            done = true;
+            break;
+        }
+    }
+    assert!(done, "the transfer completes");
+    let p1 = w.f.port(Rank(1)).unwrap();
+    let got = p1.region(dst.region).unwrap();
+    let want: Vec<u8> = (0..n as u32).flat_map(|i| (8 * i + 3).to_le_bytes()).collect();
+    assert!(got == want.as_slice(), "dst = dst + chunk, once per chunk");
+    assert_eq!(w.s[1].stats().duplicates, 0);
+}
+
+#[test]
+fn a_reducing_receive_of_partial_elements_is_refused() {
+    let mut w = World::new();
+    let key = TransferKey::new(1, 0, 0, 0, 1);
+    let dst = w.region(1, &[0u8; 10]);
+    let mut p1 = w.f.port(Rank(1)).unwrap();
+    let e = w.s[1].expect_recv_reduce(w.now, &mut p1, key, dst, DType::F64, ReduceOp::Sum).unwrap_err();
+    assert_eq!(e, SessionError::Misaligned { key, len: 10, dtype: DType::F64 });
 }

@@ -386,10 +386,6 @@ impl Engine {
         let private = sends_needing_a_copy(&sched);
         for (i, s) in sched.steps().iter().enumerate() {
             match s.kind {
-                StepKind::Recv { dst, reduce: true, .. } => {
-                    staging[i] = end;
-                    end += dst.len;
-                }
                 // Sends from regions that later steps overwrite go out of a private copy, so
                 // a replay after a failure still finds the bytes that were first sent.
                 StepKind::Send { src, .. } if private[i] => {
@@ -651,9 +647,15 @@ impl Engine {
                 }
                 StepKind::Recv { dst, reduce, .. } => {
                     let key = x.keys[i].ok_or(EngineError::BadRegion(dst))?;
-                    let off = if reduce { x.staging[i] } else { region_abs(&base, &dst) };
-                    let buf = Buffer { region: h, offset: off as usize, len: dst.len };
-                    self.session.expect_recv(now, t, key, buf)?;
+                    let buf = Buffer { region: h, offset: region_abs(&base, &dst) as usize, len: dst.len };
+                    if reduce {
+                        // Each chunk is reduced into place as it arrives (exactly once): no
+                        // staging copy, and the chunk is still in cache.
+                        let (dtype, op) = (x.sched.dtype, x.sched.op);
+                        self.session.expect_recv_reduce(now, t, key, buf, dtype, op)?;
+                    } else {
+                        self.session.expect_recv(now, t, key, buf)?;
+                    }
                 }
             }
         }
@@ -782,7 +784,7 @@ impl Engine {
         while let Some(ev) = self.session.poll_event() {
             match ev {
                 SessionEvent::SendComplete(_) => {}
-                SessionEvent::RecvComplete(key) => self.on_recv_complete(t, key)?,
+                SessionEvent::RecvComplete(key) => self.on_recv_complete(key),
                 SessionEvent::PathFailed { path, fault } => {
                     self.events.push_back(EngineEvent::PathFailed { path, fault, at: now });
                     if fault != PathFault::Reported && self.notified.insert(path) {
@@ -853,19 +855,13 @@ impl Engine {
         self.health_changed |= changed;
     }
 
-    fn on_recv_complete<T: Transport + ?Sized>(&mut self, t: &mut T, key: TransferKey) -> Result<(), EngineError> {
-        let Some((h, _)) = self.work else { return Ok(()) };
-        let Some(x) = &self.exec else { return Ok(()) };
-        let Some(&i) = x.by_recv.get(&key) else { return Ok(()) };
-        if let StepKind::Recv { dst, reduce: true, .. } = x.sched.steps()[i].kind {
-            let ws = t.region_mut(h)?;
-            let d = region_abs(&x.base, &dst) as usize;
-            Self::reduce_in(ws, x, x.staging[i] as usize, d, dst.len as usize)?;
-        }
+    /// Every chunk of `key` landed (reducing receives reduced each chunk as it came).
+    fn on_recv_complete(&mut self, key: TransferKey) {
+        let Some(x) = &self.exec else { return };
+        let Some(&i) = x.by_recv.get(&key) else { return };
         self.session.release_recv(key);
         self.send_ctrl(key.src, Ctrl::RecvDone { key });
         self.complete_step(i);
-        Ok(())
     }
 
     /// A control message from `from` (the OOB `Detect` channel).
