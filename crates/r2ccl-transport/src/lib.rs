@@ -7,7 +7,8 @@
 //! - [`Session`]: one rank's sans-IO session logic: chunk identity and the versioned
 //!   [`ChunkHeader`] wire format, weighted [`stripe`]-ing of a transfer over NICs, per-path
 //!   in-flight tracking, the receiver's delivery record (duplicate-free: a chunk is applied at
-//!   most once; malformed, misrouted and unknown-collective chunks are counted and refused),
+//!   most once, copied or, for a reducing receive, reduced into place with r2ccl-core's
+//!   kernels; malformed, misrouted and unknown-collective chunks are counted and refused),
 //!   live migration (quiesce a failed path, replay from an agreed boundary on the next path of
 //!   a locality-ordered backup chain) and fail-back when a better path is usable again.
 //! - [`MemFabric`]: a deterministic in-memory backend (N ranks x K NICs, simulated clock,
