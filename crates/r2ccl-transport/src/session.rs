@@ -542,7 +542,18 @@ impl Session {
         let n = chunk_count(len, chunk);
         let mut lanes = Vec::new();
         let mut ids = Vec::new();
-        for (i, (start, end)) in stripe(len, chunk, &eff).into_iter().enumerate() {
+        // The NIC order along the chunk axis rotates from transfer to transfer: rounding
+        // gives a transfer of fewer chunks than NICs to the last NICs of the order, and
+        // without the rotation every short message of a collective would leave on the same
+        // NIC while the others idle.
+        let nn = eff.len();
+        let rot = if nn > 1 { (key.seq.wrapping_add(u64::from(key.step)) % nn as u64) as usize } else { 0 };
+        let rotated: Vec<u32> = (0..nn).map(|j| eff[(j + rot) % nn]).collect();
+        let mut ranges = vec![(0u32, 0u32); nn];
+        for (j, r) in stripe(len, chunk, &rotated).into_iter().enumerate() {
+            ranges[(j + rot) % nn] = r;
+        }
+        for (i, (start, end)) in ranges.into_iter().enumerate() {
             if start == end {
                 continue;
             }

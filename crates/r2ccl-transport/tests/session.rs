@@ -234,3 +234,19 @@ fn a_reducing_receive_of_partial_elements_is_refused() {
     let e = w.s[1].expect_recv_reduce(w.now, &mut p1, key, dst, DType::F64, ReduceOp::Sum).unwrap_err();
     assert_eq!(e, SessionError::Misaligned { key, len: 10, dtype: DType::F64 });
 }
+
+#[test]
+fn consecutive_single_chunk_transfers_take_turns_on_the_nics() {
+    let mut w = World::new();
+    let src = w.region(0, &[1u8; 100]);
+    let p0 = w.f.port(Rank(0)).unwrap();
+    let mut nics = Vec::new();
+    for step in 0..4 {
+        let key = TransferKey::new(1, 0, step, 0, 1);
+        w.s[0].start_send(w.now, &p0, key, src, &[1, 1]).unwrap();
+        let lanes = w.s[0].lanes(key);
+        assert_eq!(lanes.len(), 1, "one chunk, one lane");
+        nics.push(lanes[0].primary.local.rail.0);
+    }
+    assert_eq!(nics, vec![1, 0, 1, 0]);
+}
