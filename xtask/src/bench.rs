@@ -23,7 +23,8 @@
 //! Logs of every run stay in `target/bench/logs/<part>/`.
 //!
 //! Line rate: the tbf rate counts whole Ethernet frames, so the most TCP payload a shaped NIC can
-//! carry is `rate x 1448/1514` (MSS 1448 with timestamps in a 1514-byte frame at MTU 1500). That
+//! carry is `rate x 8948/9014` (MSS 8948 with timestamps in a 9014-byte frame at the rails' MTU
+//! 9000, `testbed::RAIL_MTU`). That
 //! payload line rate (x NICs per node) is what the bus bandwidth targets and the planner's
 //! predictions use; the report also gives the ratio to the nominal rate.
 
@@ -48,8 +49,9 @@ const PORT_BASE: u16 = 29_511;
 /// 0.69 at 200mbit and 0.16 at 1gbit (the veth/bridge/tbf path is CPU-bound near 150-200 MB/s in
 /// all); a single 1gbit stream alone reaches 0.91. The `faultfree` part re-measures it every run.
 const DEFAULT_RATE: &str = "100mbit";
-/// Most TCP payload per byte of a tbf-shaped link: MSS 1448 in a 1514-byte Ethernet frame.
-const PAYLOAD_EFFICIENCY: f64 = 1448.0 / 1514.0;
+/// Most TCP payload per byte of a tbf-shaped link: the MSS (MTU less 40 bytes of IP and TCP
+/// headers and 12 of timestamps) in an Ethernet frame (MTU plus 14).
+const PAYLOAD_EFFICIENCY: f64 = (testbed::RAIL_MTU - 52) as f64 / (testbed::RAIL_MTU + 14) as f64;
 /// The faulted NIC of the fault parts: node 1, rail 0 (`node1/nic0` in the ranks' event texts).
 const FAULT_NODE: u32 = 1;
 /// See [`FAULT_NODE`].
@@ -1130,12 +1132,15 @@ fn part_faultfree(ctx: &Ctx) -> Result<PartResult> {
         }
     };
     let mut md = format!(
-        "Testbed {} nodes x {} NICs, tbf {} per NIC: nominal {:.4} GB/s per node, payload line rate {:.4} GB/s per node (x 1448/1514). Sizes {b}..{e} (x4), {iters} iters + {warm} warm-up, out-of-place busbw.\n\n",
+        "Testbed {} nodes x {} NICs, tbf {} per NIC: nominal {:.4} GB/s per node, payload line rate {:.4} GB/s per node (x {}/{}, MTU {}). Sizes {b}..{e} (x4), {iters} iters + {warm} warm-up, out-of-place busbw.\n\n",
         spec.nodes,
         spec.nics,
         spec.rate.as_deref().unwrap_or("unshaped"),
         nominal,
-        line
+        line,
+        testbed::RAIL_MTU - 52,
+        testbed::RAIL_MTU + 14,
+        testbed::RAIL_MTU
     );
     md.push_str(&res.md);
     md.push('\n');
