@@ -36,6 +36,11 @@ impl World {
         Buffer { region: h, offset: 0, len: bytes.len() as u64 }
     }
 
+    /// Step (at most 200 times) until rank 1 reports `key` complete; whether it did.
+    fn run_until_received(&mut self, key: TransferKey) -> bool {
+        (0..200).any(|_| self.step().iter().any(|(r, e)| *r == 1 && *e == SessionEvent::RecvComplete(key)))
+    }
+
     fn step(&mut self) -> Vec<(u32, SessionEvent)> {
         let mut out = Vec::new();
         for (r, s) in self.s.iter_mut().enumerate() {
@@ -185,14 +190,7 @@ fn a_transfer_of_one_configured_chunk_still_stripes_over_every_nic() {
     let p0 = w.f.port(Rank(0)).unwrap();
     let lanes = w.s[0].start_send(w.now, &p0, key, src, &[1, 1]).unwrap();
     assert_eq!(lanes.len(), 2, "both NICs carry a lane");
-    let mut done = false;
-    for _ in 0..200 {
-        if w.step().iter().any(|(r, e)| *r == 1 && *e == SessionEvent::RecvComplete(key)) {
-            done = true;
-            break;
-        }
-    }
-    assert!(done, "the transfer completes");
+    assert!(w.run_until_received(key), "the transfer completes");
     let p1 = w.f.port(Rank(1)).unwrap();
     assert!(p1.region(dst.region).unwrap() == data.as_slice(), "bit-exact");
 }
@@ -210,14 +208,7 @@ fn a_reducing_receive_adds_each_chunk_once_into_place() {
     w.s[1].expect_recv_reduce(w.now, &mut p1, key, dst, DType::U32, ReduceOp::Sum).unwrap();
     let p0 = w.f.port(Rank(0)).unwrap();
     w.s[0].start_send(w.now, &p0, key, src, &[1, 1]).unwrap();
-    let mut done = false;
-    for _ in 0..200 {
-        if w.step().iter().any(|(r, e)| *r == 1 && *e == SessionEvent::RecvComplete(key)) {
-            done = true;
-            break;
-        }
-    }
-    assert!(done, "the transfer completes");
+    assert!(w.run_until_received(key), "the transfer completes");
     let p1 = w.f.port(Rank(1)).unwrap();
     let got = p1.region(dst.region).unwrap();
     let want: Vec<u8> = (0..n as u32).flat_map(|i| (8 * i + 3).to_le_bytes()).collect();
