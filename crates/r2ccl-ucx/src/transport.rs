@@ -232,7 +232,7 @@ pub struct UcxTransport {
     /// every touch; reusing warm ones keeps the kernel out of the data path).
     pool: Vec<Vec<u8>>,
     /// A request may have finished since the last full poll: UCX progressed something, or a
-    /// request was posted or cancelled. Polling every outstanding request takes the worker lock
+    /// request was posted. Polling every outstanding request takes the worker lock
     /// once each, so idle rounds skip it (but never for longer than [`FULL_POLL_EVERY`]).
     unpolled: bool,
     /// When every outstanding request was last polled.
