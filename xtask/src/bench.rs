@@ -44,10 +44,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const PREFIX: &str = "r2b";
 /// First rendezvous port of rank 0 on its management address (one more per job).
 const PORT_BASE: u16 = 29_511;
-/// Default tbf rate per NIC. Measured here (2 cores, shared): 8 concurrent blocking TCP streams
-/// (every rail of 4 x 2 busy, as in a ring) carry 0.93 of the payload line rate at 100mbit, but only
-/// 0.69 at 200mbit and 0.16 at 1gbit (the veth/bridge/tbf path is CPU-bound near 150-200 MB/s in
-/// all); a single 1gbit stream alone reaches 0.91. The `faultfree` part re-measures it every run.
+/// Default tbf rate per NIC. Measured here (2 cores, shared) when the rails ran at MTU 1500: 8
+/// concurrent blocking TCP streams (every rail of 4 x 2 busy, as in a ring) carried 0.93 of the
+/// payload line rate at 100mbit, but only 0.69 at 200mbit and 0.16 at 1gbit (the veth/bridge/tbf
+/// path was CPU-bound near 150-200 MB/s in all); at MTU 9000 the probe reaches 0.998 at 100mbit.
+/// The `faultfree` part re-measures it every run.
 const DEFAULT_RATE: &str = "100mbit";
 /// Most TCP payload per byte of a tbf-shaped link: the MSS (MTU less 40 bytes of IP and TCP
 /// headers and 12 of timestamps) in an Ethernet frame (MTU plus 14).

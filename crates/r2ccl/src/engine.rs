@@ -166,10 +166,9 @@ struct Exec {
     seq: u64,
     sched: RankSchedule,
     base: [u64; 3],
-    staging: Vec<u64>,
-    /// Per step: a send whose source region a later step writes (it goes out of a private
-    /// copy at `staging`; see [`sends_needing_a_copy`]).
-    private: Vec<bool>,
+    /// Per step: for a send whose source region a later step writes, the workspace offset of
+    /// the private copy it goes out of (see [`sends_needing_a_copy`]).
+    staging: Vec<Option<u64>>,
     remaining: Vec<u32>,
     dependents: Vec<Vec<u32>>,
     state: Vec<StepState>,
@@ -382,17 +381,13 @@ impl Engine {
         let base = [0, sched.input_len, sched.input_len + sched.output_len];
         let mut end = base[2] + sched.scratch_len;
         let n = sched.steps().len();
-        let mut staging = vec![0u64; n];
-        let private = sends_needing_a_copy(&sched);
-        for (i, s) in sched.steps().iter().enumerate() {
-            match s.kind {
-                // Sends from regions that later steps overwrite go out of a private copy, so
-                // a replay after a failure still finds the bytes that were first sent.
-                StepKind::Send { src, .. } if private[i] => {
-                    staging[i] = end;
-                    end += src.len;
-                }
-                _ => {}
+        let mut staging = vec![None; n];
+        // Sends from regions that later steps overwrite go out of a private copy, so a replay
+        // after a failure still finds the bytes that were first sent.
+        for (i, private) in sends_needing_a_copy(&sched).into_iter().enumerate() {
+            if let (true, StepKind::Send { src, .. }) = (private, sched.steps()[i].kind) {
+                staging[i] = Some(end);
+                end += src.len;
             }
         }
         let len = usize::try_from(end).map_err(|_| EngineError::BufferSize { got: usize::MAX, want: end })?;
@@ -454,7 +449,6 @@ impl Engine {
             sched,
             base,
             staging,
-            private,
             remaining,
             dependents,
             state: vec![StepState::Waiting; n],
@@ -613,9 +607,9 @@ impl Engine {
                         weights.iter_mut().for_each(|w| *w = 1);
                     }
                     let mut offset = region_abs(&base, &src) as usize;
-                    if x.private[i] {
+                    if let Some(stage) = x.staging[i] {
                         let ws = t.region_mut(h)?;
-                        let stage = x.staging[i] as usize;
+                        let stage = stage as usize;
                         ws.copy_within(offset..offset + src.len as usize, stage);
                         offset = stage;
                     }
