@@ -12,14 +12,28 @@ use common::{rank_main, run_cluster, run_tests, unix_ns, Injector, Outcome, Scen
 use std::sync::Arc;
 use std::time::Duration;
 
-const INJECT_AFTER: Duration = Duration::from_millis(150);
+/// NIC rate of the testbed, Mbit/s.
+const RATE_MBPS: u64 = 800;
+/// Bytes of the transfer.
+const BYTES: u64 = 64 << 20;
+
+/// When to inject the fault after GO: 40% of the transfer's time at line rate over `nics` NICs
+/// (134 ms with 2 NICs, 67 ms with 4), so that it lands while every lane still has chunks to
+/// send whatever this machine's speed. `R2T_INJECT_MS` overrides it (for sweeps: a black hole
+/// after a lane's last send completed locally is the case a detector must also catch).
+fn inject_after(nics: u32) -> Duration {
+    if let Ok(ms) = std::env::var("R2T_INJECT_MS") {
+        return Duration::from_millis(ms.parse().expect("R2T_INJECT_MS is milliseconds"));
+    }
+    Duration::from_micros(BYTES * 8 * 4 / 10 / (RATE_MBPS * u64::from(nics)))
+}
 const STALL_MS: u64 = 100;
 
 fn scenario(tb: &Testbed) -> Scenario {
     Scenario {
         ranks: 2,
         devices: tb.devices(),
-        bytes: 64 << 20,
+        bytes: BYTES as usize,
         pattern: "one".into(),
         chunk: 256 << 10,
         window: 8,
@@ -40,9 +54,11 @@ fn check(name: &str, o: &Outcome, limit: Duration) {
     let f = *o.injected.first().expect("the fault was injected");
     let pause = o.pause_after(f).expect("data flowed on a backup NIC after the fault");
     eprintln!(
-        "  {name}: 64 MiB bit-exact in {:?}; pause from fault to data on the backup NIC {:.1} ms; migrations {}, \
+        "  {name}: 64 MiB bit-exact in {:?} (receiver done after {} ms, fault at +{} ms); pause from fault to data on the backup NIC {:.1} ms; migrations {}, \
          replayed chunks {}",
         o.elapsed,
+        o.results[1].num("ms"),
+        f.saturating_sub(o.go_ns) / 1_000_000,
         pause.as_secs_f64() * 1e3,
         o.migrations(),
         o.results.iter().map(|r| r.num("replayed")).sum::<u64>()
@@ -56,7 +72,7 @@ fn with_nics(nics: u32, f: impl FnOnce(&Arc<Testbed>)) {
         println!("SKIPPED: network namespace tests need root (run as root; CI does)");
         return;
     }
-    let tb = Arc::new(Testbed::up("t", 2, nics, Some("800mbit")));
+    let tb = Arc::new(Testbed::up("t", 2, nics, Some(&format!("{RATE_MBPS}mbit"))));
     f(&tb);
 }
 
@@ -76,7 +92,7 @@ fn fault_mid_transfer(name: &str, nics: u32, nic: u32, kind: Kind) {
         let o = run(
             tb,
             Box::new(move || {
-                std::thread::sleep(INJECT_AFTER);
+                std::thread::sleep(inject_after(nics));
                 let at = unix_ns();
                 match kind {
                     Kind::Down => t.link(0, nic, false),

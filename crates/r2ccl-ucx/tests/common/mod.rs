@@ -204,6 +204,10 @@ pub fn rank_main() {
     let mut pending: BTreeMap<LaneId, (MigrationRequest, Option<u32>)> = BTreeMap::new();
     let mut migs: Vec<Mig> = Vec::new();
     let mut probes: BTreeMap<PathId, (RequestId, Duration)> = BTreeMap::new();
+    // Paths whose sends completed locally but whose receipt is overdue: the probe asked and its deadline.
+    let mut suspects: BTreeMap<PathId, (RequestId, Duration)> = BTreeMap::new();
+    // Suspects whose probe was answered: not suspected again before this time.
+    let mut quiet: BTreeMap<PathId, Duration> = BTreeMap::new();
     let mut recv_done = recv_key.is_none();
     let mut recv_ok = true;
     let mut send_done = send_key.is_none();
@@ -249,6 +253,12 @@ pub fn rank_main() {
                     say(&format!("TO {d} HELDQ {} {} {}", req.lane.lane, req.start, req.end));
                     pending.insert(req.lane, (req, None));
                 }
+                SessionEvent::ProbeDone { path, ok, req } if suspects.get(&path).is_some_and(|(r, _)| *r == req) => {
+                    suspects.remove(&path);
+                    if ok {
+                        quiet.insert(path, now + stall);
+                    }
+                }
                 SessionEvent::ProbeDone { path, ok, req } => {
                     if probes.get(&path).is_some_and(|(r, _)| *r == req) {
                         probes.remove(&path);
@@ -268,6 +278,36 @@ pub fn rank_main() {
             if w.first() == Some(&"EXIT") {
                 drop(t);
                 std::process::exit(0);
+            }
+            if w.first() == Some(&"DUMP") {
+                // The parent gave up waiting: say where this rank stands.
+                let chunks = u32::try_from((len as u64).div_ceil(sc.chunk as u64)).unwrap();
+                let recv_held = recv_key.map(|key| s.held(key, 0, chunks));
+                let lanes: String = send_key
+                    .map(|key| s.lanes(key))
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|l| {
+                        format!(
+                            "\n  lane {} chunks {}..{} path {} quiesced {} sender_done {} in_flight {} migrations {}",
+                            l.id.lane, l.start, l.end, l.path, l.quiesced, l.sender_done, l.in_flight, l.migrations
+                        )
+                    })
+                    .collect();
+                let dump = format!(
+                    "rank {me} state: send_done {send_done} recv_done {recv_done} held {recv_held:?}{lanes}\n  \
+                     active {:?}\n  awaiting receipt {:?}\n  down {:?}\n  pending migrations {:?}\n  \
+                     suspects {:?}\n  stats {:?}\n",
+                    s.path_activity(),
+                    s.awaiting_receipt(),
+                    s.down_paths(),
+                    pending.iter().map(|(l, (r, h))| (l.lane, r.start, r.end, r.sender_done, h)).collect::<Vec<_>>(),
+                    suspects,
+                    s.stats(),
+                );
+                // One write, so that two ranks' dumps do not interleave.
+                let _ = std::io::stderr().lock().write_all(dump.as_bytes());
+                continue;
             }
             if w.first() != Some(&"FROM") || w.len() < 3 {
                 continue;
@@ -346,6 +386,25 @@ pub fn rank_main() {
             if now >= a.since + stall {
                 s.handle_path_down(now, &mut t, a.path, PathFault::Timeout);
             }
+        }
+        // A silent black hole swallows sends the local stack already completed: a path whose
+        // receipt is overdue is probed, and an unanswered probe declares it down.
+        for a in s.awaiting_receipt() {
+            let p = a.path;
+            if now < a.since + stall || suspects.contains_key(&p) || quiet.get(&p).is_some_and(|&q| now < q) {
+                continue;
+            }
+            match s.probe(now, &mut t, p) {
+                Ok(req) => {
+                    suspects.insert(p, (req, now + stall));
+                }
+                Err(_) => s.handle_path_down(now, &mut t, p, PathFault::Timeout),
+            }
+        }
+        let expired: Vec<PathId> = suspects.iter().filter(|(_, (_, d))| now >= *d).map(|(p, _)| *p).collect();
+        for p in expired {
+            suspects.remove(&p);
+            s.handle_path_down(now, &mut t, p, PathFault::Timeout);
         }
         for p in s.down_paths() {
             if s.is_nic_down(p.local) || p.local.rail != p.remote.rail {
@@ -428,6 +487,8 @@ pub struct Outcome {
     pub injected: Vec<u64>,
     /// From GO to the last RESULT.
     pub elapsed: Duration,
+    /// When GO was sent (unix ns).
+    pub go_ns: u64,
 }
 
 impl Outcome {
@@ -497,6 +558,7 @@ pub fn run_cluster(mut cmds: Vec<Command>, sc: &Scenario, inject: Option<Injecto
     let mut results: Vec<Option<RankResult>> = vec![None; n];
     let mut fired = Vec::new();
     let mut go_at = Instant::now();
+    let mut go_ns = 0;
     let mut injector: Option<std::thread::JoinHandle<Vec<u64>>> = None;
     let mut inject = inject;
     let mut failure: Option<String> = None;
@@ -504,6 +566,10 @@ pub fn run_cluster(mut cmds: Vec<Command>, sc: &Scenario, inject: Option<Injecto
         let left = deadline.saturating_duration_since(Instant::now());
         let Ok((r, line)) = rx.recv_timeout(left) else {
             failure = Some(format!("cluster did not finish within {limit:?}; results so far: {results:?}"));
+            for i in 0..n {
+                send(&mut stdins, i, "DUMP");
+            }
+            std::thread::sleep(Duration::from_secs(1));
             break;
         };
         let Some(line) = line else {
@@ -528,6 +594,7 @@ pub fn run_cluster(mut cmds: Vec<Command>, sc: &Scenario, inject: Option<Injecto
                 ready += 1;
                 if ready == n {
                     go_at = Instant::now();
+                    go_ns = unix_ns();
                     for i in 0..n {
                         send(&mut stdins, i, "GO");
                     }
@@ -571,7 +638,7 @@ pub fn run_cluster(mut cmds: Vec<Command>, sc: &Scenario, inject: Option<Injecto
     if let Some(f) = failure {
         panic!("{f}");
     }
-    Outcome { results: results.into_iter().map(Option::unwrap).collect(), fired, injected, elapsed }
+    Outcome { results: results.into_iter().map(Option::unwrap).collect(), fired, injected, elapsed, go_ns }
 }
 
 /// A command that re-executes this binary.
