@@ -177,10 +177,35 @@ fn bit(rail: u32) -> RailMask {
     1u64 << rail.min(63)
 }
 
+/// Knobs of the recursive AllReduce formula builder ([`build_recursive`]), for the experiments of
+/// docs/reproduction.md ("Recursive AllReduce at one failure"). [`RecursiveVariant::default`] is the schedule
+/// that every table runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecursiveVariant {
+    /// Build only this level (0: the ring over all nodes, 1: the first helper level, ...); `None`: all levels.
+    pub only_level: Option<usize>,
+    /// Start the helper levels when level 0 has finished instead of at the same time.
+    pub sequential: bool,
+    /// Member rings of a helper level in flight at once: at each member, chunk c's ring follows chunk
+    /// c - `ring_window`'s (1, the default: one chunk's ring at a time).
+    pub ring_window: usize,
+    /// A helper starts its ring of chunk c only after the outsiders' fold-in of chunk c has arrived (the
+    /// default). `false` only measures what that wait costs: the reduced result would be wrong.
+    pub fold_in_wait: bool,
+}
+
+impl Default for RecursiveVariant {
+    fn default() -> Self {
+        Self { only_level: None, sequential: false, ring_window: 1, fold_in_wait: true }
+    }
+}
+
 struct Builder<'a> {
     fabric: &'a Fabric,
     health: &'a PlanHealth,
     dag: &'a mut Dag,
+    /// Knobs of the helper levels (non-scatter [`Builder::subset_with_helpers`]).
+    variant: RecursiveVariant,
 }
 
 /// Per-member state of a ring: last send and last receive of each member.
@@ -392,8 +417,10 @@ impl Builder<'_> {
             let cb = bytes * ch.share / f64::from(k);
             let mut prev_in: Vec<Vec<Option<TaskId>>> = vec![vec![start; m]; outsiders.len()];
             let mut prev_out: Vec<Vec<Option<TaskId>>> = vec![vec![None; m]; outsiders.len()];
-            let mut ring = Ring::new(members, &vec![start; m]);
+            let window = if scatter { 1 } else { self.variant.ring_window.max(1) };
+            let mut rings: Vec<Ring> = (0..window).map(|_| Ring::new(members, &vec![start; m])).collect();
             for kk in 0..k {
+                let ring = &mut rings[kk as usize % window];
                 // Inputs of the outsiders.
                 let mut ins_at: Vec<Vec<TaskId>> = vec![Vec::new(); m];
                 for (qi, &q) in outsiders.iter().enumerate() {
@@ -416,7 +443,7 @@ impl Builder<'_> {
                     // Reduce-scatter among members; a member's shard is final after its RS and its inputs.
                     let slots = f64::from(k) * (m as f64 - 1.0) * if reduce_scatter { 2.0 } else { 1.0 };
                     if m >= 2 && reduce_scatter {
-                        self.ring_steps(&mut ring, *ch, m - 1, cb / m as f64, slots, true);
+                        self.ring_steps(ring, *ch, m - 1, cb / m as f64, slots, true);
                     }
                     let mut reduced = Vec::with_capacity(m);
                     for (j, ins) in ins_at.iter().enumerate() {
@@ -429,7 +456,7 @@ impl Builder<'_> {
                         ring.last_recv[j] = Some(r);
                     }
                     if m >= 2 {
-                        self.ring_steps(&mut ring, *ch, m - 1, cb / m as f64, slots, true);
+                        self.ring_steps(ring, *ch, m - 1, cb / m as f64, slots, true);
                     }
                     for (qi, &q) in outsiders.iter().enumerate() {
                         for j in 0..m {
@@ -447,7 +474,7 @@ impl Builder<'_> {
                     }
                 } else {
                     for (j, ins) in ins_at.iter().enumerate() {
-                        if !ins.is_empty() {
+                        if !ins.is_empty() && self.variant.fold_in_wait {
                             let mut deps = ins.clone();
                             deps.extend(ring.last_recv[j]);
                             ring.last_recv[j] = Some(self.dag.barrier(&deps));
@@ -455,7 +482,7 @@ impl Builder<'_> {
                     }
                     if m >= 2 {
                         let slots = f64::from(k) * 2.0 * (m as f64 - 1.0);
-                        self.ring_steps(&mut ring, *ch, 2 * (m - 1), cb / m as f64, slots, true);
+                        self.ring_steps(ring, *ch, 2 * (m - 1), cb / m as f64, slots, true);
                     }
                     for (qi, &q) in outsiders.iter().enumerate() {
                         let j = (qi + kk as usize) % m;
@@ -472,7 +499,9 @@ impl Builder<'_> {
                     }
                 }
             }
-            ends.extend(ring.last_recv.iter().flatten());
+            for ring in &rings {
+                ends.extend(ring.last_recv.iter().flatten());
+            }
         }
     }
 }
@@ -548,7 +577,7 @@ pub fn build_allreduce(
     job: &AllReduceJob,
     start: Option<TaskId>,
 ) -> TaskId {
-    let mut b = Builder { fabric, health, dag };
+    let mut b = Builder { fabric, health, dag, variant: RecursiveVariant::default() };
     let chans = std_channels(fabric);
     let frac: Vec<f64> = health.iter().map(|h| node_fraction(h)).collect();
     let degraded: Vec<u32> = job.nodes.iter().copied().filter(|&x| b.degraded(x)).collect();
@@ -634,19 +663,41 @@ pub fn build_allreduce(
             ends.extend(start);
             b.dag.barrier(&ends)
         }
-        Strategy::Recursive => {
-            let levels = recursive_levels(&job.nodes, &frac);
-            let mut ends = Vec::new();
-            for (i, (members, f)) in levels.iter().enumerate() {
-                if i == 0 && members.len() == n {
-                    ends.push(b.hierarchical(job, &chans, job.bytes * f, start, true));
-                } else {
-                    let outs: Vec<u32> = job.nodes.iter().copied().filter(|x| !members.contains(x)).collect();
-                    b.subset_with_helpers(members, &outs, job.bytes * f, job.chunks, false, true, start, &mut ends);
-                }
+        Strategy::Recursive => build_recursive(dag, fabric, health, job, start, RecursiveVariant::default()),
+    }
+}
+
+/// Append the recursive AllReduce of `job` (water-filled levels, [`recursive_levels`]) built with `variant`'s
+/// knobs to `dag`, after `start`; returns the end task. The default variant is [`Strategy::Recursive`].
+pub fn build_recursive(
+    dag: &mut Dag,
+    fabric: &Fabric,
+    health: &PlanHealth,
+    job: &AllReduceJob,
+    start: Option<TaskId>,
+    variant: RecursiveVariant,
+) -> TaskId {
+    let mut b = Builder { fabric, health, dag, variant };
+    let chans = std_channels(fabric);
+    let frac: Vec<f64> = health.iter().map(|h| node_fraction(h)).collect();
+    let levels = recursive_levels(&job.nodes, &frac);
+    let mut ends = Vec::new();
+    let mut level_start = start;
+    for (i, (members, f)) in levels.iter().enumerate() {
+        if variant.only_level.is_some_and(|l| l != i) {
+            continue;
+        }
+        if i == 0 && members.len() == job.nodes.len() {
+            let end = b.hierarchical(job, &chans, job.bytes * f, start, true);
+            if variant.sequential {
+                level_start = Some(end);
             }
-            ends.extend(start);
-            b.dag.barrier(&ends)
+            ends.push(end);
+        } else {
+            let outs: Vec<u32> = job.nodes.iter().copied().filter(|x| !members.contains(x)).collect();
+            b.subset_with_helpers(members, &outs, job.bytes * f, job.chunks, false, true, level_start, &mut ends);
         }
     }
+    ends.extend(start);
+    b.dag.barrier(&ends)
 }
