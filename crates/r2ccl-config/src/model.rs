@@ -119,7 +119,7 @@ impl Default for DetectConfig {
     fn default() -> Self {
         Self {
             progress_margin_ms: 20,
-            heartbeat_interval_ms: 25,
+            heartbeat_interval_ms: 250,
             heartbeat_misses: 4,
             probe_timeout_ms: 10,
             localize_timeout_ms: 50,

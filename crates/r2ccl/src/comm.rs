@@ -788,6 +788,9 @@ impl Progress {
             cfg.detect.progress_margin_ms
                 + cfg.transport.chunk_bytes * u64::from(cfg.transport.max_inflight_chunks) / 100_000,
         );
+        // A slow peer (a busy or descheduled process) must be given time to answer before
+        // its path counts as dead; a silent black hole is still declared within a second.
+        let probe_timeout = (2 * stall_timeout).max(Duration::from_millis(500));
         let ecfg = EngineConfig {
             comm: 1,
             stall_timeout,
@@ -800,12 +803,11 @@ impl Progress {
                 ..SessionConfig::default()
             },
             probe_interval: Duration::from_millis(cfg.detect.probe_interval_ms),
-            // A slow peer (a busy or descheduled process) must be given time to answer before
-            // its path counts as dead; a silent black hole is still declared within a second.
-            probe_timeout: (2 * stall_timeout).max(Duration::from_millis(500)),
+            probe_timeout,
             migrate_retry: Duration::from_millis(cfg.detect.oob_retry_ms.max(10)),
             // UcxTransport connects rail r to the peers' rail r only.
             rail_only: true,
+            detect: detect_config(&cfg.detect),
         };
         let mut engine =
             Engine::new(Rank(opts.rank), opts.world, ecfg, topo).map_err(|e| CommError::Transport(e.to_string()))?;
@@ -909,6 +911,47 @@ fn dump_cluster_view(path: &str, names: &[&str], node_of: &[u32], nics: &[String
     let desc = r2ccl_topo::description::TopologyDescription::from_toml_str(&text).map_err(|e| e.to_string())?;
     let cluster = desc.resolve().map_err(|e| e.to_string())?;
     r2ccl_topo::write_cluster_view(std::path::Path::new(path), &cluster, None).map_err(|e| e.to_string())
+}
+
+/// The shortest probe timeout the communicator's detector uses (localization and re-probes).
+const DETECT_PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// The `verdict` label of the failover metric.
+const fn verdict_label(v: r2ccl_detect::Verdict) -> &'static str {
+    match v {
+        r2ccl_detect::Verdict::LocalNic(_) => "local_nic",
+        r2ccl_detect::Verdict::RemoteNic(_) => "remote_nic",
+        r2ccl_detect::Verdict::Link { .. } => "link",
+        r2ccl_detect::Verdict::Transient => "transient",
+    }
+}
+
+/// The detector's settings from the `[detect]` section. Its probes wait at least
+/// [`DETECT_PROBE_TIMEOUT`], so a busy host's late answer does not blame a healthy NIC;
+/// re-probes are at least 50 ms further apart than that, localization waits for the probes
+/// plus two OOB resends, and the first hold-down outlasts localization by 50 ms (the detector
+/// requires each of these orders).
+fn detect_config(d: &r2ccl_config::DetectConfig) -> r2ccl_detect::DetectConfig {
+    let ms = Duration::from_millis;
+    let probe_timeout = DETECT_PROBE_TIMEOUT.max(ms(d.probe_timeout_ms));
+    let localize_timeout = (probe_timeout + 2 * ms(d.oob_retry_ms)).max(ms(d.localize_timeout_ms));
+    // The detector needs localization to end before the hold-down does.
+    let holddown_base = ms(d.holddown_base_ms).max(localize_timeout + ms(50));
+    r2ccl_detect::DetectConfig {
+        progress_margin: ms(d.progress_margin_ms),
+        heartbeat_interval: ms(d.heartbeat_interval_ms),
+        heartbeat_misses: d.heartbeat_misses,
+        probe_timeout,
+        localize_timeout,
+        oob_retry: ms(d.oob_retry_ms),
+        oob_max_retries: d.oob_max_retries,
+        hint_interval: ms(d.hint_interval_ms),
+        probe_interval: ms(d.probe_interval_ms).max(probe_timeout + ms(50)),
+        good_probes: d.good_probes,
+        holddown_base,
+        holddown_max: ms(d.holddown_max_ms).max(holddown_base),
+        flap_window: ms(d.flap_window_ms),
+    }
 }
 
 /// The transport topology: every node has `nics` NICs; each NIC's backup chain is the
@@ -1535,7 +1578,9 @@ impl Progress {
                 EngineEvent::PathFailed { path, fault, .. } => self.note(format!("path {path} failed ({fault:?})")),
                 EngineEvent::Migrated { lane, from, to, boundary, replayed, failback, stopped_at, at } => {
                     let pause = at.saturating_sub(stopped_at).as_secs_f64();
-                    let verdict = if self.engine.down_nics().contains(&from.local) {
+                    let verdict = if let Some(v) = self.engine.verdict(from) {
+                        verdict_label(v)
+                    } else if self.engine.down_nics().contains(&from.local) {
                         "local_nic"
                     } else if self.engine.down_nics().contains(&from.remote) {
                         "remote_nic"
@@ -1566,6 +1611,9 @@ impl Progress {
                     ));
                 }
                 EngineEvent::PathRecovered { path } => self.note(format!("path {path} answers probes again")),
+                EngineEvent::Localized { path, verdict, method, .. } => {
+                    self.note(format!("path {path} failed: verdict {verdict} ({method:?})"));
+                }
                 EngineEvent::BadInput { from, what } => {
                     crate::metrics::count_malformed("chunk_header", 1);
                     tracing::warn!(target: subsys::NET, rank = self.rank, %from, %what, "refused peer input");
@@ -1582,6 +1630,31 @@ mod tests {
 
     fn allreduce(bytes: u64) -> ScheduleRequest {
         ScheduleRequest::new(Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, bytes / 4)
+    }
+
+    #[test]
+    fn every_valid_detect_section_gives_the_detector_a_valid_configuration() {
+        let default = r2ccl_config::DetectConfig::default();
+        let fast = r2ccl_config::DetectConfig {
+            probe_timeout_ms: 1,
+            localize_timeout_ms: 1,
+            probe_interval_ms: 2,
+            holddown_base_ms: 2,
+            holddown_max_ms: 2,
+            oob_retry_ms: 1,
+            ..default.clone()
+        };
+        let slow = r2ccl_config::DetectConfig {
+            probe_timeout_ms: 5_000,
+            localize_timeout_ms: 9_000,
+            probe_interval_ms: 100,
+            ..default.clone()
+        };
+        for d in [default, fast, slow] {
+            let c = detect_config(&d);
+            assert_eq!(c.validate(), Ok(()), "{d:?} -> {c:?}");
+            assert!(c.probe_timeout >= DETECT_PROBE_TIMEOUT);
+        }
     }
 
     #[test]

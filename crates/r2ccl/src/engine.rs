@@ -12,22 +12,40 @@
 //! min(sender done, what it holds) and starts listening on the new path; the sender then
 //! replays from that boundary. Sends from buffers that later steps overwrite go out of a
 //! private copy, and a collective finishes only when every receiver confirmed its bytes, so a
-//! replay always finds the bytes first sent. Down paths are probed and traffic fails back when
-//! they answer.
+//! replay always finds the bytes first sent.
+//!
+//! Health (MECHANISMS.md sections 2.1 and 2.3): an [`r2ccl_detect::Detector`] watches every
+//! same-rail path to each peer this rank exchanges data with. The engine feeds it what it sees
+//! (stalls confirmed by an unanswered probe, endpoint errors, local link state, probe answers,
+//! heartbeats on idle paths, its OOB frames) and carries out its commands: probes, OOB frames,
+//! failure verdicts and recoveries. A verdict that blames a NIC (three-point triangulation)
+//! takes that NIC out on every rank at once, so paths through it to other peers move before
+//! they stall; a failed path comes back only after the detector's hold-down and consecutive
+//! good probes, so a flapping link is damped. The engine's own stall check stays the fast
+//! path: a lane moves as soon as its path stops, and the verdict follows.
 
 use crate::ctrl::Ctrl;
 use r2ccl_algo::{Buf, RankSchedule, Region, StepKind};
 use r2ccl_core::kernels::{finalize_avg_bytes, reduce_bytes};
 use r2ccl_core::{subsys, NicId, NodeId, Rank};
+use r2ccl_detect::{
+    Command as DetectCommand, ConnId, DetectConfig, DetectEvent, Detector, Member, Method, PathPair, ProbeId,
+    ProbeResult, Verdict,
+};
 use r2ccl_transport::{
-    Buffer, CommId, LaneId, MemHandle, MigrationRequest, PathFault, PathId, Session, SessionConfig, SessionError,
-    SessionEvent, TransferKey, Transport,
+    Buffer, CommId, LaneId, MemHandle, MigrationRequest, PathFault, PathId, RequestId, Session, SessionConfig,
+    SessionError, SessionEvent, TransferKey, Transport,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
+/// First byte of an engine control frame ([`Ctrl`]) on the OOB `Detect` channel.
+const FRAME_CTRL: u8 = 0xC0;
+/// First byte of an r2ccl-detect protocol frame on the same channel.
+const FRAME_DETECT: u8 = 0xD0;
+
 /// Engine tunables.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
     /// Communicator id (all ranks use the same).
     pub comm: u64,
@@ -44,6 +62,9 @@ pub struct EngineConfig {
     /// The backend connects NIC r only to the peers' NIC r (no spine): two nodes without a
     /// common healthy rail cannot reach each other, which fails the collective at once.
     pub rail_only: bool,
+    /// The failure detector's timing and hysteresis (localization, heartbeats on idle paths,
+    /// hold-down of flapping paths, good probes before a recovery).
+    pub detect: DetectConfig,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +77,7 @@ impl Default for EngineConfig {
             probe_timeout: Duration::from_millis(50),
             migrate_retry: Duration::from_millis(50),
             rail_only: false,
+            detect: DetectConfig::default(),
         }
     }
 }
@@ -72,6 +94,9 @@ pub enum EngineError {
     /// A reduction kernel refused its buffers (a schedule bug or mismatched arguments).
     #[error("reduction: {0}")]
     Kernel(#[from] r2ccl_core::KernelError),
+    /// The failure detector refused its configuration or the cluster's membership.
+    #[error("failure detector: {0}")]
+    Detect(#[from] r2ccl_detect::DetectError),
     /// A collective is already running on this engine.
     #[error("a collective is already running (sequence {0})")]
     Busy(u64),
@@ -138,6 +163,17 @@ pub enum EngineEvent {
         up: bool,
         /// Whether it is this node's NIC.
         local: bool,
+    },
+    /// The detector localized a path failure (three-point probing): which component failed.
+    Localized {
+        /// The failed path (this rank's view).
+        path: PathId,
+        /// The component blamed.
+        verdict: Verdict,
+        /// How the verdict was reached.
+        method: Method,
+        /// When.
+        at: Duration,
     },
     /// A failed path answered a probe.
     PathRecovered {
@@ -218,6 +254,35 @@ pub struct Engine {
     health_changed: bool,
     local_nics: usize,
     last_output_base: usize,
+    /// Path health, localization and recovery.
+    detector: Detector,
+    /// Peers whose same-rail paths the detector watches (added as collectives use them).
+    watched: BTreeSet<Rank>,
+    /// Transport probes posted for the detector, with what they answer and when they went out.
+    detect_reqs: BTreeMap<RequestId, (DetectProbe, Duration)>,
+    /// NICs taken out by a detector verdict (not by their link state): back on its recovery.
+    blamed: BTreeSet<NicId>,
+    /// The last verdict per failed path (the failover metric's label).
+    verdicts: BTreeMap<PathId, Verdict>,
+}
+
+/// What a transport probe posted for the detector answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DetectProbe {
+    /// A probe the detector started (localization, re-probe, or one a peer asked for).
+    Probe(ProbeId),
+    /// A heartbeat over an idle path.
+    Heartbeat(r2ccl_detect::PathId),
+}
+
+/// The detector's view of a transport path (the same three fields).
+const fn to_detect(p: PathId) -> r2ccl_detect::PathId {
+    r2ccl_detect::PathId { local: p.local, peer: p.peer, remote: p.remote }
+}
+
+/// The transport's view of a detector path.
+const fn from_detect(p: r2ccl_detect::PathId) -> PathId {
+    PathId { local: p.local, peer: p.peer, remote: p.remote }
 }
 
 fn region_abs(base: &[u64; 3], r: &Region) -> u64 {
@@ -233,6 +298,9 @@ impl Engine {
         topo: r2ccl_transport::Topology,
     ) -> Result<Self, EngineError> {
         let local_nics = topo.node_of(rank).map_or(0, |n| topo.nics_of(n).len());
+        let members: Vec<Member> =
+            (0..world).filter_map(|r| topo.node_of(Rank(r)).map(|node| Member { rank: Rank(r), node })).collect();
+        let detector = Detector::new(cfg.detect.clone(), rank, &members)?;
         let mut session = Session::new(rank, cfg.session, topo)?;
         session.open_comm(CommId(cfg.comm));
         Ok(Self {
@@ -257,6 +325,11 @@ impl Engine {
             health_changed: false,
             local_nics,
             last_output_base: 0,
+            detector,
+            watched: BTreeSet::new(),
+            detect_reqs: BTreeMap::new(),
+            blamed: BTreeSet::new(),
+            verdicts: BTreeMap::new(),
         })
     }
 
@@ -339,9 +412,21 @@ impl Engine {
         out
     }
 
+    /// The detector's last verdict on `path` (this rank's view), if it localized a failure there.
+    pub fn verdict(&self, path: PathId) -> Option<Verdict> {
+        self.verdicts.get(&path).copied()
+    }
+
+    /// The detector (path health states, for diagnostics and tests).
+    pub const fn detector(&self) -> &Detector {
+        &self.detector
+    }
+
     fn send_ctrl(&mut self, to: Rank, msg: Ctrl) {
         if to != self.rank {
-            self.outbox.push_back((to, msg.encode()));
+            let mut frame = vec![FRAME_CTRL];
+            frame.extend(msg.encode());
+            self.outbox.push_back((to, frame));
         }
     }
 
@@ -422,6 +507,10 @@ impl Engine {
                 dependents[d as usize].push(i as u32);
             }
             remaining[i] = sched.deps(i).len() as u32;
+        }
+        let peers: BTreeSet<Rank> = send_tags.keys().chain(recv_tags.keys()).copied().collect();
+        for peer in peers {
+            self.watch_peer(now, peer);
         }
         let mut keys = vec![None; n];
         let mut by_send = BTreeMap::new();
@@ -702,8 +791,28 @@ impl Engine {
             self.suspects.remove(&p);
             self.declare_stalled(now, t, p);
         }
-        for p in self.session.down_paths() {
-            if self.session.is_nic_down(p.local) || self.session.is_nic_down(p.remote) {
+        if self.detector.poll_timeout().is_some_and(|d| d <= now) {
+            self.detector.handle_timeout(now)?;
+        }
+        self.run_detector(now, t)?;
+        // Probes the detector gave up on (it counts them as timeouts) leave the transport too.
+        let limit = self.detector.config().probe_timeout + self.detector.config().heartbeat_timeout();
+        let stale: Vec<RequestId> =
+            self.detect_reqs.iter().filter(|(_, (_, at))| now >= *at + limit).map(|(r, _)| *r).collect();
+        for req in stale {
+            self.detect_reqs.remove(&req);
+            let _ = t.cancel(now, req);
+        }
+        let down = self.session.down_paths();
+        self.probes.retain(|p, _| down.contains(p));
+        for p in down {
+            // A path the detector declared failed comes back through its hold-down and
+            // consecutive good probes (run_detector), not on the first answer.
+            if self.session.is_nic_down(p.local)
+                || self.session.is_nic_down(p.remote)
+                || self.detector.path_state(&to_detect(p)).is_some_and(|s| !s.is_usable())
+            {
+                self.probes.remove(&p);
                 continue;
             }
             let due = self.probes.get(&p).is_none_or(|&at| now >= at);
@@ -739,6 +848,165 @@ impl Engine {
         self.advance(now, t)
     }
 
+    /// Have the detector watch the same-rail paths to `peer` (one connection per rail, a chain
+    /// of one path: lanes move between paths through the engine's own per-lane agreement).
+    fn watch_peer(&mut self, now: Duration, peer: Rank) {
+        if peer == self.rank || !self.watched.insert(peer) {
+            return;
+        }
+        let topo = self.session.topology();
+        let (Some(me), Some(them)) = (topo.node_of(self.rank), topo.node_of(peer)) else { return };
+        let theirs = topo.nics_of(them);
+        for nic in topo.nics_of(me) {
+            let Some(&remote) = theirs.iter().find(|n| n.rail == nic.rail) else { continue };
+            let conn = ConnId::new(self.rank.0, peer.0, u32::from(nic.rail.0));
+            if let Err(e) = self.detector.add_connection(now, conn, vec![PathPair { src_nic: nic, dst_nic: remote }]) {
+                tracing::debug!(target: subsys::DETECT, rank = %self.rank, %peer, %e, "path not watched");
+            }
+        }
+    }
+
+    /// Tell the detector about a path failure this rank saw itself (a stall confirmed by an
+    /// unanswered probe, an endpoint error). Link-state failures arrive as `LocalNic`; failures
+    /// a peer reported are that peer's detector's to localize.
+    fn detect_failure(&mut self, now: Duration, path: PathId, fault: PathFault) {
+        if !matches!(fault, PathFault::Timeout | PathFault::Endpoint) {
+            return;
+        }
+        // Only watched same-rail paths, and only once: the detector already localizes a failed one.
+        if !self.detector.path_state(&to_detect(path)).is_some_and(|s| s.is_usable()) {
+            return;
+        }
+        let conn = ConnId::new(self.rank.0, path.peer.0, u32::from(path.local.rail.0));
+        if let Err(e) = self.detector.handle_remote_error(now, conn) {
+            tracing::debug!(target: subsys::DETECT, rank = %self.rank, %path, %e, "failure not fed to the detector");
+        }
+    }
+
+    /// A rank on `node` other than this one (the other end of a probe to one of its NICs).
+    fn rank_on(&self, node: NodeId) -> Option<Rank> {
+        let topo = self.session.topology();
+        (0..self.world).map(Rank).find(|&r| r != self.rank && topo.node_of(r) == Some(node))
+    }
+
+    /// Carry out the detector's commands and log its events.
+    fn run_detector<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T) -> Result<(), EngineError> {
+        while let Some(cmd) = self.detector.poll_command() {
+            match cmd {
+                DetectCommand::SendOob { to, msg } | DetectCommand::AskProbe { to, msg } => {
+                    if to != self.rank {
+                        let mut frame = vec![FRAME_DETECT];
+                        frame.extend(msg.encode());
+                        self.outbox.push_back((to, frame));
+                    }
+                }
+                DetectCommand::StartProbe { probe, from, to } => {
+                    let Some(peer) = self.rank_on(to.node) else { continue };
+                    match self.session.probe(now, t, PathId { local: from, peer, remote: to }) {
+                        Ok(req) => {
+                            self.detect_reqs.insert(req, (DetectProbe::Probe(probe), now));
+                        }
+                        Err(_) if self.session.is_nic_down(from) => {
+                            self.detector.handle_probe_result(now, probe, ProbeResult::LocalError)?;
+                        }
+                        // Not posted: the detector counts it as a timeout.
+                        Err(_) => {}
+                    }
+                }
+                DetectCommand::SendHeartbeat { path } => {
+                    let beat = DetectProbe::Heartbeat(path);
+                    if self.detect_reqs.values().all(|(w, _)| *w != beat) {
+                        if let Ok(req) = self.session.probe(now, t, from_detect(path)) {
+                            self.detect_reqs.insert(req, (beat, now));
+                        }
+                    }
+                }
+                DetectCommand::DeclareFailed { path, verdict, method } => {
+                    self.on_verdict(now, t, from_detect(path), verdict, method)?;
+                }
+                DetectCommand::DeclareRecovered { path } => self.on_detector_recovered(now, from_detect(path)),
+                // Connections have a single path here: lanes move through the engine's own
+                // per-lane agreement (MigrateReq/MigrateAck), and every collective is planned
+                // from the agreed view anyway.
+                DetectCommand::Quiesce { .. }
+                | DetectCommand::MigratePath { .. }
+                | DetectCommand::FailBack { .. }
+                | DetectCommand::RequestReplan { .. } => {}
+            }
+        }
+        while let Some(ev) = self.detector.poll_event() {
+            match ev {
+                DetectEvent::Localized { path, verdict, method, observations, .. } => {
+                    tracing::info!(target: subsys::DETECT, rank = %self.rank, %path, %verdict, ?method, ?observations, "path failure localized");
+                }
+                DetectEvent::HeldDown { path, holddown, flaps, .. } if flaps > 0 => {
+                    tracing::info!(target: subsys::DETECT, rank = %self.rank, %path, ?holddown, flaps, "flapping path held down");
+                }
+                other => tracing::trace!(target: subsys::DETECT, rank = %self.rank, event = ?other, "detector"),
+            }
+        }
+        Ok(())
+    }
+
+    /// The detector declared `path` failed and blamed `verdict`: the path goes down (if the
+    /// stall check had not taken it down already), and a blamed NIC goes down on every rank.
+    fn on_verdict<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        path: PathId,
+        verdict: Verdict,
+        method: Method,
+    ) -> Result<(), EngineError> {
+        self.verdicts.insert(path, verdict);
+        self.events.push_back(EngineEvent::Localized { path, verdict, method, at: now });
+        if !self.session.is_path_down(path) {
+            self.session.handle_path_down(now, t, path, PathFault::Timeout);
+        }
+        let (Verdict::LocalNic(nic) | Verdict::RemoteNic(nic)) = verdict else { return Ok(()) };
+        if self.down_nics.contains(&nic) {
+            return Ok(());
+        }
+        tracing::warn!(target: subsys::DETECT, rank = %self.rank, %nic, %path, "NIC blamed by localization: taken out on every rank");
+        self.blamed.insert(nic);
+        self.note_nic(nic, false);
+        self.session.handle_nic_down(now, t, nic);
+        let local = self.session.topology().node_of(self.rank) == Some(nic.node);
+        self.events.push_back(EngineEvent::NicState { nic, up: false, local });
+        for r in 0..self.world {
+            self.send_ctrl(Rank(r), Ctrl::NicState { nic, up: false });
+        }
+        self.check_peers()
+    }
+
+    /// The detector saw enough good probes on `path` after its hold-down: a NIC it had blamed
+    /// comes back on every rank, and the path carries traffic again.
+    fn on_detector_recovered(&mut self, now: Duration, path: PathId) {
+        for nic in [path.local, path.remote] {
+            if self.blamed.remove(&nic) {
+                tracing::info!(target: subsys::DETECT, rank = %self.rank, %nic, "blamed NIC answers again");
+                self.note_nic(nic, true);
+                self.session.handle_nic_up(now, nic);
+                let local = self.session.topology().node_of(self.rank) == Some(nic.node);
+                self.events.push_back(EngineEvent::NicState { nic, up: true, local });
+                for r in 0..self.world {
+                    self.send_ctrl(Rank(r), Ctrl::NicState { nic, up: true });
+                }
+            }
+        }
+        self.verdicts.remove(&path);
+        if self.session.is_path_down(path)
+            && !self.session.is_nic_down(path.local)
+            && !self.session.is_nic_down(path.remote)
+        {
+            self.probes.remove(&path);
+            self.notified.remove(&path);
+            self.session.handle_path_up(now, path);
+            self.send_ctrl(path.peer, Ctrl::PathUp { local: path.local, remote: path.remote });
+            self.events.push_back(EngineEvent::PathRecovered { path });
+        }
+    }
+
     fn check_reachable(&self, a: NodeId, b: NodeId) -> Result<(), EngineError> {
         reachable(self.session.topology(), &self.down_nics, self.cfg.rail_only, a, b)
     }
@@ -755,11 +1023,16 @@ impl Engine {
             .path_activity()
             .into_iter()
             .chain(self.session.awaiting_receipt())
-            .map(|a| a.since + self.cfg.stall_timeout)
+            // As `drive` filters them: a suspect waits for its probe, a quiet path until then.
+            .filter(|a| !self.suspects.contains_key(&a.path))
+            .map(|a| {
+                let due = a.since + self.cfg.stall_timeout;
+                self.quiet.get(&a.path).map_or(due, |&q| due.max(q))
+            })
             .min();
         let probe = self.probes.values().chain(self.suspects.values()).copied().min();
         let retry = self.migrations.values().map(|m| m.sent_at + self.cfg.migrate_retry).min();
-        [stall, probe, retry].into_iter().flatten().min()
+        [stall, probe, retry, self.detector.poll_timeout()].into_iter().flatten().min()
     }
 
     fn begin_migration(&mut self, now: Duration, req: MigrationRequest, stopped_at: Duration) {
@@ -780,12 +1053,21 @@ impl Engine {
                 SessionEvent::SendComplete(_) => {}
                 SessionEvent::RecvComplete(key) => self.on_recv_complete(key),
                 SessionEvent::PathFailed { path, fault } => {
+                    self.detect_failure(now, path, fault);
                     self.events.push_back(EngineEvent::PathFailed { path, fault, at: now });
                     if fault != PathFault::Reported && self.notified.insert(path) {
                         self.send_ctrl(path.peer, Ctrl::PathDown { local: path.local, remote: path.remote });
                     }
                 }
                 SessionEvent::LocalNic { nic, up } => {
+                    let fed = if up {
+                        self.detector.handle_link_up(now, nic)
+                    } else {
+                        self.detector.handle_link_down(now, nic)
+                    };
+                    if let Err(e) = fed {
+                        tracing::debug!(target: subsys::DETECT, rank = %self.rank, %nic, %e, "link state not fed to the detector");
+                    }
                     self.events.push_back(EngineEvent::NicState { nic, up, local: true });
                     self.note_nic(nic, up);
                     for r in 0..self.world {
@@ -806,6 +1088,24 @@ impl Engine {
                     Ok(()) | Err(SessionError::LaneNotActive(_) | SessionError::UnknownLane(_)) => {}
                     Err(e) => return Err(e.into()),
                 },
+                SessionEvent::ProbeDone { path, ok, req } if self.detect_reqs.contains_key(&req) => {
+                    let Some((what, _)) = self.detect_reqs.remove(&req) else { continue };
+                    let fed = match what {
+                        DetectProbe::Probe(probe) if ok => {
+                            self.detector.handle_probe_result(now, probe, ProbeResult::Answered)
+                        }
+                        // Only a dead local NIC is a local error; anything else is left to the
+                        // detector's probe timeout.
+                        DetectProbe::Probe(probe) if self.session.is_nic_down(path.local) => {
+                            self.detector.handle_probe_result(now, probe, ProbeResult::LocalError)
+                        }
+                        DetectProbe::Heartbeat(p) if ok => self.detector.handle_heartbeat(now, p),
+                        DetectProbe::Probe(_) | DetectProbe::Heartbeat(_) => Ok(()),
+                    };
+                    if let Err(e) = fed {
+                        tracing::debug!(target: subsys::DETECT, rank = %self.rank, %path, %e, "probe result not fed to the detector");
+                    }
+                }
                 SessionEvent::ProbeDone { path, ok, .. } if self.suspects.contains_key(&path) => {
                     self.suspects.remove(&path);
                     if ok {
@@ -866,7 +1166,27 @@ impl Engine {
         from: Rank,
         bytes: &[u8],
     ) -> Result<(), EngineError> {
-        let msg = match Ctrl::decode(bytes) {
+        let body = match bytes.split_first() {
+            Some((&FRAME_CTRL, body)) => body,
+            Some((&FRAME_DETECT, body)) => {
+                if let Err(e) = self.detector.handle_oob(now, from, body) {
+                    self.events.push_back(EngineEvent::BadInput { from, what: e.to_string() });
+                }
+                self.run_detector(now, t)?;
+                self.process_session_events(now, t)?;
+                return self.advance(now, t);
+            }
+            Some((&kind, _)) => {
+                let what = format!("control frame of unknown kind {kind:#04x}");
+                self.events.push_back(EngineEvent::BadInput { from, what });
+                return Ok(());
+            }
+            None => {
+                self.events.push_back(EngineEvent::BadInput { from, what: "empty control frame".into() });
+                return Ok(());
+            }
+        };
+        let msg = match Ctrl::decode(body) {
             Ok(m) => m,
             Err(e) => {
                 self.events.push_back(EngineEvent::BadInput { from, what: e.to_string() });

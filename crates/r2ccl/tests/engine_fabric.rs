@@ -11,6 +11,7 @@ use proptest::prelude::*;
 use r2ccl::engine::{Engine, EngineConfig, EngineEvent};
 use r2ccl_algo::{build_rank_schedule, Collective, Fabric as AlgoFabric, Layout, ScheduleRequest};
 use r2ccl_core::{DType, HealthView, NicId, Rank, ReduceOp};
+use r2ccl_detect::Verdict;
 use r2ccl_transport::{FabricConfig, FaultAction, MemFabric, Topology};
 use std::time::Duration;
 
@@ -130,6 +131,18 @@ impl Cluster {
             .collect()
     }
 
+    /// Step until `done` holds or `limit` of fabric time passed; whether it held.
+    fn run_until(&mut self, limit: Duration, done: impl Fn(&Self) -> bool) -> bool {
+        let deadline = self.now + limit;
+        while self.now < deadline {
+            if done(self) {
+                return true;
+            }
+            self.step();
+        }
+        done(self)
+    }
+
     fn migrations(&self) -> usize {
         self.events.iter().filter(|(_, e)| matches!(e, EngineEvent::Migrated { .. })).count()
     }
@@ -216,6 +229,51 @@ fn silent_black_hole_is_detected_by_stall_and_repaired() {
         .iter()
         .any(|(_, e)| matches!(e, EngineEvent::PathFailed { fault: r2ccl_transport::PathFault::Timeout, .. })));
     assert!(c.migrations() > 0);
+}
+
+#[test]
+fn a_black_hole_is_localized_to_its_nic_which_every_rank_takes_out_and_brings_back() {
+    let mut c = Cluster::new(3, 1, 2, 5);
+    let count = 1 << 21;
+    let inputs = inputs_f32(3, count, 4);
+    let bad = NicId::new(2, 1);
+    c.fabric.schedule(Duration::from_millis(1), FaultAction::BlackHole(bad, true));
+    let out = c.run(1, Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, count as u64, &inputs);
+    assert!(out.iter().all(|o| o == &allreduce_expected(&inputs)));
+    // Three-point probing (the peer and the third node) blames the NIC, not a link.
+    let everyone_knows = |c: &Cluster| c.engines.iter().all(|e| e.down_nics().contains(&bad));
+    assert!(c.run_until(Duration::from_secs(2), everyone_knows), "every rank took the blamed NIC out: {:?}", c.events);
+    let verdicts: Vec<Verdict> = c
+        .events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            EngineEvent::Localized { verdict, .. } => Some(*verdict),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        verdicts.iter().any(|v| matches!(v, Verdict::LocalNic(n) | Verdict::RemoteNic(n) if *n == bad)),
+        "a verdict names {bad}: {verdicts:?}"
+    );
+    assert!(
+        verdicts.iter().all(|v| !matches!(v, Verdict::LocalNic(n) | Verdict::RemoteNic(n) if *n != bad)),
+        "{verdicts:?}"
+    );
+    // The degraded cluster keeps working.
+    let inputs = inputs_f32(3, 7000, 5);
+    let out = c.run(2, Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, 7000, &inputs);
+    assert!(out.iter().all(|o| o == &allreduce_expected(&inputs)));
+    // Healed: after the hold-down and consecutive good probes the NIC is back everywhere.
+    let healed_at = c.now;
+    c.fabric.schedule(healed_at, FaultAction::BlackHole(bad, false));
+    let nobody_blames = |c: &Cluster| c.engines.iter().all(|e| !e.down_nics().contains(&bad));
+    assert!(c.run_until(Duration::from_secs(10), nobody_blames), "the NIC came back: {:?}", c.events);
+    // Hysteresis: three consecutive good probes, 100 ms apart, not the first answer.
+    assert!(c.now >= healed_at + Duration::from_millis(200), "recovered after {:?}", c.now - healed_at);
+    assert!(c.events.iter().any(|(_, e)| matches!(e, EngineEvent::NicState { nic, up: true, .. } if *nic == bad)));
+    let inputs = inputs_f32(3, 7000, 6);
+    let out = c.run(3, Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, 7000, &inputs);
+    assert!(out.iter().all(|o| o == &allreduce_expected(&inputs)));
 }
 
 #[test]
