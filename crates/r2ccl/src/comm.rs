@@ -99,8 +99,9 @@ pub struct CommOptions {
 
 impl CommOptions {
     /// Options from the launcher environment (`R2CCL_UNIQUE_ID`, `R2CCL_*`, OpenMPI, Slurm,
-    /// torchrun) and the loaded configuration. Data NICs default to the discovered physical
-    /// NICs other than the OOB interface (`lo` when there are none: a single-host run); the
+    /// torchrun) and the loaded configuration. Data NICs default to those `topo.file` lists for
+    /// this node, else to the discovered physical NICs other than the OOB interface (`lo` when
+    /// there are none: a single-host run); the
     /// OOB listener binds `R2CCL_OOB_IFACE`'s address, or the one that routes to the root;
     /// node identity defaults to the host name.
     pub fn from_env(config: Config) -> Result<Self, CommError> {
@@ -113,7 +114,14 @@ impl CommOptions {
         } else {
             config.bootstrap.node.clone()
         };
-        let nics = if config.transport.nics.is_empty() {
+        let nics = if !config.transport.nics.is_empty() {
+            config.transport.nics.clone()
+        } else if !config.topo.file.is_empty() {
+            // The static description names this node's data NICs.
+            let nics = file_nics(&topo_file_node(&config.topo.file, &node)?);
+            tracing::info!(target: subsys::INIT, ?nics, file = %config.topo.file, "data NICs from topo.file");
+            nics
+        } else {
             // Discovered physical NICs, keeping the OOB interface (configured, or the one that
             // routes to the root) out of the data path when there are others.
             let oob = if config.bootstrap.oob_iface.is_empty() {
@@ -124,8 +132,6 @@ impl CommOptions {
             let nics = crate::netif::default_data_nics(oob.as_deref());
             tracing::info!(target: subsys::INIT, ?nics, ?oob, "data NICs discovered (set R2CCL_NICS to choose)");
             nics
-        } else {
-            config.transport.nics.clone()
         };
         Ok(Self {
             rank: launch.rank,
@@ -689,11 +695,13 @@ impl Progress {
         let oob = TcpListener::bind((bind_ip, 0))
             .map_err(|e| CommError::Bootstrap(format!("OOB listener on {bind_ip}: {e}")))?;
         let oob_addr = oob.local_addr().map_err(|e| CommError::Bootstrap(e.to_string()))?.to_string();
+        // `topo.file`: this node's entry gives NIC rates and NUMA nodes that discovery may not see.
+        let file_node = if cfg.topo.file.is_empty() { None } else { Some(topo_file_node(&cfg.topo.file, &opts.node)?) };
         let me = PeerInfo {
             rank: opts.rank,
             node: opts.node.clone(),
             oob_addr,
-            blob: nic_blob(&opts.nics, cfg.transport.nic_speed_mbps),
+            blob: nic_blob(&nic_facts(&opts.nics, cfg.transport.nic_speed_mbps, file_node.as_ref())),
         };
         let table = if opts.rank == 0 {
             let addr = opts
@@ -781,7 +789,15 @@ impl Progress {
         transport.connect_peers(&blobs).map_err(|e| CommError::Transport(e.to_string()))?;
         let nodes = names.len();
         let nics = opts.nics.len();
-        let topo = transport_topology(&node_of, nics)?;
+        // Each node's NIC NUMA nodes, from its first rank's blob.
+        let numa: Vec<Vec<Option<u32>>> = (0..nodes)
+            .map(|n| {
+                let first = node_of.iter().position(|&x| x as usize == n);
+                let facts = first.and_then(|r| table.get(r)).and_then(|p| blob_facts(&p.blob)).unwrap_or_default();
+                facts.iter().map(|f| f.numa).collect()
+            })
+            .collect();
+        let topo = transport_topology(&node_of, nics, &numa)?;
         // Progress deadline: the margin plus the time a full window of chunks takes at a
         // pessimistic 100 MB/s (a loaded host must not look like a black hole).
         let stall_timeout = Duration::from_millis(
@@ -955,15 +971,19 @@ fn detect_config(d: &r2ccl_config::DetectConfig) -> r2ccl_detect::DetectConfig {
 }
 
 /// The transport topology: every node has `nics` NICs; each NIC's backup chain is the
-/// node's other NICs in rail order, starting after it.
-fn transport_topology(node_of: &[u32], nics: usize) -> Result<Topology, CommError> {
+/// node's other NICs by locality: those on the same NUMA node first (`numa[node][rail]`, from
+/// the node's first rank's blob), then the others, each group in rail order starting after it.
+fn transport_topology(node_of: &[u32], nics: usize, numa: &[Vec<Option<u32>>]) -> Result<Topology, CommError> {
     let nodes = node_of.iter().max().map_or(0, |&m| m as usize + 1);
     let k = u16::try_from(nics).map_err(|_| CommError::Invalid(format!("{nics} NICs")))?;
     let mut chains = BTreeMap::new();
     for n in 0..nodes as u32 {
+        let numa_of = |rail: u16| numa.get(n as usize).and_then(|v| v.get(usize::from(rail))).copied().flatten();
         for r in 0..k {
-            let chain = (1..k).map(|d| NicId::new(n, (r + d) % k)).collect();
-            chains.insert(NicId::new(n, r), chain);
+            let mut others: Vec<u16> = (1..k).map(|d| (r + d) % k).collect();
+            // Stable: rail order within each group.
+            others.sort_by_key(|&x| !(numa_of(r).is_some() && numa_of(x) == numa_of(r)));
+            chains.insert(NicId::new(n, r), others.into_iter().map(|x| NicId::new(n, x)).collect());
         }
     }
     Topology::new(node_of.iter().map(|&n| NodeId(n)).collect(), vec![k; nodes], chains)
@@ -973,32 +993,88 @@ fn transport_topology(node_of: &[u32], nics: usize) -> Result<Topology, CommErro
 /// NIC rate assumed when neither `transport.nic_speed_mbps` nor the driver gives one, Mbit/s.
 const NIC_MBPS: u64 = 100_000;
 
-/// This rank's bootstrap blob: its number of data NICs (u32), then each NIC's rate in Mbit/s
-/// (u64): `configured` when set, else what the driver reports in sysfs, else [`NIC_MBPS`].
-fn nic_blob(nics: &[String], configured: u64) -> Vec<u8> {
-    let mut blob = (nics.len() as u32).to_le_bytes().to_vec();
-    for nic in nics {
-        let speed = if configured > 0 {
-            configured
-        } else {
-            r2ccl_topo::discover::sysfs::read_interface(std::path::Path::new("/sys"), nic)
-                .ok()
-                .and_then(|d| d.speed_mbps)
-                .unwrap_or(NIC_MBPS)
-        };
-        blob.extend_from_slice(&speed.to_le_bytes());
+/// What a rank tells the others about each of its data NICs at bootstrap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct NicFacts {
+    /// Line rate, Mbit/s.
+    mbps: u64,
+    /// NUMA node, if known.
+    numa: Option<u32>,
+}
+
+/// The facts of this rank's data NICs: the rate is `configured` when set, else the one in
+/// `file` (the node's `topo.file` entry, matched by interface name), else what the driver
+/// reports in sysfs, else [`NIC_MBPS`]; the NUMA node comes from `file`, else sysfs.
+fn nic_facts(nics: &[String], configured: u64, file: Option<&r2ccl_topo::NodeTopology>) -> Vec<NicFacts> {
+    nics.iter()
+        .map(|name| {
+            let listed = file.and_then(|n| n.nics.iter().find(|x| x.name == *name));
+            let found = r2ccl_topo::discover::sysfs::read_interface(std::path::Path::new("/sys"), name).ok();
+            let mbps = if configured > 0 {
+                configured
+            } else {
+                listed.map(|x| x.speed_mbps).or_else(|| found.as_ref().and_then(|d| d.speed_mbps)).unwrap_or(NIC_MBPS)
+            };
+            let numa = listed.and_then(|x| x.numa).or_else(|| found.as_ref().and_then(|d| d.numa));
+            NicFacts { mbps, numa }
+        })
+        .collect()
+}
+
+/// NUMA node "unknown" in a blob.
+const NO_NUMA: u32 = u32::MAX;
+
+/// A rank's bootstrap blob: its number of data NICs (u32), then each NIC's rate in Mbit/s
+/// (u64), then each NIC's NUMA node (u32, [`NO_NUMA`] when unknown).
+fn nic_blob(facts: &[NicFacts]) -> Vec<u8> {
+    let mut blob = (facts.len() as u32).to_le_bytes().to_vec();
+    for f in facts {
+        blob.extend_from_slice(&f.mbps.to_le_bytes());
+    }
+    for f in facts {
+        blob.extend_from_slice(&f.numa.unwrap_or(NO_NUMA).to_le_bytes());
     }
     blob
 }
 
-/// The slowest NIC rate in a peer's blob ([`nic_blob`]); `None` when it lists none.
-fn blob_min_speed(blob: &[u8]) -> Option<u64> {
-    blob.get(4..)?
-        .chunks_exact(8)
-        .filter_map(|b| <[u8; 8]>::try_from(b).ok().map(u64::from_le_bytes))
-        .filter(|&v| v > 0)
-        .min()
+/// The NIC facts in a peer's blob ([`nic_blob`]); `None` when it is malformed.
+fn blob_facts(blob: &[u8]) -> Option<Vec<NicFacts>> {
+    let (count, rest) = blob.split_first_chunk::<4>()?;
+    let count = u32::from_le_bytes(*count) as usize;
+    if rest.len() != count.checked_mul(12)? {
+        return None;
+    }
+    let (speeds, numas) = rest.split_at(count * 8);
+    let speeds = speeds.chunks_exact(8).filter_map(|b| <[u8; 8]>::try_from(b).ok().map(u64::from_le_bytes));
+    let numas = numas.chunks_exact(4).filter_map(|b| <[u8; 4]>::try_from(b).ok().map(u32::from_le_bytes));
+    Some(speeds.zip(numas).map(|(mbps, n)| NicFacts { mbps, numa: (n != NO_NUMA).then_some(n) }).collect())
 }
+
+/// The slowest NIC rate in a peer's blob; `None` when it lists none or is malformed.
+fn blob_min_speed(blob: &[u8]) -> Option<u64> {
+    blob_facts(blob)?.iter().map(|f| f.mbps).filter(|&v| v > 0).min()
+}
+
+/// `topo.file`: the entry of host `node` (`R2CCL_NODE` or the host name) in the static
+/// topology description at `path`.
+fn topo_file_node(path: &str, node: &str) -> Result<r2ccl_topo::NodeTopology, CommError> {
+    let cluster = r2ccl_topo::load_cluster_file(std::path::Path::new(path))
+        .map_err(|e| CommError::Invalid(format!("topo.file {path}: {e}")))?;
+    cluster.nodes().iter().find(|n| n.hostname == node).cloned().ok_or_else(|| {
+        let listed: Vec<&str> = cluster.nodes().iter().map(|n| n.hostname.as_str()).collect();
+        CommError::Invalid(format!(
+            "topo.file {path} has no node {node:?} (R2CCL_NODE, else the host name); it lists {listed:?}"
+        ))
+    })
+}
+
+/// The data NICs of a `topo.file` node entry, in rail order.
+fn file_nics(node: &r2ccl_topo::NodeTopology) -> Vec<String> {
+    let mut nics: Vec<&r2ccl_topo::Nic> = node.nics.iter().collect();
+    nics.sort_by_key(|n| n.rail);
+    nics.into_iter().map(|n| n.name.clone()).collect()
+}
+
 /// Per-message latency assumed by the planner's cost model, seconds.
 const LOOPBACK_ALPHA_S: f64 = 20e-6;
 
@@ -1630,6 +1706,61 @@ mod tests {
 
     fn allreduce(bytes: u64) -> ScheduleRequest {
         ScheduleRequest::new(Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, bytes / 4)
+    }
+
+    #[test]
+    fn nic_blobs_round_trip_and_malformed_ones_are_refused() {
+        let facts = vec![NicFacts { mbps: 100, numa: Some(1) }, NicFacts { mbps: 25_000, numa: None }];
+        let blob = nic_blob(&facts);
+        assert_eq!(blob_facts(&blob), Some(facts));
+        assert_eq!(blob_min_speed(&blob), Some(100));
+        assert_eq!(blob_facts(&blob[..blob.len() - 1]), None, "truncated");
+        assert_eq!(blob_facts(&[blob.as_slice(), &[0]].concat()), None, "trailing byte");
+        assert_eq!(blob_facts(&u32::MAX.to_le_bytes()), None, "a count the bytes do not hold");
+        assert_eq!(blob_min_speed(&nic_blob(&[])), None);
+    }
+
+    #[test]
+    fn backup_chains_take_the_same_numa_node_first_then_rail_order() {
+        let numa = vec![vec![Some(0), Some(0), Some(1), Some(1)], vec![None; 4]];
+        let topo = transport_topology(&[0, 1], 4, &numa).unwrap();
+        let rails = |node: u32, rail: u16| -> Vec<u16> {
+            topo.chain(NicId::new(node, rail)).iter().map(|n| n.rail.0).collect()
+        };
+        assert_eq!(rails(0, 0), [1, 2, 3]);
+        assert_eq!(rails(0, 1), [0, 2, 3]);
+        assert_eq!(rails(0, 2), [3, 0, 1]);
+        assert_eq!(rails(0, 3), [2, 0, 1]);
+        // Unknown NUMA nodes: rail order after the NIC.
+        assert_eq!(rails(1, 2), [3, 0, 1]);
+    }
+
+    #[test]
+    fn topo_file_names_this_nodes_nics_rates_and_numa_nodes() {
+        let dir = std::env::temp_dir().join(format!("r2ccl-topo-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("site.toml");
+        let mut text = String::from("name = \"site\"\nrails = 2\n");
+        for host in ["alpha", "beta"] {
+            text.push_str(&format!(
+                "\n[[nodes]]\nhostname = \"{host}\"\nranks = 1\nnuma_nodes = [{{ id = 0 }}, {{ id = 1 }}]\n\
+                 \n[[nodes.nics]]\nname = \"ib1\"\nrail = 1\nspeed_mbps = 200000\nvirtual = true\nnuma = 1\n\
+                 \n[[nodes.nics]]\nname = \"ib0\"\nrail = 0\nspeed_mbps = 400000\nvirtual = true\nnuma = 0\n"
+            ));
+        }
+        std::fs::write(&path, text).unwrap();
+        let path = path.to_string_lossy().into_owned();
+        let beta = topo_file_node(&path, "beta").unwrap();
+        assert_eq!(file_nics(&beta), ["ib0", "ib1"], "rail order");
+        let facts = nic_facts(&file_nics(&beta), 0, Some(&beta));
+        assert_eq!(facts, [NicFacts { mbps: 400_000, numa: Some(0) }, NicFacts { mbps: 200_000, numa: Some(1) }]);
+        // A configured rate wins over the file.
+        assert!(nic_facts(&file_nics(&beta), 100, Some(&beta)).iter().all(|f| f.mbps == 100));
+        let err = topo_file_node(&path, "gamma").unwrap_err().to_string();
+        assert!(err.contains("gamma") && err.contains("alpha") && err.contains("beta"), "{err}");
+        let err = topo_file_node(&dir.join("missing.toml").to_string_lossy(), "beta").unwrap_err().to_string();
+        assert!(err.contains("missing.toml"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

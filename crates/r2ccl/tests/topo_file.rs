@@ -1,0 +1,64 @@
+//! `topo.file` over UCX on loopback: two ranks (threads, nodes `node0` and `node1`, two `lo`
+//! rails each) take their NIC rates from a static topology description, and the planner's
+//! agreed rate (visible in the `topo.dump_file` cluster view) is the slowest listed; a rank whose
+//! node the file does not list fails init with an error naming it.
+#![allow(clippy::unwrap_used, reason = "a panic here is a test failure with a message")]
+
+mod common;
+
+use r2ccl::bootstrap::Secret;
+use r2ccl::comm::Communicator;
+use r2ccl_core::{DType, ReduceOp};
+use std::net::TcpListener;
+
+fn site(dir: &std::path::Path, hosts: &[&str]) -> String {
+    let mut text = String::from("name = \"site\"\nrails = 2\n");
+    for host in hosts {
+        text.push_str(&format!(
+            "\n[[nodes]]\nhostname = \"{host}\"\nranks = 1\nnuma_nodes = [{{ id = 0 }}]\n\
+             \n[[nodes.nics]]\nname = \"lo\"\nrail = 0\nspeed_mbps = 1000\nvirtual = true\nnuma = 0\n\
+             \n[[nodes.nics]]\nname = \"lo1\"\nrail = 1\nspeed_mbps = 3000\nvirtual = true\nnuma = 0\n"
+        ));
+    }
+    let path = dir.join("site.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+#[test]
+fn nic_rates_come_from_the_topology_file_and_unlisted_nodes_are_refused() {
+    let dir = std::env::temp_dir().join(format!("r2ccl-topo-file-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = site(&dir, &["node0", "node1"]);
+    let dump = dir.join("view.toml").to_string_lossy().into_owned();
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let root = format!("127.0.0.1:{port}");
+    let secret = Secret::generate().unwrap();
+    let threads: Vec<_> = (0..2u32)
+        .map(|rank| {
+            let (root, secret, file, dump) = (root.clone(), secret.clone(), file.clone(), dump.clone());
+            std::thread::spawn(move || {
+                let mut opts = common::options(rank, 2, &root, &secret, 10_000);
+                opts.config.topo.file = file;
+                opts.config.topo.dump_file = dump;
+                let comm = Communicator::init(opts).unwrap();
+                let mut out = [0u8; 4];
+                comm.all_reduce(&(rank + 1).to_le_bytes(), &mut out, DType::U32, ReduceOp::Sum).unwrap();
+                u32::from_le_bytes(out)
+            })
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap(), 3);
+    }
+    let view = std::fs::read_to_string(&dump).unwrap();
+    assert!(view.contains("speed_mbps = 1000"), "the agreed rate is the file's slowest NIC: {view}");
+
+    // A node the file does not list.
+    let file = site(&dir, &["node1"]);
+    let mut opts = common::options(0, 1, "127.0.0.1:1", &secret, 10_000);
+    opts.config.topo.file = file;
+    let err = Communicator::init(opts).err().expect("init refuses a node the file does not list").to_string();
+    assert!(err.contains("node0") && err.contains("topo.file"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
