@@ -1,5 +1,6 @@
 //! Multi-process runs of r2ccl-perf over UCX on loopback: every collective and data type,
-//! software-injected NIC failures, and bounded errors.
+//! software-injected NIC failures (down and black hole) at seeded random points, strangers on
+//! every listening port, and bounded errors.
 #![allow(clippy::unwrap_used, reason = "a panic here is a test failure with a message")]
 
 use std::process::{Command, Output};
@@ -35,6 +36,48 @@ fn every_collective_is_exact_on_four_ranks() {
         assert!(t.contains("# Out of bounds values : 0 OK"), "{coll}: {t}");
         // A fault-free job says nothing alarming, not even while its ranks leave one by one.
         assert!(!t.contains(" WARN ") && !t.contains(" ERROR "), "{coll}: warnings in a fault-free run: {t}");
+    }
+}
+
+/// A small deterministic generator for fault points (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
+
+#[test]
+fn every_collective_and_dtype_survives_a_nic_failure_at_a_random_point() {
+    // `TEST_SEED` picks other points; the seed is printed so a failure can be replayed.
+    let seed: u64 = std::env::var("TEST_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(2026);
+    eprintln!("fault points from seed {seed} (set TEST_SEED to change)");
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let dtypes = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16"];
+    let collectives = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv"];
+    for (i, coll) in collectives.iter().enumerate() {
+        let dtype = dtypes[(i * 3 + rng.below(3) as usize) % dtypes.len()];
+        let kind = ["down", "blackhole"][rng.below(2) as usize];
+        // Each rank moves a few MiB per iteration: the fault lands in the first few iterations.
+        let (rank, nic) = (rng.below(4), rng.below(2));
+        let fault = format!("rank={rank},nic={nic},after_bytes={}K,kind={kind}", 256 + rng.below(6 * 1024));
+        let args = [
+            "launch", "-n", "4", "--nics", "2", "--fail", &fault, coll, "-b", "2M", "-e", "2M", "-n", "5", "-w", "1",
+            "-d", dtype, "-r", "2",
+        ];
+        let (o, took) = perf(&args, &[]);
+        let t = text(&o);
+        eprintln!("{coll} {dtype} with {fault}: exit {:?} in {took:.1?}", o.status.code());
+        assert!(o.status.success(), "{coll} {dtype} {fault} (seed {seed}): {t}");
+        assert!(t.contains("# Out of bounds values : 0 OK"), "{coll} {dtype} {fault} (seed {seed}): {t}");
+        // The fault fired and rank 0 heard of it: the NIC went down (its link, or a verdict
+        // blaming it), or at least one of rank 0's paths failed.
+        let seen = t.contains(&format!("NIC node{rank}/nic{nic} down")) || t.contains(" failed (");
+        assert!(seen, "{coll} {dtype} {fault} (seed {seed}): no failure reported: {t}");
     }
 }
 
@@ -262,4 +305,74 @@ fn a_nic_missing_at_start_is_planned_around() {
         );
     }
     assert!(text(&outs[0]).contains("# Out of bounds values : 0 OK"), "{}", text(&outs[0]));
+}
+
+/// Direct children of process `pid` (from `/proc/*/stat`).
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // `pid (comm) state ppid ...`: the command may hold spaces, so read after the last ')'.
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+/// TCP listening addresses of the processes `pids` (from `ss -ltnpH`), as connectable addresses.
+fn listening(pids: &[u32]) -> Vec<String> {
+    let out = Command::new("ss").args(["-ltnpH"]).output().expect("ss (iproute2) lists listening sockets");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut addrs = Vec::new();
+    for line in text.lines() {
+        if !pids.iter().any(|p| line.contains(&format!("pid={p},"))) {
+            continue;
+        }
+        let Some(local) = line.split_whitespace().nth(3) else { continue };
+        let Some((host, port)) = local.rsplit_once(':') else { continue };
+        let host = match host {
+            "*" | "0.0.0.0" => "127.0.0.1".to_owned(),
+            "[::]" => "[::1]".to_owned(),
+            h => h.split('%').next().unwrap_or(h).to_owned(),
+        };
+        addrs.push(format!("{host}:{port}"));
+    }
+    addrs
+}
+
+#[test]
+fn strangers_on_every_listening_port_are_dropped_and_the_job_stays_exact() {
+    use std::io::Write as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_r2ccl-perf"))
+        .args(["launch", "-n", "3", "--nics", "2", "all_reduce", "-b", "1M", "-e", "1M", "-N", "0", "--duration", "4"])
+        .env("R2CCL_DEBUG", "ERROR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let ranks = children(child.id());
+    let addrs = listening(&ranks);
+    // Every rank listens at least for the OOB mesh and for UCX's TCP connections.
+    assert!(ranks.len() == 3 && addrs.len() >= 2 * ranks.len(), "ranks {ranks:?} listen on {addrs:?}");
+    let mut silent = Vec::new();
+    for addr in &addrs {
+        // One stranger sends garbage and leaves, another connects and says nothing.
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            let garbage: Vec<u8> = (0..512u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+            let _ = s.write_all(&garbage);
+        }
+        if let Ok(s) = std::net::TcpStream::connect(addr) {
+            silent.push(s);
+        }
+    }
+    eprintln!("strangers knocked on {} ports of ranks {ranks:?}: {addrs:?}", addrs.len());
+    let o = child.wait_with_output().unwrap();
+    drop(silent);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("# Out of bounds values : 0 OK"), "{t}");
 }
