@@ -346,7 +346,7 @@ fn listening(pids: &[u32]) -> Vec<String> {
 #[test]
 fn strangers_on_every_listening_port_are_dropped_and_the_job_stays_exact() {
     use std::io::Write as _;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_r2ccl-perf"))
+    let child = Command::new(env!("CARGO_BIN_EXE_r2ccl-perf"))
         .args(["launch", "-n", "3", "--nics", "2", "all_reduce", "-b", "1M", "-e", "1M", "-N", "0", "--duration", "4"])
         .env("R2CCL_DEBUG", "ERROR")
         .stdout(std::process::Stdio::piped())
