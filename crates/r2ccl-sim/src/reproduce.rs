@@ -360,9 +360,9 @@ pub fn gpt3_13b() -> Result<Table, SimError> {
     })
 }
 
-/// Failure counts of the 512-GPU table that also run the planner's choice in `reproduce`. The planner picks the
-/// four-stage schedule with 64 chunks: about 8 million flows, 13 s for one failure and 60 s for ten (their
-/// flows then share one component of the max-min computation), so ten failures run only with
+/// Failure counts of the 512-GPU table that also run the planner's choice in `reproduce`. The planner's
+/// schedules there (Balance with one failure, recursive with K = 64 with ten, see docs/reproduction.md) have
+/// hundreds of thousands of flows; ten failures take most of a run's time, so they run only with
 /// `reproduce --extended` ([`PLANNER_FAILURES_512_EXTENDED`]).
 pub const PLANNER_FAILURES_512: [u32; 1] = [1];
 
