@@ -1686,6 +1686,14 @@ impl Progress {
                         if local { "local link state" } else { "reported by its node" }
                     ));
                 }
+                EngineEvent::NicBlamed { nic, up } => {
+                    crate::metrics::set_nic_up(&format!("node{}", nic.node.0), &format!("nic{}", nic.rail.0), up);
+                    self.note(if up {
+                        format!("NIC {nic} back on every rank (answers probes again after its hold-down)")
+                    } else {
+                        format!("NIC {nic} taken out on every rank (a localization verdict blamed it)")
+                    });
+                }
                 EngineEvent::PathRecovered { path } => self.note(format!("path {path} answers probes again")),
                 EngineEvent::Localized { path, verdict, method, .. } => {
                     self.note(format!("path {path} failed: verdict {verdict} ({method:?})"));

@@ -1,7 +1,8 @@
 //! Control messages between the engines of two ranks, carried on the OOB `Detect` channel:
 //! path-down notices (bilateral awareness), NIC state broadcasts (hot repair), the
 //! sender-authoritative migration request and acknowledgement (replay boundary =
-//! min(sender done, receiver holds)), transfer receipts and probe results.
+//! min(sender done, receiver holds)), transfer receipts, probe results, and verdicts that blame
+//! a NIC (sent to the lead rank of its node, which alone announces it).
 
 use r2ccl_core::{NicId, Rank};
 use r2ccl_transport::{CommId, PathId, TransferKey};
@@ -66,6 +67,15 @@ pub enum Ctrl {
         key: TransferKey,
         /// The chunk that was dropped.
         index: u32,
+    },
+    /// To the lead rank of `nic`'s node: a failure detector's verdict blames `nic` (`failed`), or
+    /// a path through it it had blamed answers again (`!failed`). The lead decides and announces
+    /// the NIC's state with `NicState`, so that concurrent verdicts never take a node's last NIC.
+    Blame {
+        /// The NIC.
+        nic: NicId,
+        /// Blamed (true) or answering again (false).
+        failed: bool,
     },
     /// A probe over this path (sender's view) got through; the receiver marks the mirror up.
     PathUp {
@@ -161,6 +171,7 @@ impl Ctrl {
             Ctrl::RecvDone { key } => w.u8(5).key(key),
             Ctrl::PathUp { local, remote } => w.u8(6).nic(local).nic(remote),
             Ctrl::Nack { key, index } => w.u8(7).key(key).u32(index),
+            Ctrl::Blame { nic, failed } => w.u8(8).nic(nic).u8(u8::from(failed)),
         };
         w.0
     }
@@ -188,6 +199,7 @@ impl Ctrl {
             5 => Ctrl::RecvDone { key: r.key()? },
             6 => Ctrl::PathUp { local: r.nic()?, remote: r.nic()? },
             7 => Ctrl::Nack { key: r.key()?, index: r.u32()? },
+            8 => Ctrl::Blame { nic: r.nic()?, failed: r.u8()? != 0 },
             _ => return Err(CtrlError("unknown kind")),
         };
         if !r.0.is_empty() {
@@ -226,6 +238,8 @@ mod tests {
             Ctrl::RecvDone { key },
             Ctrl::PathUp { local: NicId::new(0, 1), remote: NicId::new(1, 1) },
             Ctrl::Nack { key, index: 3 },
+            Ctrl::Blame { nic: NicId::new(3, 1), failed: true },
+            Ctrl::Blame { nic: NicId::new(3, 0), failed: false },
         ];
         for m in msgs {
             let b = m.encode();

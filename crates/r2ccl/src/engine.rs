@@ -175,6 +175,14 @@ pub enum EngineEvent {
         /// When.
         at: Duration,
     },
+    /// As the lead rank of its node, this rank took a NIC out on every rank because a verdict
+    /// blamed it (`up: false`), or put it back because the detector saw it answer again.
+    NicBlamed {
+        /// The NIC.
+        nic: NicId,
+        /// Whether it is back in.
+        up: bool,
+    },
     /// A failed path answered a probe.
     PathRecovered {
         /// The path.
@@ -924,7 +932,7 @@ impl Engine {
                 DetectCommand::DeclareFailed { path, verdict, method } => {
                     self.on_verdict(now, t, from_detect(path), verdict, method)?;
                 }
-                DetectCommand::DeclareRecovered { path } => self.on_detector_recovered(now, from_detect(path)),
+                DetectCommand::DeclareRecovered { path } => self.on_detector_recovered(now, t, from_detect(path))?,
                 // Connections have a single path here: lanes move through the engine's own
                 // per-lane agreement (MigrateReq/MigrateAck), and every collective is planned
                 // from the agreed view anyway.
@@ -949,7 +957,8 @@ impl Engine {
     }
 
     /// The detector declared `path` failed and blamed `verdict`: the path goes down (if the
-    /// stall check had not taken it down already), and a blamed NIC goes down on every rank.
+    /// stall check had not taken it down already), and a blamed NIC is reported to the lead rank
+    /// of its node, which takes it down on every rank.
     fn on_verdict<T: Transport + ?Sized>(
         &mut self,
         now: Duration,
@@ -964,37 +973,94 @@ impl Engine {
             self.session.handle_path_down(now, t, path, PathFault::Timeout);
         }
         let (Verdict::LocalNic(nic) | Verdict::RemoteNic(nic)) = verdict else { return Ok(()) };
-        if self.down_nics.contains(&nic) {
-            return Ok(());
-        }
-        tracing::warn!(target: subsys::DETECT, rank = %self.rank, %nic, %path, "NIC blamed by localization: taken out on every rank");
-        self.blamed.insert(nic);
-        self.note_nic(nic, false);
-        self.session.handle_nic_down(now, t, nic);
-        let local = self.session.topology().node_of(self.rank) == Some(nic.node);
-        self.events.push_back(EngineEvent::NicState { nic, up: false, local });
-        for r in 0..self.world {
-            self.send_ctrl(Rank(r), Ctrl::NicState { nic, up: false });
-        }
-        self.check_peers()
+        self.report_blame(now, t, nic, true)
     }
 
-    /// The detector saw enough good probes on `path` after its hold-down: a NIC it had blamed
-    /// comes back on every rank, and the path carries traffic again.
-    fn on_detector_recovered(&mut self, now: Duration, path: PathId) {
+    /// The lead rank of `node`: the lowest rank on it. It alone announces verdicts on its NICs.
+    fn lead_of(&self, node: NodeId) -> Option<Rank> {
+        let topo = self.session.topology();
+        (0..self.world).map(Rank).find(|&r| topo.node_of(r) == Some(node))
+    }
+
+    /// Tell the lead rank of `nic`'s node that a verdict blames `nic` (`failed`) or that a path
+    /// through it answers again; the lead handles its own reports directly.
+    fn report_blame<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        nic: NicId,
+        failed: bool,
+    ) -> Result<(), EngineError> {
+        match self.lead_of(nic.node) {
+            Some(lead) if lead == self.rank => self.on_blame(now, t, nic, failed),
+            Some(lead) => {
+                self.send_ctrl(lead, Ctrl::Blame { nic, failed });
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// As the lead rank of `nic`'s node: a verdict blames `nic` (`failed`) or a path through it
+    /// answers again. A blamed NIC goes down on every rank (the NicState broadcast) unless it is
+    /// the node's last usable one: when every NIC of a node looks dead, the host (busy, or its
+    /// process gone) is the likelier culprit, and peer loss is the OOB mesh's to report. A NIC
+    /// comes back only if a blame took it down, never one whose link is down.
+    fn on_blame<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        nic: NicId,
+        failed: bool,
+    ) -> Result<(), EngineError> {
+        if failed {
+            if self.down_nics.contains(&nic) {
+                return Ok(());
+            }
+            let others = self.session.topology().nics_of(nic.node);
+            if !others.iter().any(|&x| x != nic && !self.down_nics.contains(&x)) {
+                tracing::warn!(target: subsys::DETECT, rank = %self.rank, %nic, "verdict blames the last usable NIC of its node: kept (paths fail one by one)");
+                return Ok(());
+            }
+            tracing::warn!(target: subsys::DETECT, rank = %self.rank, %nic, "NIC blamed by localization: taken out on every rank");
+            self.blamed.insert(nic);
+            self.note_nic(nic, false);
+            self.session.handle_nic_down(now, t, nic);
+            self.events.push_back(EngineEvent::NicBlamed { nic, up: false });
+            for r in 0..self.world {
+                self.send_ctrl(Rank(r), Ctrl::NicState { nic, up: false });
+            }
+            self.check_peers()
+        } else {
+            if !self.blamed.remove(&nic) {
+                return Ok(());
+            }
+            tracing::info!(target: subsys::DETECT, rank = %self.rank, %nic, "blamed NIC answers again");
+            self.note_nic(nic, true);
+            self.session.handle_nic_up(now, nic);
+            self.events.push_back(EngineEvent::NicBlamed { nic, up: true });
+            for r in 0..self.world {
+                self.send_ctrl(Rank(r), Ctrl::NicState { nic, up: true });
+            }
+            Ok(())
+        }
+    }
+
+    /// The detector saw enough good probes on `path` after its hold-down: the lead ranks of
+    /// its NICs' nodes hear of it (a NIC a verdict took down comes back), and the path carries
+    /// traffic again.
+    fn on_detector_recovered<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        path: PathId,
+    ) -> Result<(), EngineError> {
+        self.verdicts.remove(&path);
         for nic in [path.local, path.remote] {
-            if self.blamed.remove(&nic) {
-                tracing::info!(target: subsys::DETECT, rank = %self.rank, %nic, "blamed NIC answers again");
-                self.note_nic(nic, true);
-                self.session.handle_nic_up(now, nic);
-                let local = self.session.topology().node_of(self.rank) == Some(nic.node);
-                self.events.push_back(EngineEvent::NicState { nic, up: true, local });
-                for r in 0..self.world {
-                    self.send_ctrl(Rank(r), Ctrl::NicState { nic, up: true });
-                }
+            if self.down_nics.contains(&nic) {
+                self.report_blame(now, t, nic, false)?;
             }
         }
-        self.verdicts.remove(&path);
         if self.session.is_path_down(path)
             && !self.session.is_nic_down(path.local)
             && !self.session.is_nic_down(path.remote)
@@ -1005,6 +1071,7 @@ impl Engine {
             self.send_ctrl(path.peer, Ctrl::PathUp { local: path.local, remote: path.remote });
             self.events.push_back(EngineEvent::PathRecovered { path });
         }
+        Ok(())
     }
 
     fn check_reachable(&self, a: NodeId, b: NodeId) -> Result<(), EngineError> {
@@ -1267,6 +1334,16 @@ impl Engine {
                     Err(SessionError::PathDown(_)) => self.begin_migration(now, m.req, m.stopped_at),
                     Err(SessionError::UnknownLane(_) | SessionError::LaneNotQuiesced(_)) => {}
                     Err(e) => return Err(e.into()),
+                }
+            }
+            Ctrl::Blame { nic, failed } => {
+                if self.lead_of(nic.node) == Some(self.rank) {
+                    self.on_blame(now, t, nic, failed)?;
+                } else {
+                    self.events.push_back(EngineEvent::BadInput {
+                        from,
+                        what: format!("verdict on {nic} sent to a rank that does not lead its node"),
+                    });
                 }
             }
             Ctrl::Nack { key, index } => {

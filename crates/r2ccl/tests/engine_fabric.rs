@@ -270,10 +270,32 @@ fn a_black_hole_is_localized_to_its_nic_which_every_rank_takes_out_and_brings_ba
     assert!(c.run_until(Duration::from_secs(10), nobody_blames), "the NIC came back: {:?}", c.events);
     // Hysteresis: three consecutive good probes, 100 ms apart, not the first answer.
     assert!(c.now >= healed_at + Duration::from_millis(200), "recovered after {:?}", c.now - healed_at);
-    assert!(c.events.iter().any(|(_, e)| matches!(e, EngineEvent::NicState { nic, up: true, .. } if *nic == bad)));
+    assert!(c.events.iter().any(|(_, e)| matches!(e, EngineEvent::NicBlamed { nic, up: true } if *nic == bad)));
     let inputs = inputs_f32(3, 7000, 6);
     let out = c.run(3, Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, 7000, &inputs);
     assert!(out.iter().all(|o| o == &allreduce_expected(&inputs)));
+}
+
+#[test]
+fn a_verdict_never_takes_a_nodes_last_nic_and_the_collective_resumes_when_it_answers() {
+    let mut c = Cluster::new(3, 1, 2, 6);
+    let count = 1 << 20;
+    let inputs = inputs_f32(3, count, 7);
+    let (dead, silent) = (NicId::new(1, 0), NicId::new(1, 1));
+    c.fabric.schedule(Duration::from_millis(1), FaultAction::NicDown(dead));
+    c.fabric.schedule(Duration::from_millis(3), FaultAction::BlackHole(silent, true));
+    c.fabric.schedule(Duration::from_millis(1500), FaultAction::BlackHole(silent, false));
+    let out = c.run(1, Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, count as u64, &inputs);
+    assert!(out.iter().all(|o| o == &allreduce_expected(&inputs)));
+    let blamed = c.events.iter().any(|(_, e)| {
+        matches!(e, EngineEvent::Localized { verdict: Verdict::LocalNic(n) | Verdict::RemoteNic(n), .. } if *n == silent)
+    });
+    assert!(blamed, "the silent NIC was localized: {:?}", c.events);
+    let taken = c.events.iter().any(|(_, e)| {
+        matches!(e, EngineEvent::NicState { nic, up: false, .. } | EngineEvent::NicBlamed { nic, up: false } if *nic == silent)
+    });
+    assert!(!taken, "node 1's last usable NIC stayed in: {:?}", c.events);
+    assert!(c.engines.iter().all(|e| e.down_nics().iter().eq([&dead])));
 }
 
 #[test]
