@@ -185,6 +185,9 @@ pub fn rank_main() {
     let recv_key = recv_from.map(|src| TransferKey::new(1, 0, 0, src, me));
     let dst = recv_key.map(|key| {
         let h = t.register(len).unwrap();
+        // Fault the destination's pages in before GO: a transfer is timed, not first touches of
+        // fresh memory (ucx_perftest, the benchmark's yardstick, reuses one buffer).
+        t.region_mut(h).unwrap().fill(0x5A);
         s.expect_recv(t0.elapsed(), &mut t, key, Buffer { region: h, offset: 0, len: len as u64 }).unwrap();
         h
     });
