@@ -1135,6 +1135,11 @@ impl Engine {
                     if let Err(e) = fed {
                         tracing::debug!(target: subsys::DETECT, rank = %self.rank, %nic, %e, "link state not fed to the detector");
                     }
+                    // Its link state rules from now on: a later probe answer must not bring back a
+                    // NIC whose link went down while a verdict held it out.
+                    if !up {
+                        self.blamed.remove(&nic);
+                    }
                     self.events.push_back(EngineEvent::NicState { nic, up, local: true });
                     self.note_nic(nic, up);
                     for r in 0..self.world {
