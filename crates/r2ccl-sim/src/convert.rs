@@ -27,6 +27,44 @@ use r2ccl_algo::{AlgoError, Layout, RankSchedule, ScheduleRequest, StepKind};
 use r2ccl_core::{DType, HealthEpoch, HealthView, NicHealth, NodeHealth, Rank, ReduceOp};
 use r2ccl_policy::{Collective, NodeSpec, Plan, Strategy as PolicyStrategy, Topology};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A fast, non-cryptographic hasher for the converter's integer keys (the FxHash mix). The maps it serves
+/// hold the ids of one run's ranks, tags and rails, never outside input that could be chosen to collide.
+#[derive(Clone, Copy, Debug, Default)]
+struct FxHasher(u64);
+
+impl FxHasher {
+    fn mix(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for FxHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.mix(u64::from(b));
+        }
+    }
+    fn write_u16(&mut self, x: u16) {
+        self.mix(u64::from(x));
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.mix(u64::from(x));
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.mix(x);
+    }
+    fn write_usize(&mut self, x: usize) {
+        self.mix(x as u64);
+    }
+}
+
+/// A map with integer keys hashed by [`FxHasher`].
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// What a conversion produced.
 #[derive(Clone, Debug, PartialEq)]
@@ -102,20 +140,23 @@ pub fn append_schedules(
         nic_rx: vec![0; layout.nodes() * k],
         intra_bytes: vec![0; layout.nodes()],
     };
-    let mut open: HashMap<(u32, u32, u64), Half> = HashMap::new();
+    let mut open: FxMap<(u32, u32, u64), Half> = FxMap::default();
     let mut sinks: Vec<TaskId> = Vec::new();
     let mut task_of: Vec<TaskId> = Vec::new();
     let mut has_dependent: Vec<bool> = Vec::new();
     let mut deps: Vec<TaskId> = Vec::new();
     let mut parts: Vec<TaskId> = Vec::new();
     // One queue per connection (sender, receiver, source rail, destination rail; intra-node: rails u32::MAX).
-    let mut queues: HashMap<(u32, u32, u32, u32), u32> = HashMap::new();
+    let mut queues: FxMap<(u32, u32, u32, u32), u32> = FxMap::default();
+    // Per rank: the byte counts of each (split, message length) (`RailSplit::divide`, memoized).
+    let mut divided: FxMap<(u16, u64), Vec<u64>> = FxMap::default();
     for r in 0..layout.ranks() as u32 {
         let rank = Rank(r);
         let sched = build(rank).map_err(|e| SimError::Convert(format!("building {rank}: {e}")))?;
         let me = endpoint(rank)?;
         let my_node = layout.node_of(rank).map_err(|e| SimError::Convert(e.to_string()))?.index();
         let elem = sched.dtype.size() as u64;
+        divided.clear();
         task_of.clear();
         has_dependent.clear();
         has_dependent.resize(sched.steps().len(), false);
@@ -165,7 +206,8 @@ pub fn append_schedules(
                         }
                         Some(sp) => {
                             let peer_node = layout.node_of(peer).map_err(|e| SimError::Convert(e.to_string()))?;
-                            for (part, bytes) in sp.parts.iter().zip(sp.divide(src.len, elem)) {
+                            let sizes = divided.entry((split.0, src.len)).or_insert_with(|| sp.divide(src.len, elem));
+                            for (part, &bytes) in sp.parts.iter().zip(sizes.iter()) {
                                 if bytes == 0 {
                                     continue;
                                 }
@@ -230,7 +272,7 @@ pub fn append_schedules(
 /// Add `op` after `deps` on the queue of connection `key` (a new queue id for a new connection).
 fn add_queued(
     dag: &mut Dag,
-    queues: &mut HashMap<(u32, u32, u32, u32), u32>,
+    queues: &mut FxMap<(u32, u32, u32, u32), u32>,
     key: (u32, u32, u32, u32),
     op: Op,
     deps: &[TaskId],

@@ -467,6 +467,11 @@ struct Sim<'a> {
     failures: &'a [Failure],
     cfg: &'a EngineConfig,
     heap: BinaryHeap<Item>,
+    /// Flow starts by path latency (bit pattern): each is due at the time its task started plus that latency,
+    /// and tasks start at the current time, which never decreases, so each FIFO is in event order and keeps
+    /// these events (about half of all) out of the heap. The next event is the earliest of the heap's top
+    /// and the FIFOs' fronts, by (time, sequence number) as in the heap.
+    starts: Vec<(u64, VecDeque<Item>)>,
     seq: u64,
     now: f64,
     cap: Vec<f64>,
@@ -536,6 +541,7 @@ impl<'a> Sim<'a> {
             failures,
             cfg,
             heap: BinaryHeap::new(),
+            starts: Vec::new(),
             seq: 0,
             now: 0.0,
             cap: fabric.capacities().to_vec(),
@@ -614,6 +620,49 @@ impl<'a> Sim<'a> {
         self.heap.push(Item { t, seq: self.seq, ev });
     }
 
+    /// Queue `ev` at `now + lat` on the FIFO of latency `lat` (the heap if that would break the FIFO's order).
+    fn push_after(&mut self, lat: f64, ev: Ev) {
+        let t = self.now + lat;
+        let key = lat.to_bits();
+        let i = match self.starts.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                self.starts.push((key, VecDeque::new()));
+                self.starts.len() - 1
+            }
+        };
+        if self.starts[i].1.back().is_some_and(|b| b.t > t) {
+            self.push(t, ev);
+            return;
+        }
+        self.seq += 1;
+        let item = Item { t, seq: self.seq, ev };
+        self.starts[i].1.push_back(item);
+    }
+
+    /// The earliest pending event (by time, then sequence number), if any is due by `horizon`; removed.
+    fn pop_due(&mut self, horizon: f64) -> Option<Item> {
+        // `Item`'s order is reversed (the heap is a min-heap): the greater item is the earlier one.
+        let mut best: Option<(Item, usize)> = self.heap.peek().map(|&it| (it, usize::MAX));
+        for (i, (_, q)) in self.starts.iter().enumerate() {
+            if let Some(&it) = q.front() {
+                if best.is_none_or(|(b, _)| it > b) {
+                    best = Some((it, i));
+                }
+            }
+        }
+        let (it, from) = best?;
+        if it.t > horizon {
+            return None;
+        }
+        if from == usize::MAX {
+            self.heap.pop();
+        } else {
+            self.starts[from].1.pop_front();
+        }
+        Some(it)
+    }
+
     fn nic_index(&self, node: u32, rail: u32) -> usize {
         (node * self.fabric.spec().nics_per_node + rail) as usize
     }
@@ -625,7 +674,11 @@ impl<'a> Sim<'a> {
             Op::Delay(d) => self.push(at + d.max(0.0), Ev::DelayDone(task)),
             Op::Transfer { src, dst, .. } | Op::Pinned { src, dst, .. } => {
                 let lat = self.fabric.path_latency(src, dst);
-                self.push(at + lat, Ev::FlowStart(task));
+                if at == self.now {
+                    self.push_after(lat, Ev::FlowStart(task));
+                } else {
+                    self.push(at + lat, Ev::FlowStart(task));
+                }
             }
         }
     }
@@ -659,17 +712,12 @@ impl<'a> Sim<'a> {
 
     fn run(&mut self) {
         self.drain_instant();
-        while let Some(first) = self.heap.pop() {
+        while let Some(first) = self.pop_due(f64::INFINITY) {
             self.now = self.now.max(first.t);
             let horizon = self.now + 1e-12 * (1.0 + self.now.abs());
             self.handle(first.ev);
             self.drain_instant();
-            while let Some(top) = self.heap.peek() {
-                if top.t > horizon {
-                    break;
-                }
-                let it = *top;
-                self.heap.pop();
+            while let Some(it) = self.pop_due(horizon) {
                 self.handle(it.ev);
                 self.drain_instant();
             }
