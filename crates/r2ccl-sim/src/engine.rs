@@ -429,6 +429,111 @@ impl Ord for Item {
     }
 }
 
+/// Pending flow completions, at most one per flow: a binary min-heap on (time, sequence number) that knows
+/// each flow's position, so a flow whose rate changes moves its entry instead of leaving a stale one behind.
+#[derive(Debug, Default)]
+struct Completions {
+    /// (time, sequence number, flow).
+    heap: Vec<(f64, u64, u32)>,
+    /// Per flow: its index in `heap`, or `ABSENT`.
+    pos: Vec<u32>,
+}
+
+/// A flow with no pending completion.
+const ABSENT: u32 = u32::MAX;
+
+impl Completions {
+    fn is_before(a: &(f64, u64, u32), b: &(f64, u64, u32)) -> bool {
+        a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)) == Ordering::Less
+    }
+
+    /// Make flow `s`'s completion due at `t`, with sequence number `seq`.
+    fn set(&mut self, s: u32, t: f64, seq: u64) {
+        let si = s as usize;
+        if si >= self.pos.len() {
+            self.pos.resize(si + 1, ABSENT);
+        }
+        let item = (t, seq, s);
+        match self.pos[si] {
+            ABSENT => {
+                self.heap.push(item);
+                let i = self.heap.len() - 1;
+                self.pos[si] = i as u32;
+                self.sift_up(i);
+            }
+            p => {
+                let i = p as usize;
+                let earlier = Self::is_before(&item, &self.heap[i]);
+                self.heap[i] = item;
+                if earlier {
+                    self.sift_up(i);
+                } else {
+                    self.sift_down(i);
+                }
+            }
+        }
+    }
+
+    /// Drop flow `s`'s pending completion, if any.
+    fn remove(&mut self, s: u32) {
+        let Some(&p) = self.pos.get(s as usize) else { return };
+        if p == ABSENT {
+            return;
+        }
+        self.pos[s as usize] = ABSENT;
+        let i = p as usize;
+        let Some(last) = self.heap.pop() else { return };
+        if i < self.heap.len() {
+            self.heap[i] = last;
+            self.pos[last.2 as usize] = i as u32;
+            if i > 0 && Self::is_before(&self.heap[i], &self.heap[(i - 1) / 2]) {
+                self.sift_up(i);
+            } else {
+                self.sift_down(i);
+            }
+        }
+    }
+
+    /// The earliest pending completion.
+    fn first(&self) -> Option<(f64, u64, u32)> {
+        self.heap.first().copied()
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        self.heap.swap(a, b);
+        self.pos[self.heap[a].2 as usize] = a as u32;
+        self.pos[self.heap[b].2 as usize] = b as u32;
+    }
+
+    fn sift_up(&mut self, mut i: usize) {
+        while i > 0 {
+            let p = (i - 1) / 2;
+            if !Self::is_before(&self.heap[i], &self.heap[p]) {
+                break;
+            }
+            self.swap(i, p);
+            i = p;
+        }
+    }
+
+    fn sift_down(&mut self, mut i: usize) {
+        let n = self.heap.len();
+        loop {
+            let l = 2 * i + 1;
+            if l >= n {
+                break;
+            }
+            let r = l + 1;
+            let m = if r < n && Self::is_before(&self.heap[r], &self.heap[l]) { r } else { l };
+            if !Self::is_before(&self.heap[m], &self.heap[i]) {
+                break;
+            }
+            self.swap(i, m);
+            i = m;
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Sub {
     task: u32,
@@ -472,6 +577,8 @@ struct Sim<'a> {
     /// these events (about half of all) out of the heap. The next event is the earliest of the heap's top
     /// and the FIFOs' fronts, by (time, sequence number) as in the heap.
     starts: Vec<(u64, VecDeque<Item>)>,
+    /// Flow completions (the events `Ev::SubDone`), one entry per flow at its current rate.
+    completions: Completions,
     seq: u64,
     now: f64,
     cap: Vec<f64>,
@@ -542,6 +649,7 @@ impl<'a> Sim<'a> {
             cfg,
             heap: BinaryHeap::new(),
             starts: Vec::new(),
+            completions: Completions::default(),
             seq: 0,
             now: 0.0,
             cap: fabric.capacities().to_vec(),
@@ -643,7 +751,15 @@ impl<'a> Sim<'a> {
     /// The earliest pending event (by time, then sequence number), if any is due by `horizon`; removed.
     fn pop_due(&mut self, horizon: f64) -> Option<Item> {
         // `Item`'s order is reversed (the heap is a min-heap): the greater item is the earlier one.
-        let mut best: Option<(Item, usize)> = self.heap.peek().map(|&it| (it, usize::MAX));
+        const HEAP: usize = usize::MAX;
+        const COMPLETIONS: usize = usize::MAX - 1;
+        let mut best: Option<(Item, usize)> = self.heap.peek().map(|&it| (it, HEAP));
+        if let Some((t, seq, s)) = self.completions.first() {
+            let it = Item { t, seq, ev: Ev::SubDone(s, self.subs[s as usize].ver) };
+            if best.is_none_or(|(b, _)| it > b) {
+                best = Some((it, COMPLETIONS));
+            }
+        }
         for (i, (_, q)) in self.starts.iter().enumerate() {
             if let Some(&it) = q.front() {
                 if best.is_none_or(|(b, _)| it > b) {
@@ -655,10 +771,14 @@ impl<'a> Sim<'a> {
         if it.t > horizon {
             return None;
         }
-        if from == usize::MAX {
-            self.heap.pop();
-        } else {
-            self.starts[from].1.pop_front();
+        match (from, it.ev) {
+            (HEAP, _) => {
+                self.heap.pop();
+            }
+            (COMPLETIONS, Ev::SubDone(s, _)) => self.completions.remove(s),
+            _ => {
+                self.starts[from].1.pop_front();
+            }
         }
         Some(it)
     }
@@ -894,7 +1014,8 @@ impl<'a> Sim<'a> {
         if whole == 0 {
             // Same GPU: nothing to move.
             self.subs[id as usize].queued = true;
-            self.push(self.now, Ev::SubDone(id, 0));
+            self.seq += 1;
+            self.completions.set(id, self.now, self.seq);
         }
         self.scratch_path = path;
     }
@@ -942,6 +1063,7 @@ impl<'a> Sim<'a> {
             sub.alive = false;
             (sub.path_start as usize, sub.path_len as usize)
         };
+        self.completions.remove(s);
         for i in start..start + len {
             let l = self.paths[i];
             let v = &mut self.link_subs[l as usize];
@@ -1049,13 +1171,17 @@ impl<'a> Sim<'a> {
                 // Its queued completion is still right.
                 continue;
             }
+            // A new version: the completion it had at its old rate no longer counts.
             sub.ver = sub.ver.wrapping_add(1);
-            let (rate, rem, ver) = (sub.rate, sub.remaining, sub.ver);
+            let (rate, rem) = (sub.rate, sub.remaining);
             sub.queued = rem <= 0.0 || rate > 0.0;
+            self.seq += 1;
             if rem <= 0.0 {
-                self.push(self.now, Ev::SubDone(s, ver));
+                self.completions.set(s, self.now, self.seq);
             } else if rate > 0.0 {
-                self.push(self.now + rem / rate, Ev::SubDone(s, ver));
+                self.completions.set(s, self.now + rem / rate, self.seq);
+            } else {
+                self.completions.remove(s);
             }
         }
     }
