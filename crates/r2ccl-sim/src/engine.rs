@@ -586,6 +586,8 @@ struct Sim<'a> {
     known: Vec<f64>,
     nic_state: Vec<f64>,
     link_subs: Vec<Vec<u32>>,
+    /// Per entry of `paths`: the flow's index in that link's `link_subs` (removal without a search).
+    link_pos: Vec<u32>,
     subs: Vec<Sub>,
     paths: Vec<LinkId>,
     succ_start: Vec<u32>,
@@ -605,6 +607,8 @@ struct Sim<'a> {
     wsum: Vec<f64>,
     comp_links: Vec<LinkId>,
     comp_subs: Vec<u32>,
+    /// Links still filling ([`Sim::fill_max_min`] scratch).
+    active: Vec<LinkId>,
     stack: Vec<LinkId>,
     scratch_path: Vec<LinkId>,
     events: usize,
@@ -657,6 +661,7 @@ impl<'a> Sim<'a> {
             known: vec![s.nic_bytes_per_s(); nics],
             nic_state: vec![1.0; nics],
             link_subs: vec![Vec::new(); links],
+            link_pos: Vec::new(),
             subs: Vec::new(),
             paths: Vec::new(),
             succ_start,
@@ -675,6 +680,7 @@ impl<'a> Sim<'a> {
             wsum: vec![0.0; links],
             comp_links: Vec::new(),
             comp_subs: Vec::new(),
+            active: Vec::new(),
             stack: Vec::new(),
             scratch_path: Vec::new(),
             events: 0,
@@ -990,6 +996,7 @@ impl<'a> Sim<'a> {
         let path_start = self.paths.len() as u32;
         self.paths.extend_from_slice(&path);
         for &l in &path {
+            self.link_pos.push(self.link_subs[l as usize].len() as u32);
             self.link_subs[l as usize].push(id);
             self.dirty.push(l);
         }
@@ -1066,9 +1073,16 @@ impl<'a> Sim<'a> {
         self.completions.remove(s);
         for i in start..start + len {
             let l = self.paths[i];
+            let p = self.link_pos[i] as usize;
             let v = &mut self.link_subs[l as usize];
-            if let Some(p) = v.iter().position(|&x| x == s) {
-                v.swap_remove(p);
+            v.swap_remove(p);
+            if let Some(&moved) = v.get(p) {
+                // The link's last flow took the removed one's place: its entry for this link moves too.
+                let m = &self.subs[moved as usize];
+                let (a, b) = (m.path_start as usize, m.path_start as usize + m.path_len as usize);
+                if let Some(j) = (a..b).find(|&j| self.paths[j] == l) {
+                    self.link_pos[j] = p as u32;
+                }
             }
             self.dirty.push(l);
         }
@@ -1230,7 +1244,8 @@ impl<'a> Sim<'a> {
     /// Weighted max-min fair rates (progressive filling) in the current component.
     fn fill_max_min(&mut self, gen: u32) {
         // Progressive filling.
-        let mut active: Vec<LinkId> = Vec::with_capacity(self.comp_links.len());
+        let mut active = std::mem::take(&mut self.active);
+        active.clear();
         for &l in &self.comp_links {
             let n = self.link_subs[l as usize].len() as u32;
             if n > 0 {
@@ -1276,6 +1291,7 @@ impl<'a> Sim<'a> {
             }
             active.retain(|&l| self.cnt[l as usize] > 0);
         }
+        self.active = active;
     }
 
     fn result(&self) -> RunResult {
