@@ -2,8 +2,9 @@
 #![allow(clippy::print_stdout, clippy::unwrap_used, reason = "benchmark output")]
 #![allow(clippy::disallowed_methods, reason = "benchmarks measure wall-clock time")]
 
-use r2ccl_sim::collective::{AllReduceJob, Strategy};
-use r2ccl_sim::workload::allreduce_run;
+use r2ccl_sim::collective::{build_allreduce, AllReduceJob, Strategy};
+use r2ccl_sim::engine::{simulate, Dag};
+use r2ccl_sim::workload::plan_health;
 use r2ccl_sim::{reproduce, EngineConfig, Fabric, FabricSpec, Failure, RepairMode};
 use std::time::Instant;
 
@@ -13,29 +14,41 @@ fn main() {
     let fails = [Failure::known_down(3, 2), Failure::down_at(70, 5, 0.002)];
     let e = EngineConfig::with_repair(RepairMode::Spread);
     for s in [Strategy::Balance, Strategy::HotRepair, Strategy::Recursive, Strategy::Planner, Strategy::AlgoBalance] {
+        // What `workload::allreduce_run` does, timed in two parts: the schedule (planning, r2ccl-algo's
+        // build and the conversion, or the formula builder) and the simulation.
         let t = Instant::now();
-        let r = allreduce_run(&fab, s, &job, &fails, &e).unwrap();
-        if let Some(choice) = s.schedule_choice() {
-            let h = r2ccl_sim::workload::plan_health(&fab, &fails);
-            let p = r2ccl_sim::convert::plan_allreduce(&fab, &h, &job, choice).unwrap();
-            let predicted = p.plan.candidate(p.strategy).map_or(f64::NAN, |c| c.time_s);
-            println!(
-                "  {} runs r2ccl-algo {:?} with {} chunks; planner predicted {:.4} s (balance {:.4} s)",
-                s.name(),
-                p.strategy,
-                p.request.chunks,
-                predicted,
-                p.plan.candidate(r2ccl_policy::Strategy::Balance).map_or(f64::NAN, |c| c.time_s)
-            );
+        let h = plan_health(&fab, &fails);
+        let mut dag = Dag::new();
+        match s.schedule_choice() {
+            Some(choice) => {
+                let (p, _) = r2ccl_sim::convert::append_allreduce(&mut dag, &fab, &h, &job, choice, None).unwrap();
+                let predicted = p.plan.candidate(p.strategy).map_or(f64::NAN, |c| c.time_s);
+                println!(
+                    "  {} runs r2ccl-algo {:?} with {} chunks; planner predicted {:.4} s (balance {:.4} s)",
+                    s.name(),
+                    p.strategy,
+                    p.request.chunks,
+                    predicted,
+                    p.plan.candidate(r2ccl_policy::Strategy::Balance).map_or(f64::NAN, |c| c.time_s)
+                );
+            }
+            None => {
+                build_allreduce(&mut dag, &fab, &h, s, &job, None);
+            }
         }
+        let built = t.elapsed().as_secs_f64();
+        let r = simulate(&fab, &dag, &fails, &EngineConfig { repair: s.repair_mode(), ..e }).unwrap();
         let wall = t.elapsed().as_secs_f64();
         println!(
-            "1024-GPU AllReduce 256 MiB, 2 failures, {:<10}: simulated {:.4} s, {} flows, {} events, wall {:.3} s (target < 1 s)",
+            "1024-GPU AllReduce 256 MiB, 2 failures, {:<10}: simulated {:.4} s, {} flows, {} events, wall {:.3} s \
+             (schedule {:.3} s, simulation {:.3} s; target < 1 s)",
             s.name(),
             r.makespan,
             r.flows,
             r.events,
-            wall
+            wall,
+            built,
+            wall - built
         );
     }
     let t = Instant::now();
