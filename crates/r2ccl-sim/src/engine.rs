@@ -1321,6 +1321,42 @@ mod tests {
     }
 
     #[test]
+    fn completions_pop_in_time_then_sequence_order_after_moves_and_removals() {
+        // Random sets (new and moved entries) and removals against a plain sorted reference.
+        let mut c = Completions::default();
+        let mut reference: std::collections::BTreeMap<u32, (f64, u64)> = std::collections::BTreeMap::new();
+        let mut x: u64 = 12345;
+        let mut next = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x >> 33
+        };
+        for seq in 0..20_000u64 {
+            let s = (next() % 300) as u32;
+            if next() % 4 == 0 {
+                c.remove(s);
+                reference.remove(&s);
+            } else {
+                // Few distinct times, so that ties are decided by the sequence number.
+                let t = (next() % 50) as f64 * 0.25;
+                c.set(s, t, seq);
+                reference.insert(s, (t, seq));
+            }
+            if seq % 7 == 0 {
+                let want = reference
+                    .iter()
+                    .map(|(&s, &(t, q))| (t, q, s))
+                    .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                assert_eq!(c.first(), want, "step {seq}");
+                if let Some((_, _, s)) = want {
+                    c.remove(s);
+                    reference.remove(&s);
+                }
+            }
+        }
+        assert_eq!(c.heap.len(), reference.len());
+    }
+
+    #[test]
     fn two_flows_share_a_link_fairly() {
         let f = fab(3, 1);
         let mut dag = Dag::new();
