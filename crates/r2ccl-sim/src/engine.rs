@@ -718,6 +718,11 @@ impl<'a> Sim<'a> {
             sim.elided[fabric.spine_up(rail) as usize] = spine_free;
             sim.elided[fabric.spine_down(rail) as usize] = spine_free;
         }
+        // One flow per transfer in the usual case (migrations and spreads add more): room for them up front.
+        let transfers = dag.ops.iter().filter(|op| op.transfer().is_some()).count();
+        sim.subs.reserve(transfers);
+        sim.sub_mark.reserve(transfers);
+        sim.frozen.reserve(transfers);
         for (i, f) in failures.iter().enumerate() {
             sim.push(f.at_s, Ev::FailStart(i as u32));
         }
