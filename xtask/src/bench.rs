@@ -106,6 +106,8 @@ parts: faultfree strategies pause loopback timeline (default: all); every part b
 --rate RATE        tbf rate per NIC of the testbed parts (default 100mbit; kbit/mbit/gbit)
 --reps N           repetitions per fault kind in the pause part (default 2 quick, 10 full)
 --loopback-nics K  NICs (lo) per r2ccl rank in the loopback part (default 1, like the peers' one TCP path)
+--strategies-size SIZE  AllReduce size per rank in the strategies part (default 16M, 2M with --quick)
+--strategies S[,S...]   run only these strategies there (auto single_backup balance r2ccl_allreduce four_stage)
 writes target/bench/report.json, report.md, *.png; logs in target/bench/logs/";
 
 /// Command-line options.
@@ -116,6 +118,8 @@ struct Opts {
     rate: String,
     reps: Option<u32>,
     loopback_nics: u32,
+    strategies_size: Option<String>,
+    strategies: Vec<String>,
     micro: bool,
 }
 
@@ -127,6 +131,8 @@ impl Opts {
             rate: DEFAULT_RATE.into(),
             reps: None,
             loopback_nics: 1,
+            strategies_size: None,
+            strategies: Vec::new(),
             micro: false,
         };
         let mut it = args.iter();
@@ -164,6 +170,21 @@ impl Opts {
                         bail!("--loopback-nics must be 1..=8");
                     }
                     o.loopback_nics = k;
+                }
+                "--strategies-size" => {
+                    let v = value("--strategies-size")?;
+                    if testbed_size(&v) == 0 {
+                        bail!("--strategies-size `{v}`: expected a size such as 64M");
+                    }
+                    o.strategies_size = Some(v);
+                }
+                "--strategies" => {
+                    for name in value("--strategies")?.split(',').filter(|s| !s.is_empty()) {
+                        if !STRATEGIES.contains(&name) {
+                            bail!("unknown strategy `{name}`; strategies: {}", STRATEGIES.join(" "));
+                        }
+                        o.strategies.push(name.to_owned());
+                    }
                 }
                 "-h" | "--help" => bail!("{USAGE}"),
                 other => bail!("bench: unknown argument `{other}`\n{USAGE}"),
@@ -358,6 +379,8 @@ struct Ctx {
     spec: Spec,
     reps: u32,
     loopback_nics: u32,
+    strategies_size: Option<String>,
+    strategies: Vec<String>,
     next_port: Cell<u16>,
     /// Why plots cannot be drawn (no font), if so.
     no_plots: Option<String>,
@@ -1215,10 +1238,14 @@ fn part_strategies(ctx: &Ctx) -> Result<PartResult> {
     let mut res = PartResult::new(part);
     let logs = ctx.logs(part)?;
     let spec = ctx.spec.clone();
-    let (size, dur, t_fault) = if ctx.quick { ("2M", 5.5, 2.5) } else { ("16M", 30.0, 8.0) };
+    let (default_size, dur, t_fault): (&str, f64, f64) = if ctx.quick { ("2M", 5.5, 2.5) } else { ("16M", 30.0, 8.0) };
+    let size = ctx.strategies_size.as_deref().unwrap_or(default_size);
     let bytes = testbed_size(size);
     let factor = busbw_factor("all_reduce", spec.nodes);
     let (lb, tnf, predictions, chosen) = plan(ctx, &logs, bytes)?;
+    // Larger sizes: at least 3 fault-free collectives before the fault and 12 with it after.
+    let t_fault = t_fault.max(3.0 * tnf);
+    let dur = dur.max(t_fault + 12.0 * 1.3 * lb);
     let bed = Bed::up(&spec)?;
     let one = bytes as f64 * factor / (ctx.node_line_gbs() * 1e9);
     let mut rows = Vec::new();
@@ -1226,7 +1253,7 @@ fn part_strategies(ctx: &Ctx) -> Result<PartResult> {
     let mut table = String::from(
         "| strategy | ran as | fault-free time (ms) | time, NIC down (ms) | lower bound (ms) | predicted (ms) | time / lower bound | time / predicted | windows |\n|---|---|---|---|---|---|---|---|---|\n",
     );
-    for strategy in STRATEGIES {
+    for &strategy in STRATEGIES.iter().filter(|s| ctx.strategies.is_empty() || ctx.strategies.iter().any(|c| c == *s)) {
         let json_path = logs.join(format!("{strategy}.json"));
         let _ = std::fs::remove_file(&json_path);
         let job = Job {
@@ -2098,6 +2125,8 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         spec: Spec { prefix: PREFIX.into(), nodes: 4, nics: 2, rate: Some(opts.rate.clone()) },
         reps: opts.reps.unwrap_or(if opts.quick { 2 } else { 10 }),
         loopback_nics: opts.loopback_nics,
+        strategies_size: opts.strategies_size.clone(),
+        strategies: opts.strategies.clone(),
         next_port: Cell::new(PORT_BASE),
         no_plots: register_font().err(),
     };

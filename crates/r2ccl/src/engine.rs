@@ -25,7 +25,7 @@
 //! path: a lane moves as soon as its path stops, and the verdict follows.
 
 use crate::ctrl::Ctrl;
-use r2ccl_algo::{Buf, RankSchedule, Region, StepKind};
+use r2ccl_algo::{Buf, RankSchedule, Region, Step, StepKind};
 use r2ccl_core::kernels::{finalize_avg_bytes, reduce_bytes};
 use r2ccl_core::{subsys, NicId, NodeId, Rank};
 use r2ccl_detect::{
@@ -485,9 +485,16 @@ impl Engine {
         }
         let len = usize::try_from(end).map_err(|_| EngineError::BufferSize { got: usize::MAX, want: end })?;
         let h = self.ensure_workspace(t, len)?;
+        // Copies out of the input that wait for nothing run now, straight from the caller's
+        // bytes (a ring AllReduce starts with input -> output); the input goes into the
+        // workspace only if another step reads it. That saves one pass over the buffer.
+        let direct = copies_from_input_now(&sched);
+        let input_read_later = sched.steps().iter().enumerate().any(|(i, s)| !direct[i] && touches_input(s));
         {
             let ws = t.region_mut(h)?;
-            ws[..input.len()].copy_from_slice(input);
+            if input_read_later {
+                ws[..input.len()].copy_from_slice(input);
+            }
             // Only schedules that leave output bytes unwritten (Send/Recv away from the
             // receiver, Reduce away from the root) need the caller's bytes preserved.
             let writes_all = sched.steps().iter().any(|s| match s.kind {
@@ -498,6 +505,12 @@ impl Engine {
             });
             if !writes_all {
                 ws[input.len()..input.len() + output.len()].copy_from_slice(output);
+            }
+            for (i, _) in direct.iter().enumerate().filter(|(_, &d)| d) {
+                let StepKind::Copy { src, dst } = sched.steps()[i].kind else { continue };
+                let (s, d, l) = (src.offset as usize, region_abs(&base, &dst) as usize, src.len as usize);
+                let from = input.get(s..s + l).ok_or(EngineError::BadRegion(src))?;
+                ws.get_mut(d..d + l).ok_or(EngineError::BadRegion(dst))?.copy_from_slice(from);
             }
         }
         // Dense per-pair message numbers: both ends sort the same tag set the same way.
@@ -539,7 +552,7 @@ impl Engine {
                 by_recv.insert(key, i);
             }
         }
-        let ready: VecDeque<usize> = (0..n).filter(|&i| remaining[i] == 0).collect();
+        let ready: VecDeque<usize> = (0..n).filter(|&i| remaining[i] == 0 && !direct[i]).collect();
         self.early_receipts.retain(|k| k.seq >= seq);
         self.exec = Some(Exec {
             seq,
@@ -557,6 +570,9 @@ impl Engine {
             done: 0,
             unacked: BTreeSet::new(),
         });
+        for (i, _) in direct.iter().enumerate().filter(|(_, &d)| d) {
+            self.complete_step(i);
+        }
         tracing::debug!(target: subsys::COLL, rank = %self.rank, seq, steps = n, "collective started");
         // NICs that went down between collectives: the check at the NIC event saw no collective.
         self.check_peers()?;
@@ -1387,6 +1403,29 @@ impl Engine {
 /// keeps its bytes to the end of the collective. Schedules list steps in a valid program order
 /// and order every write after the reads before it, so a writer that may run after a send
 /// comes later in the list. One backward sweep with a merged interval set per buffer.
+/// The steps [`Engine::start`] runs at once from the caller's input: copies out of the input
+/// (into another buffer) that depend on nothing.
+fn copies_from_input_now(sched: &RankSchedule) -> Vec<bool> {
+    sched
+        .steps()
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            matches!(s.kind, StepKind::Copy { src, dst } if src.buf == Buf::Input && dst.buf != Buf::Input)
+                && sched.deps(i).is_empty()
+        })
+        .collect()
+}
+
+/// Whether a step reads or writes the input buffer.
+fn touches_input(s: &Step) -> bool {
+    match s.kind {
+        StepKind::Send { src, .. } => src.buf == Buf::Input,
+        StepKind::Recv { dst, .. } => dst.buf == Buf::Input,
+        StepKind::Copy { src, dst } | StepKind::Reduce { src, dst } => src.buf == Buf::Input || dst.buf == Buf::Input,
+    }
+}
+
 fn sends_needing_a_copy(sched: &RankSchedule) -> Vec<bool> {
     let steps = sched.steps();
     let mut private = vec![false; steps.len()];
@@ -1508,5 +1547,25 @@ mod tests {
         }
         // The ring's all-gather half and every send from the input need no copy.
         assert!(saved > 0);
+    }
+
+    #[test]
+    fn a_ring_allreduce_copies_its_input_once_straight_to_the_output() {
+        let layout = Layout::uniform(4, 1, 2).unwrap();
+        let fabric = Fabric::new(layout, HealthView::uniform(4, 2, 100_000)).unwrap();
+        let sum = ReduceOp::Sum;
+        let ring = ScheduleRequest::new(Collective::AllReduce { op: sum }, DType::F32, 4096).with_chunks(4);
+        for r in 0..4 {
+            let sched = build_rank_schedule(&fabric, &ring, Rank(r)).unwrap();
+            let direct = copies_from_input_now(&sched);
+            assert_eq!(direct.iter().filter(|&&d| d).count(), 1, "rank {r}: one input -> output copy");
+            let later = sched.steps().iter().enumerate().any(|(i, s)| !direct[i] && touches_input(s));
+            assert!(!later, "rank {r}: nothing else reads the input, so it never enters the workspace");
+        }
+        // A schedule that sends from the input keeps it in the workspace.
+        let a2a = ScheduleRequest::new(Collective::AlltoAll, DType::F32, 256);
+        let sched = build_rank_schedule(&fabric, &a2a, Rank(0)).unwrap();
+        let direct = copies_from_input_now(&sched);
+        assert!(sched.steps().iter().enumerate().any(|(i, s)| !direct[i] && touches_input(s)));
     }
 }
