@@ -554,7 +554,12 @@ struct Sub {
     prev_rate: f64,
     /// Time it was created.
     born: f64,
+    /// Creation order (ids are reused once a flow is gone; this is not).
+    serial: u64,
 }
+
+/// Most links on a flow's path (NVLink hop, uplink, spine up and down, downlink, NVLink hop).
+const MAX_PATH: usize = 8;
 
 /// Simulate `dag` on `fabric` under `failures`.
 pub fn simulate(fabric: &Fabric, dag: &Dag, failures: &[Failure], cfg: &EngineConfig) -> Result<RunResult, SimError> {
@@ -588,6 +593,11 @@ struct Sim<'a> {
     link_subs: Vec<Vec<u32>>,
     /// Per entry of `paths`: the flow's index in that link's `link_subs` (removal without a search).
     link_pos: Vec<u32>,
+    /// Ids of finished flows, reused by new ones (flow `i`'s path lives at `paths[i * MAX_PATH..]`), so the
+    /// flow tables stay the size of the most flows alive at once.
+    free_subs: Vec<u32>,
+    /// Flows created.
+    created: u64,
     subs: Vec<Sub>,
     paths: Vec<LinkId>,
     succ_start: Vec<u32>,
@@ -662,6 +672,8 @@ impl<'a> Sim<'a> {
             nic_state: vec![1.0; nics],
             link_subs: vec![Vec::new(); links],
             link_pos: Vec::new(),
+            free_subs: Vec::new(),
+            created: 0,
             subs: Vec::new(),
             paths: Vec::new(),
             succ_start,
@@ -718,11 +730,6 @@ impl<'a> Sim<'a> {
             sim.elided[fabric.spine_up(rail) as usize] = spine_free;
             sim.elided[fabric.spine_down(rail) as usize] = spine_free;
         }
-        // One flow per transfer in the usual case (migrations and spreads add more): room for them up front.
-        let transfers = dag.ops.iter().filter(|op| op.transfer().is_some()).count();
-        sim.subs.reserve(transfers);
-        sim.sub_mark.reserve(transfers);
-        sim.frozen.reserve(transfers);
         for (i, f) in failures.iter().enumerate() {
             sim.push(f.at_s, Ev::FailStart(i as u32));
         }
@@ -997,15 +1004,27 @@ impl<'a> Sim<'a> {
         self.fabric.path(src, dst, rs, rd, &mut path);
         let whole = path.len();
         path.retain(|&l| !self.elided[l as usize]);
-        let id = self.subs.len() as u32;
-        let path_start = self.paths.len() as u32;
-        self.paths.extend_from_slice(&path);
-        for &l in &path {
-            self.link_pos.push(self.link_subs[l as usize].len() as u32);
+        debug_assert!(path.len() <= MAX_PATH, "path of {} links", path.len());
+        path.truncate(MAX_PATH);
+        let id = match self.free_subs.pop() {
+            Some(id) => id,
+            None => {
+                let id = self.subs.len() as u32;
+                self.paths.resize(self.paths.len() + MAX_PATH, 0);
+                self.link_pos.resize(self.link_pos.len() + MAX_PATH, 0);
+                self.sub_mark.push(0);
+                self.frozen.push(0);
+                id
+            }
+        };
+        let path_start = id * MAX_PATH as u32;
+        for (j, &l) in path.iter().enumerate() {
+            self.paths[path_start as usize + j] = l;
+            self.link_pos[path_start as usize + j] = self.link_subs[l as usize].len() as u32;
             self.link_subs[l as usize].push(id);
             self.dirty.push(l);
         }
-        self.subs.push(Sub {
+        let sub = Sub {
             task,
             path_start,
             path_len: path.len() as u8,
@@ -1020,9 +1039,13 @@ impl<'a> Sim<'a> {
             queued: false,
             prev_rate: 0.0,
             born: self.now,
-        });
-        self.sub_mark.push(0);
-        self.frozen.push(0);
+            serial: self.created,
+        };
+        self.created += 1;
+        match self.subs.get_mut(id as usize) {
+            Some(slot) => *slot = sub,
+            None => self.subs.push(sub),
+        }
         if whole == 0 {
             // Same GPU: nothing to move.
             self.subs[id as usize].queued = true;
@@ -1091,6 +1114,7 @@ impl<'a> Sim<'a> {
             }
             self.dirty.push(l);
         }
+        self.free_subs.push(s);
     }
 
     fn settle(&mut self, s: u32) {
@@ -1106,7 +1130,7 @@ impl<'a> Sim<'a> {
         for l in [self.fabric.nic_up(node, rail), self.fabric.nic_down(node, rail)] {
             victims.extend(self.link_subs[l as usize].iter().copied());
         }
-        victims.sort_unstable();
+        victims.sort_unstable_by_key(|&s| self.subs[s as usize].serial);
         victims.dedup();
         let mut parts = Vec::new();
         for s in victims {
@@ -1211,7 +1235,7 @@ impl<'a> Sim<'a> {
         let subs = &self.subs;
         self.comp_subs.sort_unstable_by(|&a, &b| {
             let (x, y) = (&subs[a as usize], &subs[b as usize]);
-            x.born.total_cmp(&y.born).then(x.task.cmp(&y.task)).then(a.cmp(&b))
+            x.born.total_cmp(&y.born).then(x.task.cmp(&y.task)).then(x.serial.cmp(&y.serial))
         });
         for &l in &self.comp_links {
             self.cnt[l as usize] = 0;
@@ -1306,7 +1330,7 @@ impl<'a> Sim<'a> {
             makespan,
             finish: self.finish.clone(),
             stalled,
-            flows: self.subs.len(),
+            flows: self.created as usize,
             events: self.events,
             replayed_bytes: self.replayed,
         }
