@@ -429,8 +429,9 @@ impl Ord for Item {
     }
 }
 
-/// Pending flow completions, at most one per flow: a binary min-heap on (time, sequence number) that knows
-/// each flow's position, so a flow whose rate changes moves its entry instead of leaving a stale one behind.
+/// Pending flow completions, at most one per flow: a 4-ary min-heap on (time, sequence number) that knows each
+/// flow's position, so a flow whose rate changes moves its entry instead of leaving a stale one behind. Keys are
+/// unique (sequence numbers are), so the order of pops does not depend on the heap's shape.
 #[derive(Debug, Default)]
 struct Completions {
     /// (time, sequence number, flow).
@@ -441,6 +442,9 @@ struct Completions {
 
 /// A flow with no pending completion.
 const ABSENT: u32 = u32::MAX;
+
+/// Children per node of the completion heap.
+const ARITY: usize = 4;
 
 impl Completions {
     fn is_before(a: &(f64, u64, u32), b: &(f64, u64, u32)) -> bool {
@@ -457,18 +461,14 @@ impl Completions {
         match self.pos[si] {
             ABSENT => {
                 self.heap.push(item);
-                let i = self.heap.len() - 1;
-                self.pos[si] = i as u32;
-                self.sift_up(i);
+                self.sift_up(self.heap.len() - 1, item);
             }
             p => {
                 let i = p as usize;
-                let earlier = Self::is_before(&item, &self.heap[i]);
-                self.heap[i] = item;
-                if earlier {
-                    self.sift_up(i);
+                if Self::is_before(&item, &self.heap[i]) {
+                    self.sift_up(i, item);
                 } else {
-                    self.sift_down(i);
+                    self.sift_down(i, item);
                 }
             }
         }
@@ -484,12 +484,10 @@ impl Completions {
         let i = p as usize;
         let Some(last) = self.heap.pop() else { return };
         if i < self.heap.len() {
-            self.heap[i] = last;
-            self.pos[last.2 as usize] = i as u32;
-            if i > 0 && Self::is_before(&self.heap[i], &self.heap[(i - 1) / 2]) {
-                self.sift_up(i);
+            if i > 0 && Self::is_before(&last, &self.heap[(i - 1) / ARITY]) {
+                self.sift_up(i, last);
             } else {
-                self.sift_down(i);
+                self.sift_down(i, last);
             }
         }
     }
@@ -499,38 +497,46 @@ impl Completions {
         self.heap.first().copied()
     }
 
-    fn swap(&mut self, a: usize, b: usize) {
-        self.heap.swap(a, b);
-        self.pos[self.heap[a].2 as usize] = a as u32;
-        self.pos[self.heap[b].2 as usize] = b as u32;
-    }
-
-    fn sift_up(&mut self, mut i: usize) {
+    /// Put `item` at the hole `i` or above it, moving the later parents down.
+    fn sift_up(&mut self, mut i: usize, item: (f64, u64, u32)) {
         while i > 0 {
-            let p = (i - 1) / 2;
-            if !Self::is_before(&self.heap[i], &self.heap[p]) {
+            let p = (i - 1) / ARITY;
+            let parent = self.heap[p];
+            if !Self::is_before(&item, &parent) {
                 break;
             }
-            self.swap(i, p);
+            self.heap[i] = parent;
+            self.pos[parent.2 as usize] = i as u32;
             i = p;
         }
+        self.heap[i] = item;
+        self.pos[item.2 as usize] = i as u32;
     }
 
-    fn sift_down(&mut self, mut i: usize) {
+    /// Put `item` at the hole `i` or below it, moving the earliest children up.
+    fn sift_down(&mut self, mut i: usize, item: (f64, u64, u32)) {
         let n = self.heap.len();
         loop {
-            let l = 2 * i + 1;
-            if l >= n {
+            let first = ARITY * i + 1;
+            if first >= n {
                 break;
             }
-            let r = l + 1;
-            let m = if r < n && Self::is_before(&self.heap[r], &self.heap[l]) { r } else { l };
-            if !Self::is_before(&self.heap[m], &self.heap[i]) {
+            let mut m = first;
+            for c in first + 1..(first + ARITY).min(n) {
+                if Self::is_before(&self.heap[c], &self.heap[m]) {
+                    m = c;
+                }
+            }
+            let child = self.heap[m];
+            if !Self::is_before(&child, &item) {
                 break;
             }
-            self.swap(i, m);
+            self.heap[i] = child;
+            self.pos[child.2 as usize] = i as u32;
             i = m;
         }
+        self.heap[i] = item;
+        self.pos[item.2 as usize] = i as u32;
     }
 }
 
