@@ -1101,6 +1101,10 @@ impl<'a> Sim<'a> {
     fn kill_sub(&mut self, s: u32) {
         let (start, len) = {
             let sub = &mut self.subs[s as usize];
+            if !sub.alive {
+                // Gone already (its id may be free for reuse): nothing to undo.
+                return;
+            }
             sub.alive = false;
             (sub.path_start as usize, sub.path_len as usize)
         };
