@@ -795,13 +795,17 @@ impl<'a> Sim<'a> {
         if it.t > horizon {
             return None;
         }
-        match (from, it.ev) {
-            (HEAP, _) => {
+        match from {
+            HEAP => {
                 self.heap.pop();
             }
-            (COMPLETIONS, Ev::SubDone(s, _)) => self.completions.remove(s),
-            _ => {
-                self.starts[from].1.pop_front();
+            COMPLETIONS => {
+                if let Ev::SubDone(s, _) = it.ev {
+                    self.completions.remove(s);
+                }
+            }
+            fifo => {
+                self.starts[fifo].1.pop_front();
             }
         }
         Some(it)
