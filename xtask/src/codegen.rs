@@ -82,7 +82,6 @@ const TYPES: &[&str] = &[
     "ucp_mem_map_params_field",
     "ucp_mem_attr_t",
     "ucp_mem_attr_field",
-    "ucp_dt_iov_t",
 ];
 
 /// Macro constants (`#define`) the wrappers need.

@@ -137,11 +137,7 @@ pub trait Transport {
     fn region_mut(&mut self, handle: MemHandle) -> Result<&mut [u8], TransportError>;
 
     /// Posts a send on `path` of `header` followed by `len` bytes at `offset` of `src`. The
-    /// region's bytes must stay unchanged until the send completes: a backend may read them
-    /// from the region while the send is in flight (UCX does, zero-copy). A cancelled or failed
-    /// send may still be read later; what it carries then goes out under its old chunk identity,
-    /// which the receiver discards as a duplicate or stale chunk. Deregistering a region with
-    /// sends in flight is allowed: the backend keeps the memory until it lets go.
+    /// region's bytes must stay unchanged until the send completes.
     fn post_send(
         &mut self,
         now: Duration,

@@ -123,13 +123,6 @@ pub struct ucp_mem_attr {
     pub mem_type: ucs_memory_type_t,
 }
 pub type ucp_mem_attr_t = ucp_mem_attr;
-#[repr(C)]
-#[derive(Debug, Copy, Clone)]
-pub struct ucp_dt_iov {
-    pub buffer: *mut ::std::os::raw::c_void,
-    pub length: usize,
-}
-pub type ucp_dt_iov_t = ucp_dt_iov;
 pub const UCP_MEM_ATTR_FIELD_ADDRESS: ucp_mem_attr_field = 1;
 pub const UCP_MEM_ATTR_FIELD_LENGTH: ucp_mem_attr_field = 2;
 pub const UCP_MEM_ATTR_FIELD_MEM_TYPE: ucp_mem_attr_field = 4;

@@ -58,14 +58,6 @@ pub const fn ucp_dt_make_contig(elem_size: usize) -> ucp_datatype_t {
     ((elem_size as ucp_datatype_t) << UCP_DATATYPE_SHIFT) | UCP_DATATYPE_CONTIG
 }
 
-/// Scatter-gather datatype class (`UCP_DATATYPE_IOV`): the buffer is an array of [`ucp_dt_iov_t`].
-pub const UCP_DATATYPE_IOV: ucp_datatype_t = 2;
-
-/// `ucp_dt_make_iov`: the datatype of a scatter-gather list; `count` is then the number of entries.
-pub const fn ucp_dt_make_iov() -> ucp_datatype_t {
-    UCP_DATATYPE_IOV
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,14 +76,6 @@ mod tests {
         assert!(ucs_ptr_is_ptr(real));
         assert!(!ucs_ptr_is_err(real));
         assert_eq!(ucp_dt_make_contig(1), 8);
-        assert_eq!(ucp_dt_make_iov(), 2);
-    }
-
-    #[test]
-    fn iov_entry_has_the_c_layout() {
-        // typedef struct ucp_dt_iov { void *buffer; size_t length; } ucp_dt_iov_t;
-        assert_eq!(std::mem::size_of::<ucp_dt_iov_t>(), 2 * std::mem::size_of::<usize>());
-        assert_eq!(std::mem::offset_of!(ucp_dt_iov_t, length), std::mem::size_of::<usize>());
     }
 
     #[test]

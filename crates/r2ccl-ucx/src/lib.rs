@@ -63,7 +63,7 @@ pub use context::{Context, ContextConfig, KeepAlive};
 pub use endpoint::Endpoint;
 pub use error::{Status, UcxError};
 pub use fault::{parse_faults, FaultKind, FaultParseError, FaultSpec};
-pub use memory::{GatherSend, MemRegion, RegionSlice};
+pub use memory::{MemRegion, RegionSlice};
 pub use netlink::{ifindex, is_running, parse_link_messages, LinkChange, LinkMonitor};
 pub use rail::{probe_seq, NicEndpointSet, PeerEndpoints, Rail, PROBE_TAG_BIT};
 pub use request::{wait_all, Pending, RecvBuf, Request, SendBuf, CANCEL_GRACE};

@@ -152,19 +152,6 @@ impl MemRegion {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
-    /// The region's bytes, writable, while send requests may hold slices of it ([`GatherSend`]).
-    ///
-    /// # Safety
-    /// No request may be writing the region (no [`RegionSlice`] of it posted as a receive buffer), no
-    /// other reference to its bytes may live while the returned slice does, and no UCX call on a worker
-    /// with a send from the region in flight may run meanwhile (UCX reads a send's bytes only inside its
-    /// calls, so the slice and UCX never touch the bytes at the same time).
-    #[allow(clippy::mut_from_ref, reason = "exclusivity is the caller's contract (see # Safety)")]
-    pub unsafe fn as_mut_slice_unchecked(&self) -> &mut [u8] {
-        // SAFETY: ptr/len describe the owned allocation; the caller guarantees exclusive access.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-
     /// A slice of the region, usable as a send or receive buffer on any NIC the region is mapped in.
     pub fn slice(self: &Arc<Self>, range: Range<usize>) -> Result<RegionSlice, UcxError> {
         self.check(&range)?;
@@ -237,58 +224,5 @@ unsafe impl RecvBuf for RegionSlice {
     fn as_mut_ptr(&mut self) -> *mut u8 {
         // SAFETY: range.start <= len (checked at creation).
         unsafe { self.region.ptr.as_ptr().add(self.range.start) }
-    }
-}
-
-/// A message sent as a small owned header followed by a range of a registered region, without copying
-/// the range: UCX gathers both (`ucp_dt_make_iov`) and reads the region's bytes while the send is in
-/// flight.
-pub struct GatherSend {
-    header: Vec<u8>,
-    body: RegionSlice,
-    /// The two entries UCX reads: the header's heap bytes, then the body's. Boxed so that they stay
-    /// at one address when the value moves.
-    iov: Box<[sys::ucp_dt_iov_t; 2]>,
-}
-
-// SAFETY: the raw pointers in `iov` point into `header`'s heap buffer and the region's allocation, both
-// owned (the region through an Arc) by this value and never written through it.
-unsafe impl Send for GatherSend {}
-
-impl fmt::Debug for GatherSend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "GatherSend({} header bytes + {:?})", self.header.len(), self.body)
-    }
-}
-
-impl GatherSend {
-    /// `header` then the bytes of `body`.
-    pub fn new(header: Vec<u8>, body: RegionSlice) -> Self {
-        let iov = Box::new([
-            sys::ucp_dt_iov_t { buffer: header.as_ptr().cast_mut().cast(), length: header.len() },
-            sys::ucp_dt_iov_t { buffer: body.as_ptr().cast_mut().cast(), length: body.byte_len() },
-        ]);
-        Self { header, body, iov }
-    }
-
-    /// Give the header's buffer back (for reuse) once the send is over.
-    pub fn into_header(self) -> Vec<u8> {
-        self.header
-    }
-}
-
-// SAFETY: both entries point to heap memory this value owns (the header Vec, never changed after `new`)
-// or keeps alive (the region's Arc), at stable addresses; their lengths add up to `byte_len`. UCX only
-// reads them. Writes to the body's range while the send is in flight are the caller's concern (the bytes
-// sent are then those UCX reads; see `UcxTransport`'s send contract), never freed memory.
-unsafe impl SendBuf for GatherSend {
-    fn as_ptr(&self) -> *const u8 {
-        self.header.as_ptr()
-    }
-    fn byte_len(&self) -> usize {
-        self.header.len() + self.body.byte_len()
-    }
-    fn iov(&self) -> Option<&[sys::ucp_dt_iov_t]> {
-        Some(&self.iov[..])
     }
 }

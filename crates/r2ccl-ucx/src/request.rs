@@ -36,14 +36,6 @@ pub unsafe trait SendBuf: Send + 'static {
         let _ = context;
         None
     }
-    /// A scatter-gather list to send instead of the contiguous bytes at [`SendBuf::as_ptr`]: UCX then
-    /// reads each entry's bytes in order (`ucp_dt_make_iov`). `None` (the default) sends `as_ptr`.
-    ///
-    /// The entries and the memory they point to follow the same rules as `as_ptr`: valid, at a stable
-    /// address, for as long as the value lives, and their lengths add up to [`SendBuf::byte_len`].
-    fn iov(&self) -> Option<&[sys::ucp_dt_iov_t]> {
-        None
-    }
     /// A receive into this buffer completed: UCX wrote `n` bytes from its start.
     ///
     /// # Safety
@@ -242,28 +234,17 @@ impl<B: SendBuf> Request<B> {
             return Err(endpoint.error(status));
         }
         let mut param = zeroed_param();
+        if let Some(memh) = buffer.memh(worker.context()) {
+            param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH;
+            param.memh = memh;
+        }
         let len = buffer.byte_len();
-        let (data, count) = match buffer.iov() {
-            Some(iov) => {
-                // A gather list: `count` is the number of entries, the buffer the entry array.
-                param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_DATATYPE;
-                param.datatype = sys::ucp_dt_make_iov();
-                (iov.as_ptr().cast::<c_void>(), iov.len())
-            }
-            None => {
-                if let Some(memh) = buffer.memh(worker.context()) {
-                    param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH;
-                    param.memh = memh;
-                }
-                (buffer.as_ptr().cast::<c_void>(), len)
-            }
-        };
         let ptr = {
             let _locked = worker.lock();
             // SAFETY: `ep` is a live endpoint of this worker (the Endpoint borrows it for this call), the
             // lock is held, and the buffer (owned by the request from now on) has `len` readable bytes at a
-            // stable address, or a gather list of entries that do (SendBuf contract).
-            unsafe { sys::ucp_tag_send_nbx(ep, data, count, tag, &param) }
+            // stable address (SendBuf contract).
+            unsafe { sys::ucp_tag_send_nbx(ep, buffer.as_ptr().cast(), len, tag, &param) }
         };
         let mut req = Self {
             worker,

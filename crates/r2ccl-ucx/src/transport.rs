@@ -7,21 +7,14 @@
 //! `L`'s worker and matches only sends of rank `P` from its rail `R`. Endpoints connect rail `i` to the
 //! peer's rail `i` only (per-rail networks); a cross-rail path cannot carry data: its sends fail at once
 //! with an endpoint fault and its receives stay posted until cancelled.
-//!
-//! Sends are zero-copy: UCX gathers the chunk header and the region's bytes ([`GatherSend`]) and reads
-//! them while the send is in flight. So a send carries the bytes its range holds when UCX reads them;
-//! the layer above keeps a range unchanged while a send from it must deliver what was posted (the
-//! engine's private copies for ranges later steps overwrite). A send that outlives its collective
-//! (cancelled, still in UCX) may carry later bytes under its old chunk identity, which receivers
-//! discard as a duplicate or stale chunk. A cancelled send keeps its region alive until UCX lets go.
 
 use crate::context::ContextConfig;
 use crate::error::UcxError;
 use crate::fault::{parse_faults, FaultKind, FaultParseError, FaultSpec};
-use crate::memory::{GatherSend, MemRegion};
+use crate::memory::MemRegion;
 use crate::netlink::{self, LinkMonitor};
 use crate::rail::{NicEndpointSet, PROBE_TAG_BIT};
-use crate::request::{Request, SendBuf};
+use crate::request::Request;
 use crate::worker::WorkerAddress;
 use r2ccl_core::subsys::NET;
 use r2ccl_core::{NicId, NodeId, RailId, Rank};
@@ -175,17 +168,14 @@ enum Kind {
 
 #[derive(Debug)]
 enum Held {
-    Send(GatherSend),
+    Send(Vec<u8>),
     Recv(usize),
     Probe,
 }
 
 #[derive(Debug)]
 enum State {
-    /// A receive in flight.
     Live(Request<Vec<u8>>),
-    /// A data send in flight, reading its bytes from the region (no copy).
-    Send(Request<GatherSend>),
     Probe {
         send: Option<Request<Vec<u8>>>,
         reply: Request<Vec<u8>>,
@@ -222,8 +212,6 @@ pub struct UcxTransport {
     // Requests first: they must be released before the endpoints and workers they use.
     out: BTreeMap<RequestId, Out>,
     detached: Vec<Request<Vec<u8>>>,
-    /// Cancelled sends UCX has not let go of yet: each keeps its region alive.
-    detached_sends: Vec<Request<GatherSend>>,
     regions: BTreeMap<MemHandle, Arc<MemRegion>>,
     set: NicEndpointSet,
     nics: Vec<Nic>,
@@ -327,7 +315,6 @@ impl UcxTransport {
         Ok(Self {
             out: BTreeMap::new(),
             detached: Vec::new(),
-            detached_sends: Vec::new(),
             regions: BTreeMap::new(),
             set,
             nics,
@@ -488,7 +475,7 @@ impl UcxTransport {
         let Some(r) = self.set.rails().get(rail) else { return State::Stuck };
         let me = u64::from(self.rank.0) | (u64::from(rail_u16(rail)) << 32);
         let res = match held {
-            Held::Send(payload) => r.send(path.peer, me, payload).map(State::Send),
+            Held::Send(payload) => r.send(path.peer, me, payload).map(State::Live),
             Held::Recv(cap) => {
                 let tag = u64::from(path.peer.0) | (u64::from(path.remote.rail.0) << 32);
                 // Received bytes land in the buffer's allocation: no zeroing of a pooled buffer.
@@ -528,7 +515,7 @@ impl UcxTransport {
         let id = self.req_id();
         let nic = &mut self.nics[rail];
         let bytes = match &held {
-            Held::Send(p) => p.byte_len() as u64,
+            Held::Send(p) => p.len() as u64,
             _ => 0,
         };
         if kind != Kind::Probe {
@@ -567,7 +554,6 @@ impl UcxTransport {
         let rail = o.path.local.rail.index();
         let kind = match &mut o.state {
             State::Live(r) => outcome(&self.nics, o.kind, rail, r),
-            State::Send(r) => send_outcome(&self.nics, rail, r),
             State::Delayed(k, _) => Some(k.clone()),
             _ => None,
         };
@@ -625,7 +611,7 @@ impl UcxTransport {
         // TCP transport does not signal writability on the event fd: nap for at most
         // SEND_NAP then (far less than a socket buffer takes to drain), never spin; a spinning
         // thread per rank starves the kernel's packet processing and the other ranks.
-        let sending = self.out.values().any(|o| matches!(o.state, State::Send(_)));
+        let sending = self.out.values().any(|o| o.kind == Kind::Send && matches!(o.state, State::Live(_)));
         let timeout = if sending { timeout.min(SEND_NAP) } else { timeout };
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.nics.len() + 1 + wake.len());
         for w in self.set.workers() {
@@ -665,12 +651,6 @@ impl UcxTransport {
                 } else {
                     r.cancel();
                     self.detached.push(r);
-                }
-            }
-            State::Send(mut r) => {
-                if !r.is_done() {
-                    r.cancel();
-                    self.detached_sends.push(r);
                 }
             }
             State::Probe { send, mut reply } => {
@@ -857,9 +837,8 @@ impl UcxTransport {
                 continue;
             }
             let done = match &mut o.state {
-                State::Live(_) | State::Send(_) | State::Probe { .. } if !poll_live => None,
+                State::Live(_) | State::Probe { .. } if !poll_live => None,
                 State::Live(r) => outcome(nics, o.kind, rail, r),
-                State::Send(r) => send_outcome(nics, rail, r),
                 State::Probe { send, reply } => {
                     let send_failed = send.as_mut().and_then(|s| s.poll()).is_some_and(|r| r.is_err());
                     if send_failed {
@@ -900,20 +879,7 @@ impl UcxTransport {
             self.complete(id, o.path, kind);
         }
         self.detached.retain_mut(|r| !r.is_done());
-        self.detached_sends.retain_mut(|r| !r.is_done());
     }
-}
-
-/// The outcome of a finished data send.
-fn send_outcome(nics: &[Nic], rail: usize, req: &mut Request<GatherSend>) -> Option<CompletionKind> {
-    Some(match req.poll()? {
-        Ok(_) => CompletionKind::Sent,
-        Err(e) => {
-            let down = nics.get(rail).is_some_and(Nic::is_down);
-            tracing::debug!(target: NET, rail, error = %e, "send failed");
-            CompletionKind::Failed(if down { PathFault::LocalNicDown } else { PathFault::Endpoint })
-        }
-    })
 }
 
 /// The outcome of a finished live request.
@@ -995,17 +961,15 @@ impl Transport for UcxTransport {
 
     fn region(&self, handle: MemHandle) -> Result<&[u8], TransportError> {
         let r = self.regions.get(&handle).ok_or(TransportError::UnknownHandle(handle))?;
-        // SAFETY: no request ever writes a region (receives land in their own buffers; only sends
-        // hold slices of regions, and UCX only reads those), so nothing writes the bytes behind us.
+        // SAFETY: the transport never hands a slice of its regions to a request (sends copy into a
+        // staging buffer, receives land in their own buffer), so nothing writes the region behind us.
         Ok(unsafe { r.as_slice() })
     }
 
     fn region_mut(&mut self, handle: MemHandle) -> Result<&mut [u8], TransportError> {
-        let r = self.regions.get(&handle).ok_or(TransportError::UnknownHandle(handle))?;
-        // SAFETY: no request writes a region (see `region`); the slice borrows `self` mutably, so no
-        // other slice of the region lives and no UCX call (the only place UCX reads an in-flight
-        // send's bytes) runs until it is gone.
-        Ok(unsafe { r.as_mut_slice_unchecked() })
+        let r = self.regions.get_mut(&handle).ok_or(TransportError::UnknownHandle(handle))?;
+        // Only this transport holds the Arc (see `region`), so get_mut succeeds.
+        Arc::get_mut(r).map(MemRegion::as_mut_slice).ok_or(TransportError::UnknownHandle(handle))
     }
 
     fn post_send(
@@ -1017,14 +981,17 @@ impl Transport for UcxTransport {
         offset: usize,
         len: usize,
     ) -> Result<RequestId, TransportError> {
-        let region = self.regions.get(&src).ok_or(TransportError::UnknownHandle(src))?;
-        let size = region.len();
-        let body = offset
+        let mut payload = self.pool.pop().unwrap_or_default();
+        let bytes = self.region(src)?;
+        let size = bytes.len();
+        let data = offset
             .checked_add(len)
-            .and_then(|end| region.slice(offset..end).ok())
+            .and_then(|end| bytes.get(offset..end))
             .ok_or(TransportError::OutOfBounds { offset, len, size })?;
-        // Zero-copy: UCX gathers the header and the region's bytes (see the send contract above).
-        self.post(path, Kind::Send, Held::Send(GatherSend::new(header.to_vec(), body)))
+        payload.clear();
+        payload.extend_from_slice(header);
+        payload.extend_from_slice(data);
+        self.post(path, Kind::Send, Held::Send(payload))
     }
 
     fn post_recv(&mut self, _now: Duration, path: PathId, capacity: usize) -> Result<RequestId, TransportError> {
