@@ -1645,9 +1645,14 @@ impl Progress {
     }
 
     fn flush_engine(&mut self) {
+        // Frames to one peer leave in one write, in order (receipts add up to hundreds per
+        // collective). A failed send shows up as PeerLost from the mesh.
+        let mut batch: BTreeMap<u32, Vec<Vec<u8>>> = BTreeMap::new();
         while let Some((to, bytes)) = self.engine.poll_outbox() {
-            // A failed send shows up as PeerLost from the mesh.
-            let _ = self.mesh.send(to.0, Channel::Detect, &bytes);
+            batch.entry(to.0).or_default().push(bytes);
+        }
+        for (to, frames) in batch {
+            let _ = self.mesh.send_many(to, Channel::Detect, &frames);
         }
         while let Some(ev) = self.engine.poll_event() {
             match ev {

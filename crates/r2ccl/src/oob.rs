@@ -100,12 +100,18 @@ const MAX_PAYLOAD: usize = 16 << 20;
 const HELLO_LIMIT: Duration = Duration::from_secs(2);
 
 fn write_msg(stream: &mut TcpStream, channel: Channel, payload: &[u8]) -> io::Result<()> {
-    let len = u32::try_from(payload.len() + 1).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too large"))?;
     let mut buf = Vec::with_capacity(5 + payload.len());
+    frame_into(&mut buf, channel, payload)?;
+    stream.write_all(&buf)
+}
+
+/// Append one frame (length, channel, payload) to `buf`.
+fn frame_into(buf: &mut Vec<u8>, channel: Channel, payload: &[u8]) -> io::Result<()> {
+    let len = u32::try_from(payload.len() + 1).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too large"))?;
     buf.extend_from_slice(&len.to_le_bytes());
     buf.push(channel as u8);
     buf.extend_from_slice(payload);
-    stream.write_all(&buf)
+    Ok(())
 }
 
 /// Counters of the mesh.
@@ -417,6 +423,20 @@ impl OobMesh {
             self.writers.get(to as usize).ok_or(OobError::NoSuchRank(to))?.as_ref().ok_or(OobError::NoSuchRank(to))?;
         let mut s = w.lock().map_err(|_| OobError::PeerGone(to))?;
         write_msg(&mut s, channel, payload).map_err(|source| OobError::Io { rank: to, source })
+    }
+
+    /// Send several messages to one peer on one channel in a single write (in order): a
+    /// collective's receipts to one sender add up to hundreds per collective, and one system
+    /// call per message was the control plane's largest cost.
+    pub fn send_many(&self, to: u32, channel: Channel, payloads: &[Vec<u8>]) -> Result<(), OobError> {
+        let w =
+            self.writers.get(to as usize).ok_or(OobError::NoSuchRank(to))?.as_ref().ok_or(OobError::NoSuchRank(to))?;
+        let mut buf = Vec::with_capacity(payloads.iter().map(|p| 5 + p.len()).sum());
+        for p in payloads {
+            frame_into(&mut buf, channel, p).map_err(|source| OobError::Io { rank: to, source })?;
+        }
+        let mut s = w.lock().map_err(|_| OobError::PeerGone(to))?;
+        s.write_all(&buf).map_err(|source| OobError::Io { rank: to, source })
     }
 
     /// Send to every peer; returns the ranks that could not be reached.

@@ -68,6 +68,27 @@ fn all_to_all_messages_arrive_in_order() {
 }
 
 #[test]
+fn a_batch_arrives_as_its_messages_in_order() {
+    let secret = Secret::generate().unwrap();
+    let meshes = build(2, &secret, Duration::from_secs(5));
+    // Empty, small and large payloads in one write, then a single message after them.
+    let batch: Vec<Vec<u8>> = vec![Vec::new(), vec![1], (0..70_000u32).map(|i| i as u8).collect(), vec![2, 3]];
+    meshes[0].send_many(1, Channel::Detect, &batch).unwrap();
+    meshes[0].send(1, Channel::Detect, &[9]).unwrap();
+    let mut got = Vec::new();
+    while got.len() < batch.len() + 1 {
+        match meshes[1].recv_deadline(Instant::now() + Duration::from_secs(5)).expect("message by deadline") {
+            OobEvent::Message { from: 0, channel: Channel::Detect, payload } => got.push(payload),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let mut want = batch.clone();
+    want.push(vec![9]);
+    assert_eq!(got, want);
+    assert_eq!(meshes[1].rejected(), 0);
+}
+
+#[test]
 fn strangers_are_rejected_and_counted() {
     let secret = Secret::generate().unwrap();
     let (ls, table) = listeners(2);
