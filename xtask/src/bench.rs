@@ -892,6 +892,12 @@ fn unmeasured(part: Part, why: &str) -> Vec<Target> {
         Part::Strategies => vec![
             t("nic_down_time_over_lower_bound", "one NIC down, AllReduce time / lower bound", 1.05, Cmp::AtMost),
             t("nic_down_prediction_error", "one NIC down, |time / policy prediction - 1|", 0.05, Cmp::AtMost),
+            t(
+                "nic_down_slowdown_over_bound_slowdown",
+                "one NIC down, (time / same run's fault-free time) / (lower bound / t_nf)",
+                0.0,
+                Cmp::Info,
+            ),
         ],
         Part::Loopback => vec![
             t("loopback_64m_busbw_over_best_peer", "loopback 64 MiB busbw / best of OpenMPI, Gloo", 1.0, Cmp::AtLeast),
@@ -1331,6 +1337,19 @@ fn part_strategies(ctx: &Ctx) -> Result<PartResult> {
                     opt(over_pred, 3)
                 ),
                 ..unmeasured(part, "").remove(1)
+            });
+            // How much the failure slowed this run down, against the least any schedule could:
+            // separates the schedule from the testbed's fault-free efficiency at this size.
+            let slowdown = t_down.zip(t_before).map(|(d, b)| d / b);
+            res.targets.push(Target {
+                value: slowdown.map(|s| s / (lb / tnf)),
+                detail: format!(
+                    "time / fault-free time {} against lower bound / t_nf {:.3}; fault-free time / t_nf {}",
+                    opt(slowdown, 3),
+                    lb / tnf,
+                    opt(t_before.map(|b| b / tnf), 3)
+                ),
+                ..unmeasured(part, "").remove(2)
             });
         }
         bars.push((
