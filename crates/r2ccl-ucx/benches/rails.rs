@@ -87,7 +87,8 @@ fn unshaped_vs_perftest() {
     println!("== one unshaped NIC, 4 MiB messages: r2ccl-ucx session vs ucx_perftest -t tag_bw (same namespaces)");
     let tb = Testbed::up("p", 2, 1, None);
     let bytes = 512usize << 20;
-    let perf = perftest_bw(&tb, 128);
+    // 1024 x 4 MiB: over a second at perftest's 2-3.4 GB/s here; 128 was too short to be steady.
+    let perf = perftest_bw(&tb, 1024);
     for (chunk, window) in [(4u32 << 20, 8u32), (1 << 20, 16)] {
         let sc = scenario(&tb, bytes, chunk, window);
         let o = run_cluster(vec![tb.cmd(0), tb.cmd(1)], &sc, None, Duration::from_secs(60));
