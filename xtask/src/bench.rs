@@ -58,6 +58,9 @@ const FAULT_NODE: u32 = 1;
 /// See [`FAULT_NODE`].
 const FAULT_NIC: u32 = 0;
 /// The forced strategies of the `strategies` part (`auto` = the library's own choice).
+/// The per-message latency the communicator's planner assumes, us (`LOOPBACK_ALPHA_S`).
+const LIBRARY_ALPHA_US: &str = "20";
+
 const STRATEGIES: [&str; 5] = ["auto", "single_backup", "balance", "r2ccl_allreduce", "four_stage"];
 
 /// One benchmark part.
@@ -1230,6 +1233,9 @@ fn plan(ctx: &Ctx, logs: &Path, bytes: u64) -> Result<(f64, f64, Value, String)>
     let mut cmd = Command::new(&ctx.plan);
     cmd.args(["--nodes", &spec.nodes.to_string(), "--nics", &spec.nics.to_string()])
         .args(["--fail", &format!("{FAULT_NODE}:{FAULT_NIC}"), "--nic-gbps", &format!("{:.6}", ctx.nic_line_gbps())])
+        // The communicator plans with 20 us per message (`LOOPBACK_ALPHA_S` in r2ccl's comm.rs):
+        // predict the plan it runs (the default 5 us picks twice its chunk count here).
+        .args(["--alpha-us", LIBRARY_ALPHA_US])
         .args(["--bytes", &bytes.to_string(), "--json"]);
     let out = run_to_end(cmd, "r2ccl-plan", logs, Duration::from_secs(60))?;
     let v: Value = serde_json::from_str(out.trim()).context("r2ccl-plan --json output is not JSON")?;

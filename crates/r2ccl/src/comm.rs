@@ -1075,7 +1075,8 @@ fn file_nics(node: &r2ccl_topo::NodeTopology) -> Vec<String> {
     nics.into_iter().map(|n| n.name.clone()).collect()
 }
 
-/// Per-message latency assumed by the planner's cost model, seconds.
+/// Per-message latency assumed by the planner's cost model, seconds (`cargo xtask bench` passes the same to
+/// `r2ccl-plan`: keep `LIBRARY_ALPHA_US` in xtask/src/bench.rs equal).
 const LOOPBACK_ALPHA_S: f64 = 20e-6;
 
 /// Smallest part of a pipelined ring step per sending NIC, bytes (see [`pipeline_ring`]).
@@ -1517,6 +1518,15 @@ impl Progress {
             };
             let req = plan.request_for(strategy).map_err(|e| failed(e.to_string()))?;
             let req = pipeline_ring(req, self.node_of.len(), self.nics, self.nic_mbps);
+            tracing::debug!(
+                target: subsys::COLL,
+                seq = self.seq,
+                strategy = strategy.name(),
+                chunks = req.chunks,
+                predicted_s = plan.candidate(strategy).map_or(f64::NAN, |c| c.time_s),
+                lower_bound_s = plan.lower_bound_s,
+                "planned"
+            );
             let fabric = r2ccl_policy::schedule_fabric(topo, &self.agreed).map_err(|e| failed(e.to_string()))?;
             let sched =
                 build_rank_schedule(&fabric, &req, Rank(self.rank)).map_err(|e| CommError::Invalid(e.to_string()))?;
