@@ -1396,13 +1396,6 @@ impl Engine {
     }
 }
 
-/// Per step of `sched`: whether it is a send whose source bytes a later step may overwrite
-/// (a receive, copy or reduce into an overlapping region). Such a send must go out of a
-/// private copy: the engine counts a send done once posted, and a replay after a failure
-/// must find the bytes first sent. Every other send can go straight from its region, which
-/// keeps its bytes to the end of the collective. Schedules list steps in a valid program order
-/// and order every write after the reads before it, so a writer that may run after a send
-/// comes later in the list. One backward sweep with a merged interval set per buffer.
 /// The steps [`Engine::start`] runs at once from the caller's input: copies out of the input
 /// (into another buffer) that depend on nothing.
 fn copies_from_input_now(sched: &RankSchedule) -> Vec<bool> {
@@ -1426,6 +1419,13 @@ fn touches_input(s: &Step) -> bool {
     }
 }
 
+/// Per step of `sched`: whether it is a send whose source bytes a later step may overwrite
+/// (a receive, copy or reduce into an overlapping region). Such a send must go out of a
+/// private copy: the engine counts a send done once posted, and a replay after a failure
+/// must find the bytes first sent. Every other send can go straight from its region, which
+/// keeps its bytes to the end of the collective. Schedules list steps in a valid program order
+/// and order every write after the reads before it, so a writer that may run after a send
+/// comes later in the list. One backward sweep with a merged interval set per buffer.
 fn sends_needing_a_copy(sched: &RankSchedule) -> Vec<bool> {
     let steps = sched.steps();
     let mut private = vec![false; steps.len()];

@@ -426,8 +426,8 @@ impl OobMesh {
     }
 
     /// Send several messages to one peer on one channel in a single write (in order): a
-    /// collective's receipts to one sender add up to hundreds per collective, and one system
-    /// call per message was the control plane's largest cost.
+    /// collective's receipts to one sender add up to hundreds per collective, and a system
+    /// call (and a wake-up of the reader) per message adds up with them.
     pub fn send_many(&self, to: u32, channel: Channel, payloads: &[Vec<u8>]) -> Result<(), OobError> {
         let w =
             self.writers.get(to as usize).ok_or(OobError::NoSuchRank(to))?.as_ref().ok_or(OobError::NoSuchRank(to))?;
