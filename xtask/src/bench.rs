@@ -57,10 +57,9 @@ const PAYLOAD_EFFICIENCY: f64 = (testbed::RAIL_MTU - 52) as f64 / (testbed::RAIL
 const FAULT_NODE: u32 = 1;
 /// See [`FAULT_NODE`].
 const FAULT_NIC: u32 = 0;
-/// The forced strategies of the `strategies` part (`auto` = the library's own choice).
 /// The per-message latency the communicator's planner assumes, us (`LOOPBACK_ALPHA_S`).
 const LIBRARY_ALPHA_US: &str = "20";
-
+/// The forced strategies of the `strategies` part (`auto` = the library's own choice).
 const STRATEGIES: [&str; 5] = ["auto", "single_backup", "balance", "r2ccl_allreduce", "four_stage"];
 
 /// One benchmark part.
@@ -1373,7 +1372,7 @@ fn part_strategies(ctx: &Ctx) -> Result<PartResult> {
     }
     drop(bed);
     res.md = format!(
-        "AllReduce {size} per rank, {} nodes x {} NICs at {}, node {FAULT_NODE} NIC {FAULT_NIC} taken down (`ip link set down`) {t_fault} s into a {dur} s timeline run; time = median of the per-second windows after the fault window (failover windows excluded). Lower bound and predictions: `r2ccl-plan --fail {FAULT_NODE}:{FAULT_NIC} --nic-gbps {:.4}` (payload line rate); its fault-free time t_nf = {:.1} ms, its choice: {chosen}.\n\n{table}",
+        "AllReduce {size} per rank, {} nodes x {} NICs at {}, node {FAULT_NODE} NIC {FAULT_NIC} taken down (`ip link set down`) {t_fault} s into a {dur} s timeline run; time = median of the per-second windows after the fault window (failover windows excluded). Lower bound and predictions: `r2ccl-plan --fail {FAULT_NODE}:{FAULT_NIC} --nic-gbps {:.4} --alpha-us {LIBRARY_ALPHA_US}` (payload line rate, the communicator's per-message latency); its fault-free time t_nf = {:.1} ms, its choice: {chosen}.\n\n{table}",
         spec.nodes,
         spec.nics,
         spec.rate.as_deref().unwrap_or("-"),
