@@ -2,7 +2,8 @@
 //!
 //! What it does: defines the ids every other crate speaks in (rank, node, rail, NIC),
 //! the [`HealthView`] with its epoch, the data types and reduce operations of
-//! collectives, fast CPU reduction kernels, and the logging subsystem names.
+//! collectives, fast CPU reduction kernels, the logging subsystem names, and an integer-key
+//! hash map for hot lookups ([`fastmap`]).
 //!
 //! What it does not do: no IO, no clocks, no threads, no configuration loading and no
 //! logging setup. It is small and slow-moving on purpose so that single crates can be
@@ -10,6 +11,7 @@
 
 mod dtype;
 mod error;
+pub mod fastmap;
 mod health;
 mod ids;
 pub mod kernels;

@@ -12,34 +12,9 @@ use crate::PlanError;
 use r2ccl_algo::{even_part, Fabric as AlgoFabric, RailMask, RailPolicy, RailSplit};
 use r2ccl_core::NodeId;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// A small multiplicative hasher for the split cache (keys are a few small integers;
-/// the cache is private, so hash flooding is not a concern).
-#[derive(Default, Clone, Copy)]
-struct MulHasher(u64);
-
-impl Hasher for MulHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn write_usize(&mut self, v: usize) {
-        self.write_u64(v as u64);
-    }
-}
-
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<MulHasher>>;
+/// The split cache's map (keys are a few small integers; the cache is private).
+type FastMap<K, V> = r2ccl_core::fastmap::IntMap<K, V>;
 
 /// Bytes per part of a transfer: `(src rail, dst rail, bytes)`.
 type Shares = Vec<(usize, usize, u64)>;

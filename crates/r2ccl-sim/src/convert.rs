@@ -26,45 +26,9 @@ use crate::fabric::{Endpoint, Fabric};
 use r2ccl_algo::{AlgoError, Layout, RankSchedule, ScheduleRequest, StepKind};
 use r2ccl_core::{DType, HealthEpoch, HealthView, NicHealth, NodeHealth, Rank, ReduceOp};
 use r2ccl_policy::{Collective, NodeSpec, Plan, Strategy as PolicyStrategy, Topology};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// A fast, non-cryptographic hasher for the converter's integer keys (the FxHash mix). The maps it serves
-/// hold the ids of one run's ranks, tags and rails, never outside input that could be chosen to collide.
-#[derive(Clone, Copy, Debug, Default)]
-struct FxHasher(u64);
-
-impl FxHasher {
-    fn mix(&mut self, x: u64) {
-        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for FxHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.mix(u64::from(b));
-        }
-    }
-    fn write_u16(&mut self, x: u16) {
-        self.mix(u64::from(x));
-    }
-    fn write_u32(&mut self, x: u32) {
-        self.mix(u64::from(x));
-    }
-    fn write_u64(&mut self, x: u64) {
-        self.mix(x);
-    }
-    fn write_usize(&mut self, x: usize) {
-        self.mix(x as u64);
-    }
-}
-
-/// A map with integer keys hashed by [`FxHasher`].
-type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+/// A map with integer keys (the converter looks up ranks, tags and rails millions of times).
+type FxMap<K, V> = r2ccl_core::fastmap::IntMap<K, V>;
 
 /// What a conversion produced.
 #[derive(Clone, Debug, PartialEq)]
