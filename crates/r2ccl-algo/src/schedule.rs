@@ -18,7 +18,6 @@
 
 use crate::layout::RailSplit;
 use r2ccl_core::{DType, Rank, ReduceOp};
-use std::collections::BTreeMap;
 
 /// A rank's buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -231,42 +230,112 @@ impl RankSchedule {
 
 const NONE: u32 = u32::MAX;
 
+/// One segment of a buffer: bytes `[start, end)`, their last writer (`NONE`: none yet) and the steps that read
+/// them since.
 #[derive(Clone, Debug)]
 struct Seg {
+    start: u64,
     end: u64,
     writer: u32,
     readers: Vec<u32>,
 }
 
-/// Interval map of the last writer and the readers since, per buffer: derives the
-/// dependency lists of steps from the byte ranges they touch.
+/// Most segments in one block of a [`SegMap`] before it is split in two.
+const BLOCK: usize = 64;
+
+/// The segments of one buffer in offset order, partitioning `[0, u64::MAX)`: a two-level sorted list (blocks of
+/// at most [`BLOCK`] segments, and the first offset of each block), so that splitting a segment moves at most a
+/// block's worth of entries and finding one takes two binary searches.
+#[derive(Debug)]
+struct SegMap {
+    /// First offset of each block (`keys[0] == 0`).
+    keys: Vec<u64>,
+    /// The blocks, never empty.
+    blocks: Vec<Vec<Seg>>,
+    /// Block and index of the segment found last: accesses tend to follow each other through a buffer, so
+    /// that segment or the next one is tried before searching.
+    hint: (usize, usize),
+}
+
+impl SegMap {
+    fn new() -> Self {
+        let whole = Seg { start: 0, end: u64::MAX, writer: NONE, readers: Vec::new() };
+        Self { keys: vec![0], blocks: vec![vec![whole]], hint: (0, 0) }
+    }
+
+    /// Block and index of the segment that holds byte `x`, or that ends at `x == u64::MAX`.
+    fn locate(&mut self, x: u64) -> (usize, usize) {
+        let holds = |s: &Seg| s.start <= x && (x < s.end || s.end == u64::MAX);
+        let (hb, hi) = self.hint;
+        if let Some(blk) = self.blocks.get(hb) {
+            if blk.get(hi).is_some_and(holds) {
+                return (hb, hi);
+            }
+            let next = if hi + 1 < blk.len() { (hb, hi + 1) } else { (hb + 1, 0) };
+            if self.blocks.get(next.0).and_then(|b| b.get(next.1)).is_some_and(holds) {
+                self.hint = next;
+                return next;
+            }
+        }
+        let b = self.keys.partition_point(|&k| k <= x).saturating_sub(1);
+        let i = self.blocks[b].partition_point(|s| s.start <= x).saturating_sub(1);
+        self.hint = (b, i);
+        (b, i)
+    }
+
+    /// The position after segment `(b, i)`.
+    fn next(&self, b: usize, i: usize) -> (usize, usize) {
+        if i + 1 < self.blocks[b].len() {
+            (b, i + 1)
+        } else {
+            (b + 1, 0)
+        }
+    }
+
+    /// Cut segment `(b, i)`, which holds `x` past its start, at `x`; returns the position of its lower part (the
+    /// upper part follows it).
+    fn cut(&mut self, b: usize, i: usize, x: u64) -> (usize, usize) {
+        let block = &mut self.blocks[b];
+        let mut tail = block[i].clone();
+        block[i].end = x;
+        tail.start = x;
+        block.insert(i + 1, tail);
+        if block.len() <= BLOCK {
+            return (b, i);
+        }
+        let upper = block.split_off(BLOCK / 2);
+        self.keys.insert(b + 1, upper[0].start);
+        self.blocks.insert(b + 1, upper);
+        if i < BLOCK / 2 {
+            (b, i)
+        } else {
+            (b + 1, i - BLOCK / 2)
+        }
+    }
+
+    /// Make `x` a segment boundary; returns the position of the segment starting at `x` (of the last one when
+    /// `x == u64::MAX`).
+    fn split_at(&mut self, x: u64) -> (usize, usize) {
+        let (b, i) = self.locate(x);
+        let seg = &self.blocks[b][i];
+        if seg.start >= x || x >= seg.end {
+            return (b, i);
+        }
+        let (b, i) = self.cut(b, i, x);
+        self.next(b, i)
+    }
+}
+
+/// The last writer and the readers since, per byte of each buffer (segments that split as accesses cut them):
+/// derives the dependency lists of steps from the byte ranges they touch.
 #[derive(Debug)]
 struct Hazards {
-    maps: [BTreeMap<u64, Seg>; 3],
+    maps: [SegMap; 3],
 }
 
 impl Hazards {
     fn new() -> Self {
-        let whole = || {
-            let mut m = BTreeMap::new();
-            m.insert(0, Seg { end: u64::MAX, writer: NONE, readers: Vec::new() });
-            m
-        };
-        Self { maps: [whole(), whole(), whole()] }
-    }
-
-    fn split_at(map: &mut BTreeMap<u64, Seg>, x: u64) {
-        let found = map.range(..=x).next_back().map(|(k, s)| (*k, s.end));
-        if let Some((start, end)) = found {
-            if start < x && x < end {
-                if let Some(seg) = map.get_mut(&start) {
-                    let mut tail = seg.clone();
-                    seg.end = x;
-                    tail.end = end;
-                    map.insert(x, tail);
-                }
-            }
-        }
+        Self { maps: [SegMap::new(), SegMap::new(), SegMap::new()] }
     }
 
     /// Record an access by `step`; push the steps it must wait for into `deps`.
@@ -275,9 +344,16 @@ impl Hazards {
             return;
         }
         let map = &mut self.maps[r.buf as usize];
-        Self::split_at(map, r.offset);
-        Self::split_at(map, r.end());
-        for (_, seg) in map.range_mut(r.offset..r.end()) {
+        let end = r.end();
+        let (mut b, mut i) = map.split_at(r.offset);
+        while let Some(seg) = map.blocks.get(b).and_then(|blk| blk.get(i)) {
+            if seg.start >= end {
+                break;
+            }
+            if seg.end > end {
+                (b, i) = map.cut(b, i, end);
+            }
+            let seg = &mut map.blocks[b][i];
             if seg.writer != NONE {
                 deps.push(seg.writer);
             }
@@ -288,6 +364,11 @@ impl Hazards {
             } else if seg.readers.last() != Some(&step) {
                 seg.readers.push(step);
             }
+            map.hint = (b, i);
+            if seg.end >= end {
+                break;
+            }
+            (b, i) = map.next(b, i);
         }
     }
 }
@@ -384,5 +465,133 @@ impl ScheduleBuilder {
         self.sched.steps.shrink_to_fit();
         self.sched.deps.shrink_to_fit();
         self.sched
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    /// A reference segment: end, last writer, readers since.
+    type RefSeg = (u64, u32, Vec<u32>);
+
+    /// The hazard tracking as it was first written (one `BTreeMap` interval map per buffer), kept as the
+    /// reference that [`Hazards`] must agree with.
+    struct Reference {
+        maps: [BTreeMap<u64, RefSeg>; 3],
+    }
+
+    impl Reference {
+        fn new() -> Self {
+            let whole = || BTreeMap::from([(0, (u64::MAX, NONE, Vec::new()))]);
+            Self { maps: [whole(), whole(), whole()] }
+        }
+
+        fn split_at(map: &mut BTreeMap<u64, RefSeg>, x: u64) {
+            let found = map.range(..=x).next_back().map(|(k, s)| (*k, s.0));
+            if let Some((start, end)) = found {
+                if start < x && x < end {
+                    if let Some(seg) = map.get_mut(&start) {
+                        let mut tail = seg.clone();
+                        seg.0 = x;
+                        tail.0 = end;
+                        map.insert(x, tail);
+                    }
+                }
+            }
+        }
+
+        fn access(&mut self, r: Region, write: bool, step: u32, deps: &mut Vec<u32>) {
+            if r.len == 0 {
+                return;
+            }
+            let map = &mut self.maps[r.buf as usize];
+            Self::split_at(map, r.offset);
+            Self::split_at(map, r.end());
+            for (_, (_, writer, readers)) in map.range_mut(r.offset..r.end()) {
+                if *writer != NONE {
+                    deps.push(*writer);
+                }
+                if write {
+                    deps.extend_from_slice(readers);
+                    readers.clear();
+                    *writer = step;
+                } else if readers.last() != Some(&step) {
+                    readers.push(step);
+                }
+            }
+        }
+    }
+
+    fn buf(i: u8) -> Buf {
+        match i % 3 {
+            0 => Buf::Input,
+            1 => Buf::Output,
+            _ => Buf::Scratch,
+        }
+    }
+
+    /// Run `accesses` (buffer, offset, length, write; consecutive entries with the same step number belong to one
+    /// step) through both trackers; the sorted, deduplicated dependency sets must agree step by step.
+    fn agree(accesses: &[(u8, u64, u64, bool, bool)]) {
+        let (mut new, mut old) = (Hazards::new(), Reference::new());
+        let mut step = 0u32;
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for &(bf, offset, len, write, next_step) in accesses {
+            if next_step {
+                step += 1;
+            }
+            let r = Region::new(buf(bf), offset, len);
+            a.clear();
+            b.clear();
+            new.access(r, write, step, &mut a);
+            old.access(r, write, step, &mut b);
+            for v in [&mut a, &mut b] {
+                v.sort_unstable();
+                v.dedup();
+            }
+            assert_eq!(a, b, "step {step} accessing {r:?} (write {write})");
+        }
+        // The segments too: same boundaries, writers and readers.
+        for (m, r) in new.maps.iter().zip(&old.maps) {
+            let segs: Vec<_> =
+                m.blocks.iter().flatten().map(|s| (s.start, s.end, s.writer, s.readers.clone())).collect();
+            let want: Vec<_> = r.iter().map(|(&k, (e, w, rd))| (k, *e, *w, rd.clone())).collect();
+            assert_eq!(segs, want);
+            for (k, blk) in m.keys.iter().zip(&m.blocks) {
+                assert!(!blk.is_empty() && blk.len() <= BLOCK && blk[0].start == *k);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn hazards_match_the_interval_map_reference(
+            accesses in proptest::collection::vec((0u8..3, 0u64..600, 0u64..40, any::<bool>(), any::<bool>()), 1..700),
+        ) {
+            agree(&accesses);
+        }
+    }
+
+    #[test]
+    fn hazards_match_the_reference_on_many_small_segments_and_the_buffer_end() {
+        // Enough boundaries for several block splits, walked forwards, backwards and across whole ranges.
+        let mut acc = Vec::new();
+        for i in 0..300u64 {
+            acc.push((1, i * 3, 2, i % 2 == 0, true));
+        }
+        for i in (0..300u64).rev() {
+            acc.push((1, i * 3 + 1, 4, i % 3 == 0, i % 2 == 0));
+        }
+        acc.push((1, 0, 2000, false, true));
+        acc.push((1, 5, 1500, true, true));
+        acc.push((2, u64::MAX - 10, 10, true, true));
+        acc.push((2, u64::MAX - 20, 15, false, true));
+        acc.push((2, 0, u64::MAX, true, true));
+        agree(&acc);
     }
 }

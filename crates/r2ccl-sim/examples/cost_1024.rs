@@ -1,10 +1,10 @@
 //! Where the wall time of the bench's 1024-GPU AllReduce goes (docs/reproduction.md, "Cost"): 128 x 8 GPUs and
 //! NICs of 400 Gb/s, 256 MiB, NIC 2 of node 3 down from the start and NIC 5 of node 70 going down at 2 ms.
-//! Without arguments it times the schedule (plan, build, conversion) and the simulation of each bench strategy.
-//! `algo` times r2ccl-algo's build of the planner's schedule alone (every rank, no conversion). `chunks K...`
-//! runs the planner's schedule with K pipeline chunks instead of its own, with both failures and with the known
-//! one only, to measure what coalescing chunks would change. Run with
-//! `cargo run --release -p r2ccl-sim --example cost_1024 [algo | chunks K...]`.
+//! Without arguments it times the schedule (plan, build, conversion) and the simulation of each bench strategy;
+//! `planner` does so for the planner's choice alone. `algo` times r2ccl-algo's build of the planner's schedule
+//! alone (every rank, no conversion). `chunks K...` runs the planner's schedule with K pipeline chunks instead of
+//! its own, with both failures and with the known one only, to measure what coalescing chunks would change. Run
+//! with `cargo run --release -p r2ccl-sim --example cost_1024 [planner | algo | chunks K...]`.
 #![allow(clippy::print_stdout, reason = "an example that prints its measurements")]
 #![allow(clippy::disallowed_methods, reason = "it measures wall-clock time")]
 
@@ -27,13 +27,19 @@ fn main() -> Result<(), SimError> {
             let ks: Vec<u32> = args[1..].iter().filter_map(|a| a.parse().ok()).collect();
             chunks(&fab, &job, &fails, &ks)
         }
-        _ => phases(&fab, &job, &fails),
+        Some("planner") => phases(&fab, &job, &fails, &[Strategy::Planner]),
+        _ => phases(
+            &fab,
+            &job,
+            &fails,
+            &[Strategy::Balance, Strategy::HotRepair, Strategy::Recursive, Strategy::Planner, Strategy::AlgoBalance],
+        ),
     }
 }
 
-fn phases(fab: &Fabric, job: &AllReduceJob, fails: &[Failure]) -> Result<(), SimError> {
+fn phases(fab: &Fabric, job: &AllReduceJob, fails: &[Failure], strategies: &[Strategy]) -> Result<(), SimError> {
     let h = plan_health(fab, fails);
-    for s in [Strategy::Balance, Strategy::HotRepair, Strategy::Recursive, Strategy::Planner, Strategy::AlgoBalance] {
+    for &s in strategies {
         let t = Instant::now();
         let mut dag = Dag::new();
         match s.schedule_choice() {
