@@ -5,7 +5,8 @@
 //! max-min fairly (progressive filling), recomputed at every flow arrival or departure and every capacity
 //! change, but only inside the connected component of flows that the change touches (max-min allocations
 //! decompose over components, so this is exact). Links that can never be a bottleneck in a run are left out of
-//! that computation (exact as well). Transfers may belong to a queue (a connection) that carries them one at a
+//! that computation (exact as well), and NVLink links that only intra-node flows can saturate take part only
+//! while such a flow uses them. Transfers may belong to a queue (a connection) that carries them one at a
 //! time in ready order. [`Sharing::Ports`] replaces max-min sharing by r2ccl-algo's port model for cross-checks.
 //! Time is simulated: `f64` seconds from the start of the run.
 //!
@@ -562,6 +563,8 @@ struct Sub {
     born: f64,
     /// Creation order (ids are reused once a flow is gone; this is not).
     serial: u64,
+    /// Between two GPUs of one node (it makes the gated links on its path live).
+    intra: bool,
 }
 
 /// Most links on a flow's path (NVLink hop, uplink, spine up and down, downlink, NVLink hop).
@@ -569,10 +572,21 @@ const MAX_PATH: usize = 8;
 
 /// Simulate `dag` on `fabric` under `failures`.
 pub fn simulate(fabric: &Fabric, dag: &Dag, failures: &[Failure], cfg: &EngineConfig) -> Result<RunResult, SimError> {
+    run_with(fabric, dag, failures, cfg, true)
+}
+
+/// [`simulate`], with or without gating NVLink links (`gate`; see [`Sim::new`]), for tests of the gating.
+fn run_with(
+    fabric: &Fabric,
+    dag: &Dag,
+    failures: &[Failure],
+    cfg: &EngineConfig,
+    gate: bool,
+) -> Result<RunResult, SimError> {
     for (i, f) in failures.iter().enumerate() {
         f.validate(fabric, i)?;
     }
-    let mut sim = Sim::new(fabric, dag, failures, cfg);
+    let mut sim = Sim::new(fabric, dag, failures, cfg, gate);
     sim.run();
     Ok(sim.result())
 }
@@ -637,12 +651,18 @@ struct Sim<'a> {
     is_port: Vec<bool>,
     /// Per link: it can never limit a flow in this run, so flows do not join it (see [`Sim::new`]).
     elided: Vec<bool>,
+    /// Per link: it can limit a flow only while an intra-node flow uses it (an NVLink link when intra-node
+    /// transfers exist but the node's NIC total fits in NVLink; see [`Sim::new`]).
+    gated: Vec<bool>,
+    /// Per link: whether it takes part in the sharing computation now (nonzero), i.e. for a gated link the
+    /// number of intra-node flows on it; 1 for every other link.
+    live: Vec<u32>,
     /// Zero-length tasks ready now, in the order they became ready.
     instant: VecDeque<u32>,
 }
 
 impl<'a> Sim<'a> {
-    fn new(fabric: &'a Fabric, dag: &'a Dag, failures: &'a [Failure], cfg: &'a EngineConfig) -> Self {
+    fn new(fabric: &'a Fabric, dag: &'a Dag, failures: &'a [Failure], cfg: &'a EngineConfig, gate: bool) -> Self {
         let n = dag.ops.len();
         let mut deps_left = vec![0u32; n];
         let mut succ_start = vec![0u32; n + 1];
@@ -707,6 +727,8 @@ impl<'a> Sim<'a> {
             q_wait: vec![VecDeque::new(); dag.queues as usize],
             is_port: vec![false; links],
             elided: vec![false; links],
+            gated: vec![false; links],
+            live: vec![1; links],
             instant: VecDeque::new(),
         };
         for node in 0..s.nodes {
@@ -723,13 +745,23 @@ impl<'a> Sim<'a> {
         let nic_total = s.nic_bytes_per_s() * f64::from(s.nics_per_node);
         let intra =
             dag.ops.iter().any(|op| op.transfer().is_some_and(|(a, b, _, _)| a.node == b.node && a.gpu != b.gpu));
-        let nvl_free = !intra && nic_total <= s.nvlink_gbps * 1e9 / 8.0;
+        let pxn_fits = nic_total <= s.nvlink_gbps * 1e9 / 8.0;
+        let nvl_free = !intra && pxn_fits;
+        // With intra-node transfers, an NVLink link can still limit a flow only while an intra-node flow uses it:
+        // the PXN hops alone fit. Such a link is gated: flows join it, but it takes part in the sharing
+        // computation (and joins its flows into one component) only while it carries an intra-node flow. A
+        // max-min allocation does not change when a constraint that cannot be saturated is left out, so this is
+        // exact up to rounding (the filling runs over other components, in another order).
+        let nvl_gated = gate && intra && pxn_fits && cfg.sharing == Sharing::MaxMin;
         let spine_free = s.spine_oversubscription <= 1.0;
         for node in 0..s.nodes {
             for gpu in 0..s.gpus_per_node {
                 let e = Endpoint::new(node, gpu);
-                sim.elided[fabric.nvl_out(e) as usize] = nvl_free;
-                sim.elided[fabric.nvl_in(e) as usize] = nvl_free;
+                for l in [fabric.nvl_out(e) as usize, fabric.nvl_in(e) as usize] {
+                    sim.elided[l] = nvl_free;
+                    sim.gated[l] = nvl_gated;
+                    sim.live[l] = u32::from(!nvl_gated);
+                }
             }
         }
         for rail in 0..s.nics_per_node {
@@ -1028,11 +1060,17 @@ impl<'a> Sim<'a> {
             }
         };
         let path_start = id * MAX_PATH as u32;
+        let intra = src.node == dst.node && whole > 0;
         for (j, &l) in path.iter().enumerate() {
             self.paths[path_start as usize + j] = l;
             self.link_pos[path_start as usize + j] = self.link_subs[l as usize].len() as u32;
             self.link_subs[l as usize].push(id);
-            self.dirty.push(l);
+            if intra && self.gated[l as usize] {
+                self.live[l as usize] += 1;
+            }
+            if self.live[l as usize] > 0 {
+                self.dirty.push(l);
+            }
         }
         let sub = Sub {
             task,
@@ -1050,6 +1088,7 @@ impl<'a> Sim<'a> {
             prev_rate: 0.0,
             born: self.now,
             serial: self.created,
+            intra,
         };
         self.created += 1;
         match self.subs.get_mut(id as usize) {
@@ -1103,14 +1142,14 @@ impl<'a> Sim<'a> {
     }
 
     fn kill_sub(&mut self, s: u32) {
-        let (start, len) = {
+        let (start, len, intra) = {
             let sub = &mut self.subs[s as usize];
             if !sub.alive {
                 // Gone already (its id may be free for reuse): nothing to undo.
                 return;
             }
             sub.alive = false;
-            (sub.path_start as usize, sub.path_len as usize)
+            (sub.path_start as usize, sub.path_len as usize, sub.intra)
         };
         self.completions.remove(s);
         for i in start..start + len {
@@ -1126,7 +1165,14 @@ impl<'a> Sim<'a> {
                     self.link_pos[j] = p as u32;
                 }
             }
-            self.dirty.push(l);
+            if intra && self.gated[l as usize] {
+                // A gated link that no longer carries an intra-node flow is dirty once more, for the flows it
+                // held back (see [`Sim::recompute`]).
+                self.live[l as usize] -= 1;
+                self.dirty.push(l);
+            } else if self.live[l as usize] > 0 {
+                self.dirty.push(l);
+            }
         }
         self.free_subs.push(s);
     }
@@ -1185,9 +1231,19 @@ impl<'a> Sim<'a> {
         self.comp_subs.clear();
         let mut dirty = std::mem::take(&mut self.dirty);
         for &l in &dirty {
-            if self.link_mark[l as usize] != gen {
+            if self.link_mark[l as usize] == gen {
+                continue;
+            }
+            if self.live[l as usize] > 0 {
                 self.link_mark[l as usize] = gen;
                 self.stack.push(l);
+            } else {
+                // A gated link that just stopped taking part: its flows' components change, but it is no
+                // constraint of them (and stays unmarked).
+                for i in 0..self.link_subs[l as usize].len() {
+                    let s = self.link_subs[l as usize][i];
+                    self.visit_sub(s, gen);
+                }
             }
         }
         dirty.clear();
@@ -1196,19 +1252,7 @@ impl<'a> Sim<'a> {
             self.comp_links.push(l);
             for i in 0..self.link_subs[l as usize].len() {
                 let s = self.link_subs[l as usize][i];
-                if self.sub_mark[s as usize] == gen {
-                    continue;
-                }
-                self.sub_mark[s as usize] = gen;
-                self.comp_subs.push(s);
-                let sub = &self.subs[s as usize];
-                for j in sub.path_start as usize..sub.path_start as usize + sub.path_len as usize {
-                    let l2 = self.paths[j];
-                    if self.link_mark[l2 as usize] != gen {
-                        self.link_mark[l2 as usize] = gen;
-                        self.stack.push(l2);
-                    }
-                }
+                self.visit_sub(s, gen);
             }
         }
         for i in 0..self.comp_subs.len() {
@@ -1239,6 +1283,23 @@ impl<'a> Sim<'a> {
                 self.completions.set(s, self.now + rem / rate, self.seq);
             } else {
                 self.completions.remove(s);
+            }
+        }
+    }
+
+    /// Add flow `s` to the current component (unless it is in already) and its live links to the search.
+    fn visit_sub(&mut self, s: u32, gen: u32) {
+        if self.sub_mark[s as usize] == gen {
+            return;
+        }
+        self.sub_mark[s as usize] = gen;
+        self.comp_subs.push(s);
+        let sub = &self.subs[s as usize];
+        for j in sub.path_start as usize..sub.path_start as usize + sub.path_len as usize {
+            let l2 = self.paths[j];
+            if self.link_mark[l2 as usize] != gen && self.live[l2 as usize] > 0 {
+                self.link_mark[l2 as usize] = gen;
+                self.stack.push(l2);
             }
         }
     }
@@ -1324,6 +1385,10 @@ impl<'a> Sim<'a> {
                         let sub = &self.subs[s as usize];
                         for j in sub.path_start as usize..sub.path_start as usize + sub.path_len as usize {
                             let l2 = self.paths[j] as usize;
+                            if self.link_mark[l2] != gen {
+                                // A gated link out of the computation.
+                                continue;
+                            }
                             self.cap_rem[l2] -= rate;
                             self.cnt[l2] -= 1;
                             self.wsum[l2] -= w;
@@ -1497,6 +1562,50 @@ mod tests {
                 lean.finish,
                 full.finish
             );
+        }
+    }
+
+    #[test]
+    fn gating_nvlink_links_changes_nothing() {
+        // Intra-node transfers (some on NVLink links that PXN hops use as well, some alone), PXN transfers in
+        // chains, a NIC known down and one failing during the run: every finish time agrees with the run that
+        // keeps every NVLink link in the sharing computation.
+        let mut s = FabricSpec::new(4, 4, 4, 100.0);
+        s.nvlink_gbps = 400.0;
+        let f = Fabric::new(s).unwrap();
+        let mut dag = Dag::new();
+        let mut x: u64 = 7;
+        let mut next = |m: u64| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        let mut prev: Vec<TaskId> = Vec::new();
+        for i in 0..400u32 {
+            let (sn, sg) = (next(4) as u32, next(4) as u32);
+            let intra = next(3) == 0;
+            let dn = if intra { sn } else { (sn + 1 + next(3) as u32) % 4 };
+            let dg = if intra { (sg + 1 + next(3) as u32) % 4 } else { next(4) as u32 };
+            let bytes = 1e5 * (1 + next(40)) as f64;
+            let (src, dst) = (Endpoint::new(sn, sg), Endpoint::new(dn, dg));
+            let op = if intra {
+                Op::Transfer { src, dst, bytes, rails: 0, weight: 1.0 }
+            } else {
+                let (src_rail, dst_rail) = (next(4) as u32, next(4) as u32);
+                Op::Pinned { src, dst, bytes, src_rail, dst_rail, weight: 1.0 }
+            };
+            let deps: Vec<TaskId> = prev.iter().rev().take(next(3) as usize).copied().collect();
+            let t = if next(2) == 0 { dag.add_queued(op, &deps, i % 7) } else { dag.add(op, &deps) };
+            prev.push(t);
+        }
+        let fails = [Failure::known_down(1, 2), Failure::down_at(2, 1, 2e-4)];
+        for repair in [RepairMode::Spread, RepairMode::SingleBackup] {
+            let cfg = EngineConfig::with_repair(repair);
+            let gated = run_with(&f, &dag, &fails, &cfg, true).unwrap();
+            let full = run_with(&f, &dag, &fails, &cfg, false).unwrap();
+            assert_eq!(gated.flows, full.flows);
+            for (i, (a, b)) in gated.finish.iter().zip(&full.finish).enumerate() {
+                assert!((a / b - 1.0).abs() < 1e-12, "task {i}: {a} vs {b}");
+            }
         }
     }
 
