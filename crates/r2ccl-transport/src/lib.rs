@@ -44,5 +44,7 @@ pub use session::{
 };
 pub use stripe::{chunk_count, chunk_len, stripe};
 pub use topology::{Topology, TopologyError};
-pub use transport::{Completion, CompletionKind, PathFault, Transport, TransportError, TransportEvent};
+pub use transport::{
+    Completion, CompletionKind, PathFault, PayloadId, PayloadInto, Transport, TransportError, TransportEvent,
+};
 pub use wire::{ChunkHeader, WireError, HEADER_LEN};

@@ -10,7 +10,7 @@
 //! [`Session::handle_peer_migrate`] (receiver).
 
 use crate::stripe::{chunk_count, chunk_len, stripe};
-use crate::transport::{Completion, CompletionKind};
+use crate::transport::{Completion, CompletionKind, PayloadId, PayloadInto};
 use crate::wire::{ChunkHeader, WireError, FLAG_REPLAY, HEADER_LEN};
 use crate::{
     ChunkId, ChunkSet, CommId, LaneId, MemHandle, PathFault, PathId, RequestId, Topology, TransferKey, Transport,
@@ -364,9 +364,33 @@ impl PathState {
 
 #[derive(Clone, Copy, Debug)]
 enum Pending {
-    Send { lane: LaneId, chunk: u32, path: PathId },
-    Recv { path: PathId },
-    Probe { path: PathId },
+    Send {
+        lane: LaneId,
+        chunk: u32,
+        path: PathId,
+    },
+    Recv {
+        path: PathId,
+    },
+    Probe {
+        path: PathId,
+    },
+    /// The receive of a payload that a [`CompletionKind::Header`] announced.
+    Payload {
+        path: PathId,
+        dest: PayloadDest,
+    },
+}
+
+/// Where a payload receive puts its bytes.
+#[derive(Clone, Copy, Debug)]
+enum PayloadDest {
+    /// Straight into chunk `1` of receive `0`'s destination.
+    Placed(TransferKey, u32),
+    /// Into a buffer, then handled as a whole message (reduce, early, duplicate).
+    Whole,
+    /// Into a buffer that is dropped (its header was refused).
+    Discard,
 }
 
 #[derive(Debug)]
@@ -406,6 +430,10 @@ struct RecvTransfer {
     reported: bool,
     /// How an arriving chunk lands in `dst`.
     combine: Combine,
+    /// Payload receives writing straight into `dst`, by chunk: the request and whether it was
+    /// cancelled. The transfer is not reported complete while any is outstanding, so the
+    /// destination is never handed back while the backend may still write it.
+    placing: BTreeMap<u32, (RequestId, bool)>,
 }
 
 /// How a received chunk is applied to its destination bytes.
@@ -637,8 +665,19 @@ impl Session {
         }
         let chunk = self.chunk_size_for(key, len);
         let n = chunk_count(len, chunk);
-        self.recvs
-            .insert(key, RecvTransfer { dst, offset, len, chunk, have: ChunkSet::new(n), reported: false, combine });
+        self.recvs.insert(
+            key,
+            RecvTransfer {
+                dst,
+                offset,
+                len,
+                chunk,
+                have: ChunkSet::new(n),
+                reported: false,
+                combine,
+                placing: BTreeMap::new(),
+            },
+        );
         if let Some(peer_node) = self.topo.node_of(key.src) {
             for local in self.topo.nics_of(self.node) {
                 for remote in self.topo.nics_of(peer_node) {
@@ -649,7 +688,7 @@ impl Session {
         for (path, h, message) in self.early.remove(&key).unwrap_or_default() {
             let payload = message.get(HEADER_LEN..).unwrap_or_default();
             self.early_bytes -= payload.len();
-            self.apply(t, path, &h, payload);
+            self.apply(now, t, path, &h, payload);
             t.recycle(message);
         }
         self.check_recv_complete(key);
@@ -706,6 +745,9 @@ impl Session {
     }
 
     /// Forgets a receive (finished or abandoned); late chunks of it count as duplicates.
+    /// Released before [`SessionEvent::RecvComplete`], payload receives straight into its
+    /// destination may still be running (until they finish or their path fails): do not reuse the
+    /// destination then before the path is closed.
     pub fn release_recv(&mut self, key: TransferKey) {
         if self.recvs.remove(&key).is_none() {
             return;
@@ -864,9 +906,11 @@ impl Session {
         st.posted_recvs = 0;
         self.stats.path_failures += 1;
         t.cancel_path(now, path);
+        // Payload receives stay tracked: each completes (cancelled) once the backend let go of
+        // its destination, and a transfer is only complete after that.
         self.requests.retain(|_, p| match p {
             Pending::Send { path: q, .. } | Pending::Recv { path: q } => *q != path,
-            Pending::Probe { .. } => true,
+            Pending::Probe { .. } | Pending::Payload { .. } => true,
         });
         tracing::warn!(target: NET, rank = %self.rank, %path, ?fault, ?now, "path down");
         self.events.push_back(SessionEvent::PathFailed { path, fault });
@@ -1126,11 +1170,13 @@ impl Session {
                     st.posted_recvs = st.posted_recvs.saturating_sub(1);
                 }
                 match c.kind {
-                    CompletionKind::Received(bytes) => self.on_message(t, path, bytes),
+                    CompletionKind::Received(bytes) => self.on_message(now, t, path, bytes),
+                    CompletionKind::Header { header, payload } => self.on_header(now, t, path, header, payload),
                     CompletionKind::Failed(f) => self.handle_path_down(now, t, path, f),
                     _ => {}
                 }
             }
+            Pending::Payload { path, dest } => self.on_payload(now, t, c.req, path, dest, c.kind),
             Pending::Probe { path } => {
                 let ok = c.kind == CompletionKind::ProbeOk;
                 self.events.push_back(SessionEvent::ProbeDone { req: c.req, path, ok });
@@ -1145,8 +1191,8 @@ impl Session {
 
     /// A received message: applied, stashed (kept whole) or refused; its buffer goes back to `t`
     /// unless stashed.
-    fn on_message<T: Transport + ?Sized>(&mut self, t: &mut T, path: PathId, message: Vec<u8>) {
-        if let Some(keep) = self.take_message(t, path, &message) {
+    fn on_message<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T, path: PathId, message: Vec<u8>) {
+        if let Some(keep) = self.take_message(now, t, path, &message) {
             self.early.entry(keep.0).or_default().push((path, keep.1, message));
         } else {
             t.recycle(message);
@@ -1156,6 +1202,7 @@ impl Session {
     /// Apply or refuse `bytes`; `Some` when the message must be stashed as an early chunk.
     fn take_message<T: Transport + ?Sized>(
         &mut self,
+        now: Duration,
         t: &mut T,
         path: PathId,
         bytes: &[u8],
@@ -1180,7 +1227,7 @@ impl Session {
             return None;
         }
         if self.recvs.contains_key(&key) {
-            self.apply(t, path, &h, payload);
+            self.apply(now, t, path, &h, payload);
             return None;
         }
         if self.retired_set.contains(&key) {
@@ -1198,7 +1245,125 @@ impl Session {
         }
     }
 
-    fn apply<T: Transport + ?Sized>(&mut self, t: &mut T, path: PathId, h: &ChunkHeader, payload: &[u8]) {
+    /// A header whose payload waits at the sender's side of `path`: receive the payload straight
+    /// into its destination when it is a copy of a chunk not held nor already on its way there,
+    /// else into a buffer, handled as a whole message when it arrives.
+    fn on_header<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        path: PathId,
+        header: Vec<u8>,
+        payload: PayloadId,
+    ) {
+        let (into, dest) = match ChunkHeader::decode_split(&header) {
+            Err(e) => {
+                self.stats.malformed += 1;
+                self.bad(path, ChunkProblem::Malformed(e));
+                let capacity = self.cfg.chunk_size as usize;
+                (PayloadInto::Buffer { header, capacity }, PayloadDest::Discard)
+            }
+            Ok(h) => match self.placement(path, &h) {
+                Some((region, offset)) => {
+                    t.recycle(header);
+                    (
+                        PayloadInto::Region { region, offset, len: h.len as usize },
+                        PayloadDest::Placed(h.transfer(), h.id.index),
+                    )
+                }
+                None => (PayloadInto::Buffer { header, capacity: h.len as usize }, PayloadDest::Whole),
+            },
+        };
+        match t.post_payload_recv(now, path, payload, into) {
+            Ok(req) => {
+                self.requests.insert(req, Pending::Payload { path, dest });
+                if let PayloadDest::Placed(key, idx) = dest {
+                    if let Some(rt) = self.recvs.get_mut(&key) {
+                        rt.placing.insert(idx, (req, false));
+                    }
+                }
+            }
+            Err(e) => {
+                // The chunk is lost on this path; failing the path makes the sender replay it.
+                tracing::warn!(target: NET, %path, error = %e, "payload receive refused");
+                self.handle_path_down(now, t, path, PathFault::Endpoint);
+            }
+        }
+    }
+
+    /// Where a split chunk's payload may land directly: its transfer's destination, when the
+    /// transfer copies (not reduces), the header matches it, and the chunk is neither held nor
+    /// already being received into place.
+    fn placement(&self, path: PathId, h: &ChunkHeader) -> Option<(MemHandle, usize)> {
+        let key = h.transfer();
+        if key.dst != self.rank || key.src != path.peer {
+            return None;
+        }
+        let rt = self.recvs.get(&key)?;
+        let idx = h.id.index;
+        let fits = rt.combine == Combine::Copy
+            && h.total_len == rt.len
+            && idx < rt.have.capacity()
+            && h.len == chunk_len(rt.len, rt.chunk, idx)
+            && h.len > 0;
+        if !fits || rt.have.contains(idx) || rt.placing.contains_key(&idx) {
+            return None;
+        }
+        Some((rt.dst, rt.offset + idx as usize * rt.chunk as usize))
+    }
+
+    /// A payload receive finished (or failed, or was cancelled).
+    fn on_payload<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        req: RequestId,
+        path: PathId,
+        dest: PayloadDest,
+        kind: CompletionKind,
+    ) {
+        match dest {
+            PayloadDest::Placed(key, idx) => {
+                if let Some(rt) = self.recvs.get_mut(&key) {
+                    if rt.placing.get(&idx).is_some_and(|(r, _)| *r == req) {
+                        rt.placing.remove(&idx);
+                    }
+                    if kind == CompletionKind::Placed {
+                        if rt.have.insert(idx) {
+                            let len = u64::from(chunk_len(rt.len, rt.chunk, idx));
+                            self.stats.chunks_applied += 1;
+                            self.stats.bytes_applied += len;
+                        } else {
+                            self.stats.duplicates += 1;
+                        }
+                    }
+                }
+                if let CompletionKind::Failed(f) = kind {
+                    self.handle_path_down(now, t, path, f);
+                }
+                self.check_recv_complete(key);
+            }
+            PayloadDest::Whole => match kind {
+                CompletionKind::Received(bytes) => self.on_message(now, t, path, bytes),
+                CompletionKind::Failed(f) => self.handle_path_down(now, t, path, f),
+                _ => {}
+            },
+            PayloadDest::Discard => {
+                if let CompletionKind::Received(bytes) = kind {
+                    t.recycle(bytes);
+                }
+            }
+        }
+    }
+
+    fn apply<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        path: PathId,
+        h: &ChunkHeader,
+        payload: &[u8],
+    ) {
         let key = h.transfer();
         let Some(rt) = self.recvs.get_mut(&key) else { return };
         let cs = rt.chunk;
@@ -1226,8 +1391,21 @@ impl Session {
             self.stats.mismatched += 1;
             return self.bad(path, ChunkProblem::Mismatch(h.id));
         }
+        let mut superseded = None;
         if let Some(rt) = self.recvs.get_mut(&key) {
             rt.have.insert(idx);
+            // The chunk came another way (a replay) while its payload was also on its way into
+            // place: that receive is redundant now. Cancelled, it still holds the transfer's
+            // completion until the backend lets go of the destination.
+            if let Some((req, cancelled)) = rt.placing.get_mut(&idx) {
+                if !*cancelled {
+                    *cancelled = true;
+                    superseded = Some(*req);
+                }
+            }
+        }
+        if let Some(req) = superseded {
+            let _ = t.cancel(now, req);
         }
         self.stats.chunks_applied += 1;
         self.stats.bytes_applied += payload.len() as u64;
@@ -1236,7 +1414,7 @@ impl Session {
 
     fn check_recv_complete(&mut self, key: TransferKey) {
         if let Some(rt) = self.recvs.get_mut(&key) {
-            if rt.have.is_full() && !rt.reported {
+            if rt.have.is_full() && rt.placing.is_empty() && !rt.reported {
                 rt.reported = true;
                 self.events.push_back(SessionEvent::RecvComplete(key));
             }

@@ -31,6 +31,18 @@ pub enum CompletionKind {
     Sent,
     /// A receive finished with this message (chunk header and payload).
     Received(Vec<u8>),
+    /// A receive finished with a chunk header whose payload the sender sent as a message of its
+    /// own ([`Transport::post_send`] of a large range): the payload waits, unreceived, until
+    /// [`Transport::post_payload_recv`] receives it into place or into a buffer. The receiver
+    /// must post exactly one payload receive for every `Header`.
+    Header {
+        /// The header bytes ([`crate::HEADER_LEN`] of them when the sender is well-formed).
+        header: Vec<u8>,
+        /// Names the waiting payload for [`Transport::post_payload_recv`].
+        payload: PayloadId,
+    },
+    /// A payload receive into a region ([`PayloadInto::Region`]) finished: the bytes are in place.
+    Placed,
     /// A zero-byte probe got its answer.
     ProbeOk,
     /// The request failed on its path.
@@ -68,6 +80,35 @@ pub enum TransportEvent {
         nic: NicId,
         /// Whether it is up now.
         up: bool,
+    },
+}
+
+/// A payload that waits for its receive, announced by [`CompletionKind::Header`]. Opaque: only the
+/// backend that made it knows what it means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PayloadId(pub u64);
+
+/// Where [`Transport::post_payload_recv`] puts a payload.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PayloadInto {
+    /// Straight into `len` bytes at `offset` of a registered region (no copy); completes with
+    /// [`CompletionKind::Placed`]. Until that request's completion (whatever its kind) the backend
+    /// may write those bytes; after it, never again.
+    Region {
+        /// The region.
+        region: MemHandle,
+        /// Where in it.
+        offset: usize,
+        /// Payload bytes expected.
+        len: usize,
+    },
+    /// Into a buffer after `header` (at most `capacity` payload bytes); completes with
+    /// [`CompletionKind::Received`] of the header followed by the payload, as a whole message.
+    Buffer {
+        /// The header bytes of the [`CompletionKind::Header`] (handed back).
+        header: Vec<u8>,
+        /// Most payload bytes accepted.
+        capacity: usize,
     },
 }
 
@@ -110,6 +151,9 @@ pub enum TransportError {
     /// The request is not outstanding (unknown or already completed).
     #[error("request {0:?} is not outstanding")]
     UnknownRequest(RequestId),
+    /// The payload is unknown to this backend (or this backend never splits messages).
+    #[error("payload {0:?} is not waiting for a receive")]
+    UnknownPayload(PayloadId),
 }
 
 /// One rank's access to its node's NICs.
@@ -137,7 +181,10 @@ pub trait Transport {
     fn region_mut(&mut self, handle: MemHandle) -> Result<&mut [u8], TransportError>;
 
     /// Posts a send on `path` of `header` followed by `len` bytes at `offset` of `src`. The
-    /// region's bytes must stay unchanged until the send completes.
+    /// region's bytes must stay unchanged until the send completes: a backend may read them from
+    /// the region while the send is in flight (UCX does, for large ranges). It may send the
+    /// header and the payload as two messages; the receiving backend then reports a
+    /// [`CompletionKind::Header`] first.
     fn post_send(
         &mut self,
         now: Duration,
@@ -151,12 +198,27 @@ pub trait Transport {
     /// Posts a receive for one message of at most `capacity` bytes arriving on `path`.
     fn post_recv(&mut self, now: Duration, path: PathId, capacity: usize) -> Result<RequestId, TransportError>;
 
+    /// Receives the payload that a [`CompletionKind::Header`] announced, on the path the header
+    /// came on, into `into`. The default refuses: a backend that never reports `Header` needs none.
+    fn post_payload_recv(
+        &mut self,
+        now: Duration,
+        path: PathId,
+        payload: PayloadId,
+        into: PayloadInto,
+    ) -> Result<RequestId, TransportError> {
+        let _ = (now, path, into);
+        Err(TransportError::UnknownPayload(payload))
+    }
+
     /// Posts a zero-byte probe on the probe endpoint of `path`; completes with
     /// [`CompletionKind::ProbeOk`] when the peer's NIC answered.
     fn post_probe(&mut self, now: Duration, path: PathId) -> Result<RequestId, TransportError>;
 
     /// Cancels one outstanding request; it completes with [`CompletionKind::Cancelled`] (or with
-    /// its real outcome if it had already finished).
+    /// its real outcome if it had already finished). A payload receive into a region completes only
+    /// once the backend can no longer write the region (it may close the path's connection to
+    /// make sure).
     fn cancel(&mut self, now: Duration, req: RequestId) -> Result<(), TransportError>;
 
     /// Cancels every outstanding data request (sends and receives) of this rank on `path`;

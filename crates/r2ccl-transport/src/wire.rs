@@ -18,7 +18,9 @@
 //! | 48..52 | len       | payload bytes that follow the header              |
 //! | 52..56 | check     | FNV-1a (32 bit) of bytes 0..52                     |
 //!
-//! The payload follows the header directly; a message is exactly `HEADER_LEN + len` bytes.
+//! The payload follows the header directly; a message is exactly `HEADER_LEN + len` bytes. A backend
+//! may also send the header alone (exactly `HEADER_LEN` bytes) with the payload as a message of its
+//! own ([`ChunkHeader::decode_split`]).
 
 use crate::{ChunkId, CommId, TransferKey};
 use r2ccl_core::Rank;
@@ -160,6 +162,27 @@ impl ChunkHeader {
         let Some((head, payload)) = msg.split_at_checked(HEADER_LEN) else {
             return Err(WireError::Short { len: msg.len() });
         };
+        let h = Self::decode_head(head)?;
+        if payload.len() != h.len as usize {
+            return Err(WireError::Length { header: h.len, actual: payload.len() });
+        }
+        Ok((h, payload))
+    }
+
+    /// Decodes a header sent alone, ahead of its payload in a message of its own (exactly
+    /// [`HEADER_LEN`] bytes). Never panics, whatever the bytes.
+    pub fn decode_split(msg: &[u8]) -> Result<Self, WireError> {
+        if msg.len() != HEADER_LEN {
+            return Err(if msg.len() < HEADER_LEN {
+                WireError::Short { len: msg.len() }
+            } else {
+                WireError::Length { header: 0, actual: msg.len() - HEADER_LEN }
+            });
+        }
+        Self::decode_head(msg)
+    }
+
+    fn decode_head(head: &[u8]) -> Result<Self, WireError> {
         let magic: [u8; 4] = arr(head, 0);
         if magic != MAGIC {
             return Err(WireError::BadMagic { found: magic });
@@ -184,9 +207,6 @@ impl ChunkHeader {
         if u64::from(len) > total_len {
             return Err(WireError::Inconsistent { len, total_len });
         }
-        if payload.len() != len as usize {
-            return Err(WireError::Length { header: len, actual: payload.len() });
-        }
         let transfer = TransferKey {
             comm: CommId(u64::from_le_bytes(arr(head, 8))),
             seq: u64::from_le_bytes(arr(head, 16)),
@@ -195,7 +215,7 @@ impl ChunkHeader {
             dst: Rank(u32::from_le_bytes(arr(head, 36))),
         };
         let id = ChunkId { transfer, index: u32::from_le_bytes(arr(head, 28)) };
-        Ok((Self { id, total_len, len, flags }, payload))
+        Ok(Self { id, total_len, len, flags })
     }
 }
 
@@ -220,5 +240,9 @@ mod tests {
         msg[20] ^= 1;
         assert!(matches!(ChunkHeader::decode(&msg), Err(WireError::Checksum { .. })));
         assert_eq!(ChunkHeader::decode(&msg[..10]), Err(WireError::Short { len: 10 }));
+        msg[20] ^= 1;
+        assert_eq!(ChunkHeader::decode_split(&msg[..HEADER_LEN]), Ok(h));
+        assert!(matches!(ChunkHeader::decode_split(&msg), Err(WireError::Length { .. })));
+        assert_eq!(ChunkHeader::decode_split(&msg[..10]), Err(WireError::Short { len: 10 }));
     }
 }

@@ -152,6 +152,20 @@ impl MemRegion {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The region's bytes, writable, while requests may hold slices of it ([`RegionSlice`]).
+    ///
+    /// # Safety
+    /// No other reference to the region's bytes may live while the returned slice does, and no UCX
+    /// call on a worker with a request on a slice of the region in flight may run meanwhile (UCX reads
+    /// and writes a request's bytes only inside its calls, so the slice and UCX never touch the bytes
+    /// at the same time). Bytes that a request in flight reads or writes are the caller's to keep
+    /// off-limits.
+    #[allow(clippy::mut_from_ref, reason = "exclusivity is the caller's contract (see # Safety)")]
+    pub unsafe fn as_mut_slice_unchecked(&self) -> &mut [u8] {
+        // SAFETY: ptr/len describe the owned allocation; the caller guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
     /// A slice of the region, usable as a send or receive buffer on any NIC the region is mapped in.
     pub fn slice(self: &Arc<Self>, range: Range<usize>) -> Result<RegionSlice, UcxError> {
         self.check(&range)?;

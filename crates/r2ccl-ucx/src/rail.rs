@@ -20,8 +20,8 @@ pub const PROBE_TAG_BIT: u64 = 1 << 63;
 /// The two endpoints to one peer on one rail.
 #[derive(Debug)]
 pub struct PeerEndpoints {
-    /// Carries data chunks.
-    pub data: Endpoint,
+    /// Carries data chunks; `None` once closed on its own ([`Rail::close_data`]) until reconnected.
+    pub data: Option<Endpoint>,
     /// Carries only zero-byte probes, so a probe never queues behind megabytes of data.
     pub probe: Endpoint,
 }
@@ -68,7 +68,7 @@ impl Rail {
     pub fn connect(&mut self, peer: Rank, address: &WorkerAddress) -> Result<(), UcxError> {
         let data = self.worker.connect(address, format!("rank {} rail {} data", peer.0, self.id.0))?;
         let probe = self.worker.connect(address, format!("rank {} rail {} probe", peer.0, self.id.0))?;
-        self.peers.insert(peer, PeerEndpoints { data, probe });
+        self.peers.insert(peer, PeerEndpoints { data: Some(data), probe });
         Ok(())
     }
 
@@ -86,10 +86,22 @@ impl Rail {
         self.peers.remove(&peer).is_some()
     }
 
+    /// Close the data endpoint to `peer` by force (every send on it ends at once), keeping its probe
+    /// endpoint: probes still tell when the path works again, and no connect (which blocks on a
+    /// black-holed path) is needed for that. Returns whether a data endpoint was open.
+    pub fn close_data(&mut self, peer: Rank) -> bool {
+        self.peers.get_mut(&peer).and_then(|e| e.data.take()).is_some()
+    }
+
     /// Post a data send to `peer` with `tag` (bit [`PROBE_TAG_BIT`] must be clear).
     pub fn send<B: SendBuf>(&self, peer: Rank, tag: u64, buffer: B) -> Result<Request<B>, UcxError> {
         check_data_tag(tag)?;
-        self.peer(peer)?.data.tag_send(tag, buffer)
+        let data = self.peer(peer)?.data.as_ref().ok_or(UcxError::OutOfRange {
+            what: "open data endpoint to peer rank",
+            index: peer.index(),
+            len: self.peers.len(),
+        })?;
+        data.tag_send(tag, buffer)
     }
 
     /// Post a data receive matching `tag` on the bits of `mask` (probes never match it).
@@ -113,7 +125,7 @@ impl Rail {
     pub fn failures(&self) -> Vec<(Rank, &'static str, Status)> {
         let mut out = Vec::new();
         for (rank, eps) in &self.peers {
-            if let Some(s) = eps.data.failure() {
+            if let Some(s) = eps.data.as_ref().and_then(Endpoint::failure) {
                 out.push((*rank, "data", s));
             }
             if let Some(s) = eps.probe.failure() {

@@ -7,19 +7,30 @@
 //! `L`'s worker and matches only sends of rank `P` from its rail `R`. Endpoints connect rail `i` to the
 //! peer's rail `i` only (per-rail networks); a cross-rail path cannot carry data: its sends fail at once
 //! with an endpoint fault and its receives stay posted until cancelled.
+//!
+//! A chunk of at least [`SPLIT_MIN`] bytes travels as two messages, so that neither side copies it: its
+//! header alone (tag bit 59, [`SPLIT_BIT`]), then its payload straight from the registered region (tag
+//! bit 60, [`PAYLOAD_BIT`]), both carrying an 11-bit sequence number in bits 48..59. The receiver
+//! reports the header ([`CompletionKind::Header`]); the session decides where the payload goes, and
+//! [`Transport::post_payload_recv`] posts a receive for exactly that tag, into the destination region
+//! when it can (UCX's rendezvous then lands the bytes in place) or into a buffer. UCX 1.13 cannot cancel
+//! a send, so a split send given up on closes its path's data endpoint to the peer: a send reported
+//! cancelled or failed never reads its region again, and a receive into place whose send was given up
+//! on receives nothing more, so it can be cancelled without waiting for UCX.
 
 use crate::context::ContextConfig;
 use crate::error::UcxError;
 use crate::fault::{parse_faults, FaultKind, FaultParseError, FaultSpec};
-use crate::memory::MemRegion;
+use crate::memory::{MemRegion, RegionSlice};
 use crate::netlink::{self, LinkMonitor};
 use crate::rail::{NicEndpointSet, PROBE_TAG_BIT};
-use crate::request::Request;
+use crate::request::{RecvBuf, Request, SendBuf};
 use crate::worker::WorkerAddress;
 use r2ccl_core::subsys::NET;
 use r2ccl_core::{NicId, NodeId, RailId, Rank};
 use r2ccl_transport::{
-    Completion, CompletionKind, MemHandle, PathFault, PathId, RequestId, Transport, TransportError, TransportEvent,
+    Completion, CompletionKind, MemHandle, PathFault, PathId, PayloadId, PayloadInto, RequestId, Transport,
+    TransportError, TransportEvent,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::os::fd::RawFd;
@@ -33,6 +44,15 @@ const SEQ_SHIFT: u32 = 48;
 const SEQ_MASK: u64 = 0x3FFF;
 /// The bits of a data tag that identify the sender (rank and rail).
 const DATA_MASK: u64 = 0x0000_FFFF_FFFF_FFFF;
+/// Data tag bit: a chunk header sent alone; its payload follows under [`PAYLOAD_BIT`].
+pub const SPLIT_BIT: u64 = 1 << 59;
+/// Data tag bit: the payload of a split chunk.
+pub const PAYLOAD_BIT: u64 = 1 << 60;
+/// Sequence numbers pairing a split header with its payload: 11 bits at bit 48.
+const DATA_SEQ_MASK: u64 = 0x7FF;
+/// Chunks of at least this many bytes are sent split (no copy on either side); smaller ones go as
+/// one message from a staging buffer, where the copy costs less than a second message.
+pub const SPLIT_MIN: usize = 64 << 10;
 /// At most this many `ucp_worker_progress` rounds per [`Transport::progress`] call.
 const PROGRESS_ROUNDS: usize = 16;
 /// Magic and version of the address blob.
@@ -162,20 +182,95 @@ impl Nic {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Send,
+    /// A split chunk's send: its payload is read from the region while in flight.
+    SplitSend,
     Recv,
     Probe,
+    /// A payload receive into a buffer (after its header).
+    Payload,
+    /// A payload receive straight into a region.
+    Placed,
 }
 
 #[derive(Debug)]
 enum Held {
     Send(Vec<u8>),
+    /// A split chunk: its header, then its payload from the region.
+    Split(Vec<u8>, RegionSlice),
     Recv(usize),
+    /// A payload receive: its exact tag and where the bytes go.
+    Payload(u64, DataBuf),
     Probe,
+}
+
+/// The buffer of a data request: a staging or receive buffer, a range of a registered region (a
+/// split payload, sent or received in place), or a buffer holding a header with the payload received
+/// after it.
+#[derive(Debug)]
+enum DataBuf {
+    Owned(Vec<u8>),
+    Region(RegionSlice),
+    /// `.0[..=.1]` holds the header; the payload lands after it.
+    After(Vec<u8>, usize),
+}
+
+// SAFETY: each variant's bytes are heap memory owned by the value (the Vecs) or kept alive by it (the
+// region's Arc), at addresses that do not move with the value; `After` only hands out its tail.
+unsafe impl SendBuf for DataBuf {
+    fn as_ptr(&self) -> *const u8 {
+        match self {
+            Self::Owned(v) | Self::After(v, _) => v.as_ptr(),
+            Self::Region(r) => r.as_ptr(),
+        }
+    }
+    fn byte_len(&self) -> usize {
+        match self {
+            Self::Owned(v) | Self::After(v, _) => v.len(),
+            Self::Region(r) => r.byte_len(),
+        }
+    }
+    fn memh(&self, context: &crate::context::Context) -> Option<r2ccl_ucx_sys::ucp_mem_h> {
+        match self {
+            Self::Region(r) => r.memh(context),
+            Self::Owned(_) | Self::After(..) => None,
+        }
+    }
+    unsafe fn on_received(&mut self, n: usize) {
+        match self {
+            // SAFETY: forwarded under the same contract.
+            Self::Owned(v) => unsafe { v.on_received(n) },
+            Self::After(v, at) => {
+                // SAFETY: UCX wrote n <= capacity - at bytes from `at` (the posted capacity), and
+                // 0..at already held the header.
+                unsafe { v.set_len(*at + n) }
+            }
+            Self::Region(_) => {}
+        }
+    }
+}
+
+// SAFETY: as for SendBuf; `After` receives into its spare capacity past the header only.
+unsafe impl RecvBuf for DataBuf {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        match self {
+            Self::Owned(v) => v.as_mut_ptr(),
+            // SAFETY: at <= len <= capacity.
+            Self::After(v, at) => unsafe { v.as_mut_ptr().add(*at) },
+            Self::Region(r) => r.as_mut_ptr(),
+        }
+    }
+    fn recv_capacity(&self) -> usize {
+        match self {
+            Self::Owned(v) => v.capacity(),
+            Self::After(v, at) => v.capacity() - *at,
+            Self::Region(r) => r.byte_len(),
+        }
+    }
 }
 
 #[derive(Debug)]
 enum State {
-    Live(Request<Vec<u8>>),
+    Live(Request<DataBuf>),
     Probe {
         send: Option<Request<Vec<u8>>>,
         reply: Request<Vec<u8>>,
@@ -212,6 +307,10 @@ pub struct UcxTransport {
     // Requests first: they must be released before the endpoints and workers they use.
     out: BTreeMap<RequestId, Out>,
     detached: Vec<Request<Vec<u8>>>,
+    /// Data requests given up on that UCX has not let go of yet (each keeps its buffer or region).
+    detached_data: Vec<Request<DataBuf>>,
+    /// Sequence number of the next split chunk sent.
+    split_seq: u64,
     regions: BTreeMap<MemHandle, Arc<MemRegion>>,
     set: NicEndpointSet,
     nics: Vec<Nic>,
@@ -315,6 +414,8 @@ impl UcxTransport {
         Ok(Self {
             out: BTreeMap::new(),
             detached: Vec::new(),
+            detached_data: Vec::new(),
+            split_seq: 0,
             regions: BTreeMap::new(),
             set,
             nics,
@@ -414,6 +515,24 @@ impl UcxTransport {
         self.faults.push(Fault { spec, fired: None, healed: false });
     }
 
+    /// Outstanding requests counted by path, kind and state, for diagnostics (`path kind state: n`).
+    pub fn outstanding_summary(&self) -> Vec<String> {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for o in self.out.values() {
+            let state = match &o.state {
+                State::Live(_) => "live",
+                State::Probe { .. } => "probe",
+                State::Held(_) => "held",
+                State::Stuck => "stuck",
+                State::Delayed(..) => "delayed",
+            };
+            *counts.entry(format!("{} {:?} {state}", o.path, o.kind)).or_default() += 1;
+        }
+        let mut out: Vec<String> = counts.into_iter().map(|(k, n)| format!("{k}: {n}")).collect();
+        out.push(format!("detached {} + {}", self.detached.len(), self.detached_data.len()));
+        out
+    }
+
     /// Requests outstanding (posted and not completed, cancelled or failed).
     pub fn outstanding(&self) -> usize {
         self.out.len()
@@ -446,21 +565,23 @@ impl UcxTransport {
         self.events.push_back(TransportEvent::Completion(Completion { req, path, kind }));
     }
 
-    /// Reconnect the endpoints to `peer` on `rail` if UCX reported them failed (a path coming back).
-    fn heal_endpoints(&mut self, rail: usize, peer: Rank) {
+    /// Reconnect the endpoints to `peer` on `rail` if UCX reported them failed (a path coming back), or,
+    /// for a data send, if the data endpoint was closed ([`UcxTransport::stop_split_send`]).
+    fn heal_endpoints(&mut self, rail: usize, peer: Rank, for_data: bool) {
         if self.forgotten.contains(&peer) {
             return;
         }
-        let failed = self
-            .set
-            .rails()
-            .get(rail)
-            .and_then(|r| r.peer(peer).ok())
-            .is_some_and(|e| e.data.failure().is_some() || e.probe.failure().is_some());
+        let failed = self.set.rails().get(rail).and_then(|r| r.peer(peer).ok()).is_none_or(|e| {
+            let data_gone = e.data.as_ref().is_none_or(|d| d.failure().is_some());
+            e.probe.failure().is_some() || (for_data && data_gone)
+        });
         if !failed {
             return;
         }
         let Some(addr) = self.peers.get(&peer).and_then(|p| p.addrs.get(rail)).cloned() else { return };
+        if addr.as_bytes().is_empty() {
+            return;
+        }
         match self.set_rail_connect(rail, peer, &addr) {
             Ok(()) => tracing::info!(target: NET, rail, %peer, "reconnected failed endpoints"),
             Err(e) => tracing::warn!(target: NET, rail, %peer, error = %e, "reconnect failed"),
@@ -475,15 +596,26 @@ impl UcxTransport {
         let Some(r) = self.set.rails().get(rail) else { return State::Stuck };
         let me = u64::from(self.rank.0) | (u64::from(rail_u16(rail)) << 32);
         let res = match held {
-            Held::Send(payload) => r.send(path.peer, me, payload).map(State::Live),
+            Held::Send(payload) => r.send(path.peer, me, DataBuf::Owned(payload)).map(State::Live),
+            Held::Split(header, body) => {
+                self.split_seq = (self.split_seq + 1) & DATA_SEQ_MASK;
+                let seq = self.split_seq << SEQ_SHIFT;
+                // The header goes first; if it fails, so would the payload (same endpoint).
+                r.send(path.peer, me | seq | SPLIT_BIT, DataBuf::Owned(header)).and_then(|h| {
+                    self.detached_data.push(h);
+                    r.send(path.peer, me | seq | PAYLOAD_BIT, DataBuf::Region(body)).map(State::Live)
+                })
+            }
             Held::Recv(cap) => {
                 let tag = u64::from(path.peer.0) | (u64::from(path.remote.rail.0) << 32);
                 // Received bytes land in the buffer's allocation: no zeroing of a pooled buffer.
                 let mut buf = self.pool.pop().unwrap_or_default();
                 buf.clear();
                 buf.reserve(cap);
-                r.recv(tag, DATA_MASK, buf).map(State::Live)
+                // Headers and whole chunks, never a split payload (whatever its sequence number).
+                r.recv(tag, DATA_MASK | PAYLOAD_BIT, DataBuf::Owned(buf)).map(State::Live)
             }
+            Held::Payload(tag, buf) => r.recv(tag, u64::MAX, buf).map(State::Live),
             Held::Probe => {
                 self.probe_seq = (self.probe_seq + 1) & SEQ_MASK;
                 let seq = self.probe_seq << SEQ_SHIFT;
@@ -516,6 +648,7 @@ impl UcxTransport {
         let nic = &mut self.nics[rail];
         let bytes = match &held {
             Held::Send(p) => p.len() as u64,
+            Held::Split(h, b) => (h.len() + b.byte_len()) as u64,
             _ => 0,
         };
         if kind != Kind::Probe {
@@ -529,8 +662,8 @@ impl UcxTransport {
         }
         let state = if cross {
             match kind {
-                Kind::Recv => State::Stuck,
-                Kind::Send | Kind::Probe => {
+                Kind::Recv | Kind::Payload | Kind::Placed => State::Stuck,
+                Kind::Send | Kind::SplitSend | Kind::Probe => {
                     self.complete(id, path, CompletionKind::Failed(PathFault::Endpoint));
                     return Ok(id);
                 }
@@ -538,8 +671,8 @@ impl UcxTransport {
         } else if nic.blackhole {
             State::Held(held)
         } else {
-            if kind != Kind::Recv {
-                self.heal_endpoints(rail, path.peer);
+            if matches!(kind, Kind::Send | Kind::SplitSend | Kind::Probe) {
+                self.heal_endpoints(rail, path.peer, kind != Kind::Probe);
             }
             self.launch(path, held)
         };
@@ -553,11 +686,11 @@ impl UcxTransport {
         let Some(mut o) = self.out.remove(&id) else { return false };
         let rail = o.path.local.rail.index();
         let kind = match &mut o.state {
-            State::Live(r) => outcome(&self.nics, o.kind, rail, r),
+            State::Live(r) => outcome(&self.nics, o.kind, rail, r).map(|(k, _)| k),
             State::Delayed(k, _) => Some(k.clone()),
             _ => None,
         };
-        self.retire(o.state);
+        self.retire(o.path, o.kind, o.state);
         self.complete(id, o.path, kind.unwrap_or(CompletionKind::Cancelled));
         true
     }
@@ -611,7 +744,10 @@ impl UcxTransport {
         // TCP transport does not signal writability on the event fd: nap for at most
         // SEND_NAP then (far less than a socket buffer takes to drain), never spin; a spinning
         // thread per rank starves the kernel's packet processing and the other ranks.
-        let sending = self.out.values().any(|o| o.kind == Kind::Send && matches!(o.state, State::Live(_)));
+        let sending = self
+            .out
+            .values()
+            .any(|o| matches!(o.kind, Kind::Send | Kind::SplitSend) && matches!(o.state, State::Live(_)));
         let timeout = if sending { timeout.min(SEND_NAP) } else { timeout };
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.nics.len() + 1 + wake.len());
         for w in self.set.workers() {
@@ -641,16 +777,20 @@ impl UcxTransport {
         }
     }
 
-    fn retire(&mut self, state: State) {
+    fn retire(&mut self, path: PathId, kind: Kind, state: State) {
         match state {
             State::Live(mut r) => {
                 if r.is_done() {
-                    if let Some(b) = r.take_buffer() {
-                        self.recycle_buf(b);
+                    match r.take_buffer() {
+                        Some(DataBuf::Owned(b) | DataBuf::After(b, _)) => self.recycle_buf(b),
+                        Some(DataBuf::Region(_)) | None => {}
                     }
                 } else {
                     r.cancel();
-                    self.detached.push(r);
+                    if kind == Kind::SplitSend {
+                        self.stop_split_send(path);
+                    }
+                    self.detached_data.push(r);
                 }
             }
             State::Probe { send, mut reply } => {
@@ -659,6 +799,21 @@ impl UcxTransport {
                 self.detached.extend(send);
             }
             State::Held(_) | State::Stuck | State::Delayed(..) => {}
+        }
+    }
+
+    /// A split send given up on while UCX may still read its payload from the region: UCX 1.13
+    /// cannot cancel a send, so close the data endpoints to the peer on this rail, which ends every
+    /// send on them at once. So a send reported cancelled or failed never reads its region again,
+    /// and a receive into place waiting for it can be cancelled safely: nothing more arrives for it
+    /// (the bytes that did arrive are the chunk's own, read before the close). The endpoints are
+    /// reopened when the path is used again.
+    fn stop_split_send(&mut self, path: PathId) {
+        let rail = path.local.rail.index();
+        if let Some(rl) = self.set.rail_mut(rail) {
+            if rl.close_data(path.peer) {
+                tracing::info!(target: NET, %path, "split send cancelled in flight: data endpoint to the peer closed");
+            }
         }
     }
 
@@ -671,7 +826,7 @@ impl UcxTransport {
             self.out.iter().filter(|(_, o)| o.path.local.rail.index() == rail).map(|(id, _)| *id).collect();
         for id in ids {
             if let Some(o) = self.out.remove(&id) {
-                self.retire(o.state);
+                self.retire(o.path, o.kind, o.state);
                 self.complete(id, o.path, CompletionKind::Failed(PathFault::LocalNicDown));
             }
         }
@@ -831,6 +986,7 @@ impl UcxTransport {
             self.polled_at = now;
         }
         let nics = &self.nics;
+        let mut placed: Vec<(usize, u64)> = Vec::new();
         for (&id, o) in &mut self.out {
             let rail = o.path.local.rail.index();
             if nics[rail].blackhole {
@@ -838,7 +994,12 @@ impl UcxTransport {
             }
             let done = match &mut o.state {
                 State::Live(_) | State::Probe { .. } if !poll_live => None,
-                State::Live(r) => outcome(nics, o.kind, rail, r),
+                State::Live(r) => outcome(nics, o.kind, rail, r).map(|(k, n)| {
+                    if k == CompletionKind::Placed {
+                        placed.push((rail, n as u64));
+                    }
+                    k
+                }),
                 State::Probe { send, reply } => {
                     let send_failed = send.as_mut().and_then(|s| s.poll()).is_some_and(|r| r.is_err());
                     if send_failed {
@@ -862,6 +1023,10 @@ impl UcxTransport {
                 finished.push((id, kind));
             }
         }
+        for (rail, n) in placed {
+            self.nics[rail].bytes += n;
+            self.nics[rail].rx_bytes += n;
+        }
         for (id, kind) in finished {
             let Some(mut o) = self.out.remove(&id) else { continue };
             let rail = o.path.local.rail.index();
@@ -871,31 +1036,48 @@ impl UcxTransport {
             }
             if let (Some(f), false) = (self.nics[rail].slow, matches!(o.state, State::Delayed(..))) {
                 let extra = now.duration_since(o.posted).mul_f64(1.0 / f - 1.0);
-                self.retire(std::mem::replace(&mut o.state, State::Delayed(kind, now + extra)));
+                let old = std::mem::replace(&mut o.state, State::Delayed(kind, now + extra));
+                self.retire(o.path, o.kind, old);
                 self.out.insert(id, o);
                 continue;
             }
-            self.retire(o.state);
+            self.retire(o.path, o.kind, o.state);
             self.complete(id, o.path, kind);
         }
         self.detached.retain_mut(|r| !r.is_done());
+        self.detached_data.retain_mut(|r| !r.is_done());
     }
 }
 
-/// The outcome of a finished live request.
-fn outcome(nics: &[Nic], kind: Kind, rail: usize, req: &mut Request<Vec<u8>>) -> Option<CompletionKind> {
+/// The outcome of a finished live request, with the bytes it moved.
+fn outcome(nics: &[Nic], kind: Kind, rail: usize, req: &mut Request<DataBuf>) -> Option<(CompletionKind, usize)> {
     let res = req.poll()?;
     Some(match res {
         Ok(n) if kind == Kind::Recv => {
-            let mut buf = req.take_buffer().unwrap_or_default();
+            let split = req.sender_tag().is_some_and(|t| t & SPLIT_BIT != 0);
+            let tag = req.sender_tag().unwrap_or(0);
+            let mut buf = match req.take_buffer() {
+                Some(DataBuf::Owned(b) | DataBuf::After(b, _)) => b,
+                Some(DataBuf::Region(_)) | None => Vec::new(),
+            };
             buf.truncate(n);
-            CompletionKind::Received(buf)
+            if split {
+                let payload = PayloadId((tag & !SPLIT_BIT) | PAYLOAD_BIT);
+                (CompletionKind::Header { header: buf, payload }, n)
+            } else {
+                (CompletionKind::Received(buf), n)
+            }
         }
-        Ok(_) => CompletionKind::Sent,
+        Ok(n) if kind == Kind::Payload => match req.take_buffer() {
+            Some(DataBuf::Owned(b) | DataBuf::After(b, _)) => (CompletionKind::Received(b), n),
+            Some(DataBuf::Region(_)) | None => (CompletionKind::Received(Vec::new()), n),
+        },
+        Ok(n) if kind == Kind::Placed => (CompletionKind::Placed, n),
+        Ok(n) => (CompletionKind::Sent, n),
         Err(e) => {
             let down = nics.get(rail).is_some_and(Nic::is_down);
             tracing::debug!(target: NET, rail, error = %e, "request failed");
-            CompletionKind::Failed(if down { PathFault::LocalNicDown } else { PathFault::Endpoint })
+            (CompletionKind::Failed(if down { PathFault::LocalNicDown } else { PathFault::Endpoint }), 0)
         }
     })
 }
@@ -961,15 +1143,18 @@ impl Transport for UcxTransport {
 
     fn region(&self, handle: MemHandle) -> Result<&[u8], TransportError> {
         let r = self.regions.get(&handle).ok_or(TransportError::UnknownHandle(handle))?;
-        // SAFETY: the transport never hands a slice of its regions to a request (sends copy into a
-        // staging buffer, receives land in their own buffer), so nothing writes the region behind us.
+        // SAFETY: requests on slices of the region (split sends and receives into place) touch its
+        // bytes only inside UCX calls, and every UCX call of this transport needs `&mut self`, which
+        // the returned slice's borrow of `self` excludes while it lives.
         Ok(unsafe { r.as_slice() })
     }
 
     fn region_mut(&mut self, handle: MemHandle) -> Result<&mut [u8], TransportError> {
-        let r = self.regions.get_mut(&handle).ok_or(TransportError::UnknownHandle(handle))?;
-        // Only this transport holds the Arc (see `region`), so get_mut succeeds.
-        Arc::get_mut(r).map(MemRegion::as_mut_slice).ok_or(TransportError::UnknownHandle(handle))
+        let r = self.regions.get(&handle).ok_or(TransportError::UnknownHandle(handle))?;
+        // SAFETY: as in `region`: the slice borrows `self` mutably, so no other slice of the region
+        // lives and no UCX call runs until it is gone. Ranges a request in flight uses are the
+        // session's to leave alone (the Transport contract).
+        Ok(unsafe { r.as_mut_slice_unchecked() })
     }
 
     fn post_send(
@@ -981,6 +1166,15 @@ impl Transport for UcxTransport {
         offset: usize,
         len: usize,
     ) -> Result<RequestId, TransportError> {
+        if len >= SPLIT_MIN {
+            let region = self.regions.get(&src).ok_or(TransportError::UnknownHandle(src))?;
+            let size = region.len();
+            let body = offset
+                .checked_add(len)
+                .and_then(|end| region.slice(offset..end).ok())
+                .ok_or(TransportError::OutOfBounds { offset, len, size })?;
+            return self.post(path, Kind::SplitSend, Held::Split(header.to_vec(), body));
+        }
         let mut payload = self.pool.pop().unwrap_or_default();
         let bytes = self.region(src)?;
         let size = bytes.len();
@@ -996,6 +1190,36 @@ impl Transport for UcxTransport {
 
     fn post_recv(&mut self, _now: Duration, path: PathId, capacity: usize) -> Result<RequestId, TransportError> {
         self.post(path, Kind::Recv, Held::Recv(capacity))
+    }
+
+    fn post_payload_recv(
+        &mut self,
+        _now: Duration,
+        path: PathId,
+        payload: PayloadId,
+        into: PayloadInto,
+    ) -> Result<RequestId, TransportError> {
+        let tag = payload.0;
+        let sender = u64::from(path.peer.0) | (u64::from(path.remote.rail.0) << 32);
+        if tag & (PROBE_TAG_BIT | REPLY_BIT | SPLIT_BIT) != 0 || tag & PAYLOAD_BIT == 0 || tag & DATA_MASK != sender {
+            return Err(TransportError::UnknownPayload(payload));
+        }
+        match into {
+            PayloadInto::Region { region, offset, len } => {
+                let r = self.regions.get(&region).ok_or(TransportError::UnknownHandle(region))?;
+                let size = r.len();
+                let slice = offset
+                    .checked_add(len)
+                    .and_then(|end| r.slice(offset..end).ok())
+                    .ok_or(TransportError::OutOfBounds { offset, len, size })?;
+                self.post(path, Kind::Placed, Held::Payload(tag, DataBuf::Region(slice)))
+            }
+            PayloadInto::Buffer { mut header, capacity } => {
+                let at = header.len();
+                header.reserve(capacity);
+                self.post(path, Kind::Payload, Held::Payload(tag, DataBuf::After(header, at)))
+            }
+        }
     }
 
     fn post_probe(&mut self, _now: Duration, path: PathId) -> Result<RequestId, TransportError> {

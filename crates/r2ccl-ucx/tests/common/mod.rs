@@ -148,6 +148,10 @@ const SUSPECT_PROBE_WAIT: Duration = Duration::from_secs(1);
 
 /// The rank process: bootstrap, run the scenario, report `RESULT ...`, wait for `EXIT`.
 pub fn rank_main() {
+    if let Ok(level) = std::env::var("R2T_LOG") {
+        let spec = r2ccl_log::LogSpec::parse(&level, "", "").expect("R2T_LOG is a log level (e.g. INFO, DEBUG)");
+        r2ccl_log::init(&spec).expect("logging starts");
+    }
     let (me, sc) = Scenario::from_env();
     let k = sc.devices.len();
     let devs: Vec<&str> = sc.devices.iter().map(String::as_str).collect();
@@ -304,13 +308,14 @@ pub fn rank_main() {
                 let dump = format!(
                     "rank {me} state: send_done {send_done} recv_done {recv_done} held {recv_held:?}{lanes}\n  \
                      active {:?}\n  awaiting receipt {:?}\n  down {:?}\n  pending migrations {:?}\n  \
-                     suspects {:?}\n  stats {:?}\n",
+                     suspects {:?}\n  stats {:?}\n  transport {:?}\n",
                     s.path_activity(),
                     s.awaiting_receipt(),
                     s.down_paths(),
                     pending.iter().map(|(l, (r, h))| (l.lane, r.start, r.end, r.sender_done, h)).collect::<Vec<_>>(),
                     suspects,
                     s.stats(),
+                    t.outstanding_summary(),
                 );
                 // One write, so that two ranks' dumps do not interleave.
                 let _ = std::io::stderr().lock().write_all(dump.as_bytes());
