@@ -1,0 +1,324 @@
+//! The session's side of split chunks (a header, then its payload as a message of its own), driven
+//! through a scripted backend: a payload lands in place when it can, else as a whole message; a
+//! receive into place that a replay supersedes is cancelled and holds the transfer's completion until
+//! it ends; refused headers still drain their payload.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+
+use r2ccl_core::{NicId, Rank};
+use r2ccl_transport::{
+    Buffer, ChunkHeader, ChunkId, CommId, Completion, CompletionKind, MemHandle, PathFault, PathId, PayloadId,
+    PayloadInto, RequestId, Session, SessionConfig, SessionEvent, Topology, TransferKey, Transport, TransportError,
+    TransportEvent,
+};
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+/// Chunk size: the 2 x 8192-byte transfer below has two chunks.
+const CS: u32 = 8192;
+const LEN: usize = 2 * CS as usize;
+
+/// One rank's backend whose completions the test writes: it records what the session posts.
+#[derive(Default)]
+struct Script {
+    regions: BTreeMap<MemHandle, Vec<u8>>,
+    next: u64,
+    events: VecDeque<TransportEvent>,
+    /// Receives posted, in order.
+    recvs: Vec<(RequestId, PathId)>,
+    /// Payload receives posted, in order.
+    payloads: Vec<(RequestId, PathId, PayloadId, PayloadInto)>,
+    cancelled: Vec<RequestId>,
+    recycled: usize,
+}
+
+impl Script {
+    fn id(&mut self) -> RequestId {
+        self.next += 1;
+        RequestId(self.next)
+    }
+
+    fn complete(&mut self, req: RequestId, path: PathId, kind: CompletionKind) {
+        self.events.push_back(TransportEvent::Completion(Completion { req, path, kind }));
+    }
+
+    /// The oldest posted receive not yet used (the test completes each at most once).
+    fn take_recv(&mut self) -> (RequestId, PathId) {
+        self.recvs.remove(0)
+    }
+}
+
+impl Transport for Script {
+    fn rank(&self) -> Rank {
+        Rank(1)
+    }
+    fn local_nics(&self) -> Vec<NicId> {
+        vec![NicId::new(1, 0)]
+    }
+    fn register(&mut self, len: usize) -> Result<MemHandle, TransportError> {
+        let h = MemHandle(self.next + 1000);
+        self.next += 1;
+        self.regions.insert(h, vec![0; len]);
+        Ok(h)
+    }
+    fn deregister(&mut self, handle: MemHandle) -> Result<(), TransportError> {
+        self.regions.remove(&handle).map(drop).ok_or(TransportError::UnknownHandle(handle))
+    }
+    fn region(&self, handle: MemHandle) -> Result<&[u8], TransportError> {
+        self.regions.get(&handle).map(Vec::as_slice).ok_or(TransportError::UnknownHandle(handle))
+    }
+    fn region_mut(&mut self, handle: MemHandle) -> Result<&mut [u8], TransportError> {
+        self.regions.get_mut(&handle).map(Vec::as_mut_slice).ok_or(TransportError::UnknownHandle(handle))
+    }
+    fn post_send(
+        &mut self,
+        _now: Duration,
+        _path: PathId,
+        _header: &[u8],
+        _src: MemHandle,
+        _offset: usize,
+        _len: usize,
+    ) -> Result<RequestId, TransportError> {
+        Ok(self.id())
+    }
+    fn post_recv(&mut self, _now: Duration, path: PathId, _capacity: usize) -> Result<RequestId, TransportError> {
+        let id = self.id();
+        self.recvs.push((id, path));
+        Ok(id)
+    }
+    fn post_payload_recv(
+        &mut self,
+        _now: Duration,
+        path: PathId,
+        payload: PayloadId,
+        into: PayloadInto,
+    ) -> Result<RequestId, TransportError> {
+        let id = self.id();
+        self.payloads.push((id, path, payload, into));
+        Ok(id)
+    }
+    fn post_probe(&mut self, _now: Duration, _path: PathId) -> Result<RequestId, TransportError> {
+        Ok(self.id())
+    }
+    fn cancel(&mut self, _now: Duration, req: RequestId) -> Result<(), TransportError> {
+        self.cancelled.push(req);
+        Ok(())
+    }
+    fn cancel_path(&mut self, _now: Duration, _path: PathId) -> usize {
+        0
+    }
+    fn progress(&mut self, _now: Duration) {}
+    fn poll_event(&mut self) -> Option<TransportEvent> {
+        self.events.pop_front()
+    }
+    fn poll_timeout(&self) -> Option<Duration> {
+        None
+    }
+    fn recycle(&mut self, _buf: Vec<u8>) {
+        self.recycled += 1;
+    }
+}
+
+fn key() -> TransferKey {
+    TransferKey::new(1, 0, 0, 0, 1)
+}
+
+fn header(index: u32, replay: bool) -> Vec<u8> {
+    let h = ChunkHeader {
+        id: ChunkId { transfer: key(), index },
+        total_len: LEN as u64,
+        len: CS,
+        flags: if replay { r2ccl_transport::wire::FLAG_REPLAY } else { 0 },
+    };
+    h.encode().to_vec()
+}
+
+fn payload(index: u32) -> Vec<u8> {
+    (0..CS).map(|i| (i as u8).wrapping_mul(7).wrapping_add(index as u8 * 31 + 1)).collect()
+}
+
+fn whole(index: u32, replay: bool) -> Vec<u8> {
+    let mut m = header(index, replay);
+    m.extend_from_slice(&payload(index));
+    m
+}
+
+fn expected() -> Vec<u8> {
+    let mut v = payload(0);
+    v.extend_from_slice(&payload(1));
+    v
+}
+
+struct Rx {
+    s: Session,
+    t: Script,
+    dst: MemHandle,
+    now: Duration,
+}
+
+impl Rx {
+    /// Rank 1 of two single-NIC nodes, expecting `key()` into a fresh region.
+    fn new() -> Self {
+        let topo = Topology::uniform(2, 1, 1, 1).unwrap();
+        let cfg = SessionConfig { chunk_size: CS, recv_depth: 4, ..SessionConfig::default() };
+        let mut s = Session::new(Rank(1), cfg, topo).unwrap();
+        s.open_comm(CommId(1));
+        let mut t = Script::default();
+        let dst = t.register(LEN).unwrap();
+        let mut rx = Self { s, t, dst, now: Duration::ZERO };
+        rx.expect();
+        rx
+    }
+
+    fn expect(&mut self) {
+        let buf = Buffer { region: self.dst, offset: 0, len: LEN as u64 };
+        self.s.expect_recv(self.now, &mut self.t, key(), buf).unwrap();
+        self.drive();
+    }
+
+    fn drive(&mut self) -> Vec<SessionEvent> {
+        self.now += Duration::from_micros(10);
+        self.s.drive(self.now, &mut self.t);
+        std::iter::from_fn(|| self.s.poll_event()).collect()
+    }
+
+    /// A posted receive completes with a header whose payload waits as `payload`.
+    fn header_arrives(&mut self, index: u32, replay: bool, payload: u64) -> PathId {
+        let (req, path) = self.t.take_recv();
+        self.t.complete(
+            req,
+            path,
+            CompletionKind::Header { header: header(index, replay), payload: PayloadId(payload) },
+        );
+        path
+    }
+
+    /// A posted receive completes with a whole message.
+    fn whole_arrives(&mut self, index: u32, replay: bool) {
+        let (req, path) = self.t.take_recv();
+        self.t.complete(req, path, CompletionKind::Received(whole(index, replay)));
+    }
+
+    /// The backend lands payload receive `n` (in posting order): in place, or as a whole message.
+    fn land_payload(&mut self, n: usize) {
+        let (req, path, _, into) = self.t.payloads.remove(n);
+        match into {
+            PayloadInto::Region { region, offset, len } => {
+                let index = (offset / CS as usize) as u32;
+                self.t.region_mut(region).unwrap()[offset..offset + len].copy_from_slice(&payload(index));
+                self.t.complete(req, path, CompletionKind::Placed);
+            }
+            PayloadInto::Buffer { mut header, .. } => {
+                let index = ChunkHeader::decode_split(&header).map_or(0, |h| h.id.index);
+                header.extend_from_slice(&payload(index));
+                self.t.complete(req, path, CompletionKind::Received(header));
+            }
+        }
+    }
+}
+
+#[test]
+fn split_payloads_land_in_place_and_complete_the_transfer() {
+    let mut rx = Rx::new();
+    let path = rx.header_arrives(0, false, 70);
+    assert!(rx.drive().is_empty());
+    let (_, p, id, into) = &rx.t.payloads[0];
+    assert_eq!((*p, *id), (path, PayloadId(70)));
+    assert_eq!(*into, PayloadInto::Region { region: rx.dst, offset: 0, len: CS as usize }, "chunk 0 goes in place");
+    rx.land_payload(0);
+    assert!(rx.drive().is_empty(), "one chunk of two");
+    assert!(rx.s.holds_chunk(key(), 0));
+    rx.header_arrives(1, false, 71);
+    rx.drive();
+    assert_eq!(rx.t.payloads[0].3, PayloadInto::Region { region: rx.dst, offset: CS as usize, len: CS as usize });
+    rx.land_payload(0);
+    assert_eq!(rx.drive(), vec![SessionEvent::RecvComplete(key())]);
+    assert_eq!(rx.t.region(rx.dst).unwrap(), expected().as_slice());
+    let st = rx.s.stats();
+    assert_eq!((st.chunks_applied, st.bytes_applied, st.duplicates), (2, LEN as u64, 0));
+    assert!(rx.t.cancelled.is_empty());
+}
+
+#[test]
+fn a_replay_supersedes_a_receive_into_place_which_still_holds_completion() {
+    let mut rx = Rx::new();
+    rx.header_arrives(0, false, 80);
+    rx.drive();
+    let placed = rx.t.payloads[0].0;
+    // The sender migrated: chunk 0 comes again, whole, on the new path, and then chunk 1.
+    rx.whole_arrives(0, true);
+    assert!(rx.drive().is_empty());
+    assert_eq!(rx.t.cancelled, vec![placed], "the receive into place is cancelled");
+    rx.whole_arrives(1, false);
+    assert!(rx.drive().is_empty(), "not complete while the backend may still write the destination");
+    assert_eq!(rx.t.region(rx.dst).unwrap(), expected().as_slice());
+    // The backend lets go of it.
+    let (req, path, _, _) = rx.t.payloads.remove(0);
+    rx.t.complete(req, path, CompletionKind::Cancelled);
+    assert_eq!(rx.drive(), vec![SessionEvent::RecvComplete(key())]);
+    assert_eq!(rx.s.stats().chunks_applied, 2);
+}
+
+#[test]
+fn a_second_header_for_a_chunk_on_its_way_in_place_goes_to_a_buffer() {
+    let mut rx = Rx::new();
+    rx.header_arrives(0, false, 90);
+    rx.header_arrives(0, true, 91);
+    rx.drive();
+    assert_eq!(rx.t.payloads.len(), 2);
+    assert!(matches!(rx.t.payloads[0].3, PayloadInto::Region { .. }));
+    assert!(matches!(rx.t.payloads[1].3, PayloadInto::Buffer { capacity, .. } if capacity == CS as usize));
+    // The buffered replay lands first: applied; the one in place is cancelled, then finishes anyway.
+    rx.land_payload(1);
+    rx.drive();
+    assert_eq!(rx.t.cancelled.len(), 1);
+    rx.land_payload(0);
+    rx.drive();
+    assert_eq!(rx.s.stats().duplicates, 1, "landing in place after the replay counts as a duplicate");
+    rx.whole_arrives(1, false);
+    assert_eq!(rx.drive(), vec![SessionEvent::RecvComplete(key())]);
+    assert_eq!(rx.t.region(rx.dst).unwrap(), expected().as_slice());
+}
+
+#[test]
+fn a_failed_receive_into_place_fails_the_path_and_the_replay_completes() {
+    let mut rx = Rx::new();
+    rx.header_arrives(0, false, 95);
+    rx.drive();
+    let (req, path, _, _) = rx.t.payloads.remove(0);
+    rx.t.complete(req, path, CompletionKind::Failed(PathFault::Endpoint));
+    let ev = rx.drive();
+    assert!(ev.contains(&SessionEvent::PathFailed { path, fault: PathFault::Endpoint }), "{ev:?}");
+    assert!(!rx.s.holds_chunk(key(), 0));
+    assert_eq!(rx.s.held(key(), 0, 2).unwrap(), 0, "the replay boundary excludes the failed chunk");
+}
+
+#[test]
+fn refused_headers_drain_their_payload_and_early_ones_are_kept() {
+    let mut rx = Rx::new();
+    // A header with a broken checksum: counted, reported, and its payload drained into a buffer.
+    let (req, path) = rx.t.take_recv();
+    let mut bad = header(0, false);
+    bad[20] ^= 1;
+    rx.t.complete(req, path, CompletionKind::Header { header: bad, payload: PayloadId(1) });
+    let ev = rx.drive();
+    assert!(matches!(ev.as_slice(), [SessionEvent::BadChunk { .. }]), "{ev:?}");
+    assert!(matches!(rx.t.payloads[0].3, PayloadInto::Buffer { .. }));
+    let recycled = rx.t.recycled;
+    rx.land_payload(0);
+    assert!(rx.drive().is_empty());
+    assert_eq!(rx.t.recycled, recycled + 1, "the drained payload is handed back, not applied");
+    assert_eq!(rx.s.stats().malformed, 1);
+    assert_eq!(rx.s.stats().chunks_applied, 0);
+
+    // A header of a transfer not expected yet: its payload comes whole and waits as an early chunk.
+    let early = TransferKey::new(1, 1, 0, 0, 1);
+    let (req, path) = rx.t.take_recv();
+    let mut h = ChunkHeader::decode_split(&header(0, false)).unwrap();
+    h.id.transfer = early;
+    rx.t.complete(req, path, CompletionKind::Header { header: h.encode().to_vec(), payload: PayloadId(2) });
+    rx.drive();
+    assert!(matches!(rx.t.payloads[0].3, PayloadInto::Buffer { .. }), "no destination yet");
+    rx.land_payload(0);
+    rx.drive();
+    assert_eq!(rx.s.stats().early_stashed, 1);
+}
