@@ -129,10 +129,6 @@ impl Dag {
         id
     }
 
-    fn queue_of(&self, task: TaskId) -> Option<u32> {
-        self.queue.get(task as usize).copied().filter(|&q| q != NO_QUEUE)
-    }
-
     /// A zero-length task after all of `deps` (a barrier).
     pub fn barrier(&mut self, deps: &[TaskId]) -> TaskId {
         self.add(Op::Delay(0.0), deps)
@@ -435,8 +431,8 @@ impl Ord for Item {
 /// unique (sequence numbers are), so the order of pops does not depend on the heap's shape.
 #[derive(Debug, Default)]
 struct Completions {
-    /// (time, sequence number, flow).
-    heap: Vec<(f64, u64, u32)>,
+    /// (time as [`time_key`], sequence number, flow).
+    heap: Vec<(u64, u64, u32)>,
     /// Per flow: its index in `heap`, or `ABSENT`.
     pos: Vec<u32>,
 }
@@ -447,9 +443,24 @@ const ABSENT: u32 = u32::MAX;
 /// Children per node of the completion heap.
 const ARITY: usize = 4;
 
+/// An integer with the order of [`f64::total_cmp`].
+fn time_key(t: f64) -> u64 {
+    let b = t.to_bits();
+    if b >> 63 == 1 {
+        !b
+    } else {
+        b | 1 << 63
+    }
+}
+
+/// The time of a [`time_key`].
+fn key_time(k: u64) -> f64 {
+    f64::from_bits(if k >> 63 == 1 { k & !(1 << 63) } else { !k })
+}
+
 impl Completions {
-    fn is_before(a: &(f64, u64, u32), b: &(f64, u64, u32)) -> bool {
-        a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)) == Ordering::Less
+    fn is_before(a: &(u64, u64, u32), b: &(u64, u64, u32)) -> bool {
+        (a.0, a.1) < (b.0, b.1)
     }
 
     /// Make flow `s`'s completion due at `t`, with sequence number `seq`.
@@ -458,7 +469,7 @@ impl Completions {
         if si >= self.pos.len() {
             self.pos.resize(si + 1, ABSENT);
         }
-        let item = (t, seq, s);
+        let item = (time_key(t), seq, s);
         match self.pos[si] {
             ABSENT => {
                 self.heap.push(item);
@@ -485,21 +496,37 @@ impl Completions {
         let i = p as usize;
         let Some(last) = self.heap.pop() else { return };
         if i < self.heap.len() {
-            if i > 0 && Self::is_before(&last, &self.heap[(i - 1) / ARITY]) {
-                self.sift_up(i, last);
-            } else {
-                self.sift_down(i, last);
+            // Move the hole at `i` down to a leaf along the earliest children, then put the last entry there and
+            // let it rise: it usually belongs near the bottom, so this compares less than sifting it down.
+            let n = self.heap.len();
+            let mut h = i;
+            loop {
+                let first = ARITY * h + 1;
+                if first >= n {
+                    break;
+                }
+                let mut m = first;
+                for c in first + 1..(first + ARITY).min(n) {
+                    if Self::is_before(&self.heap[c], &self.heap[m]) {
+                        m = c;
+                    }
+                }
+                let child = self.heap[m];
+                self.heap[h] = child;
+                self.pos[child.2 as usize] = h as u32;
+                h = m;
             }
+            self.sift_up(h, last);
         }
     }
 
     /// The earliest pending completion.
     fn first(&self) -> Option<(f64, u64, u32)> {
-        self.heap.first().copied()
+        self.heap.first().map(|&(k, seq, s)| (key_time(k), seq, s))
     }
 
     /// Put `item` at the hole `i` or above it, moving the later parents down.
-    fn sift_up(&mut self, mut i: usize, item: (f64, u64, u32)) {
+    fn sift_up(&mut self, mut i: usize, item: (u64, u64, u32)) {
         while i > 0 {
             let p = (i - 1) / ARITY;
             let parent = self.heap[p];
@@ -515,7 +542,7 @@ impl Completions {
     }
 
     /// Put `item` at the hole `i` or below it, moving the earliest children up.
-    fn sift_down(&mut self, mut i: usize, item: (f64, u64, u32)) {
+    fn sift_down(&mut self, mut i: usize, item: (u64, u64, u32)) {
         let n = self.heap.len();
         loop {
             let first = ARITY * i + 1;
@@ -565,6 +592,22 @@ struct Sub {
     serial: u64,
     /// Between two GPUs of one node (it makes the gated links on its path live).
     intra: bool,
+}
+
+/// What the engine tracks per task, in one record: a task's turn touches all of it, and the tasks of a run
+/// (millions for the 1024-GPU schedules) are far apart in memory.
+#[derive(Clone, Copy, Debug)]
+struct TaskState {
+    /// Finish time (`NaN` until it finished).
+    finish: f64,
+    /// Its successors are `succ[succ_start..]` up to the next task's `succ_start`.
+    succ_start: u32,
+    /// Dependencies not finished yet.
+    deps_left: u32,
+    /// Flows of the transfer not finished yet.
+    subs_left: u32,
+    /// Its queue (`NO_QUEUE`: none, or the queues are not used in this run).
+    queue: u32,
 }
 
 /// Most links on a flow's path (NVLink hop, uplink, spine up and down, downlink, NVLink hop).
@@ -620,11 +663,9 @@ struct Sim<'a> {
     created: u64,
     subs: Vec<Sub>,
     paths: Vec<LinkId>,
-    succ_start: Vec<u32>,
+    /// Per task, and one more entry whose `succ_start` ends the last task's successors.
+    tasks: Vec<TaskState>,
     succ: Vec<u32>,
-    deps_left: Vec<u32>,
-    subs_left: Vec<u32>,
-    finish: Vec<f64>,
     done: usize,
     dirty: Vec<LinkId>,
     // Component scratch.
@@ -664,21 +705,31 @@ struct Sim<'a> {
 impl<'a> Sim<'a> {
     fn new(fabric: &'a Fabric, dag: &'a Dag, failures: &'a [Failure], cfg: &'a EngineConfig, gate: bool) -> Self {
         let n = dag.ops.len();
-        let mut deps_left = vec![0u32; n];
-        let mut succ_start = vec![0u32; n + 1];
+        // Under the port model a port already serves one transfer at a time in the order they became ready.
+        let queues = cfg.sharing != Sharing::Ports;
+        let mut tasks: Vec<TaskState> = (0..=n)
+            .map(|t| TaskState {
+                finish: f64::NAN,
+                succ_start: 0,
+                deps_left: 0,
+                subs_left: 0,
+                queue: dag.queue.get(t).copied().filter(|_| queues).unwrap_or(NO_QUEUE),
+            })
+            .collect();
         for &(a, b) in &dag.edges {
-            deps_left[b as usize] += 1;
-            succ_start[a as usize + 1] += 1;
+            tasks[b as usize].deps_left += 1;
+            tasks[a as usize + 1].succ_start += 1;
         }
         for i in 0..n {
-            succ_start[i + 1] += succ_start[i];
+            tasks[i + 1].succ_start += tasks[i].succ_start;
         }
-        let mut fill = succ_start.clone();
+        let mut fill: Vec<u32> = tasks.iter().map(|t| t.succ_start).collect();
         let mut succ = vec![0u32; dag.edges.len()];
         for &(a, b) in &dag.edges {
             succ[fill[a as usize] as usize] = b;
             fill[a as usize] += 1;
         }
+        drop(fill);
         let s = fabric.spec();
         let nics = (s.nodes * s.nics_per_node) as usize;
         let links = fabric.link_count();
@@ -702,11 +753,8 @@ impl<'a> Sim<'a> {
             created: 0,
             subs: Vec::new(),
             paths: Vec::new(),
-            succ_start,
+            tasks,
             succ,
-            deps_left,
-            subs_left: vec![0; n],
-            finish: vec![f64::NAN; n],
             done: 0,
             dirty: Vec::new(),
             gen: 0,
@@ -772,7 +820,7 @@ impl<'a> Sim<'a> {
             sim.push(f.at_s, Ev::FailStart(i as u32));
         }
         for t in 0..n {
-            if sim.deps_left[t] == 0 {
+            if sim.tasks[t].deps_left == 0 {
                 sim.start_task(t as u32, 0.0);
             }
         }
@@ -864,19 +912,22 @@ impl<'a> Sim<'a> {
     }
 
     fn task_done(&mut self, task: u32) {
-        self.finish[task as usize] = self.now;
+        let state = &mut self.tasks[task as usize];
+        state.finish = self.now;
         self.done += 1;
-        if let Some(q) = self.dag.queue_of(task).filter(|_| self.cfg.sharing != Sharing::Ports) {
+        let q = state.queue;
+        if q != NO_QUEUE {
             self.q_busy[q as usize] = false;
             if let Some(next) = self.q_wait[q as usize].pop_front() {
                 self.flow_start(next);
             }
         }
-        let (a, b) = (self.succ_start[task as usize] as usize, self.succ_start[task as usize + 1] as usize);
+        let (a, b) = (self.tasks[task as usize].succ_start as usize, self.tasks[task as usize + 1].succ_start as usize);
         for i in a..b {
             let s = self.succ[i];
-            self.deps_left[s as usize] -= 1;
-            if self.deps_left[s as usize] == 0 {
+            let left = &mut self.tasks[s as usize].deps_left;
+            *left -= 1;
+            if *left == 0 {
                 self.start_task(s, self.now);
             }
         }
@@ -923,8 +974,9 @@ impl<'a> Sim<'a> {
                 }
                 let task = sub.task;
                 self.kill_sub(s);
-                self.subs_left[task as usize] -= 1;
-                if self.subs_left[task as usize] == 0 {
+                let left = &mut self.tasks[task as usize].subs_left;
+                *left -= 1;
+                if *left == 0 {
                     self.task_done(task);
                 }
             }
@@ -1105,9 +1157,8 @@ impl<'a> Sim<'a> {
     }
 
     fn flow_start(&mut self, task: u32) {
-        // Under the port model a port already serves one transfer at a time in the order they became ready.
-        let queue = if self.cfg.sharing == Sharing::Ports { None } else { self.dag.queue_of(task) };
-        if let Some(q) = queue {
+        let q = self.tasks[task as usize].queue;
+        if q != NO_QUEUE {
             if self.q_busy[q as usize] {
                 self.q_wait[q as usize].push_back(task);
                 return;
@@ -1121,7 +1172,7 @@ impl<'a> Sim<'a> {
                 let live = src.node == dst.node
                     || (self.usable(src.node, src_rail) > 0.0 && self.usable(dst.node, dst_rail) > 0.0);
                 if live && bytes > 0.0 {
-                    self.subs_left[task as usize] = 1;
+                    self.tasks[task as usize].subs_left = 1;
                     self.add_sub(task, src, dst, src_rail, dst_rail, bytes, weight);
                     return;
                 }
@@ -1135,7 +1186,7 @@ impl<'a> Sim<'a> {
         let mut parts = Vec::new();
         self.resolve(src, dst, rails, &mut parts);
         let total: f64 = parts.iter().map(|p| p.2).sum();
-        self.subs_left[task as usize] = parts.len() as u32;
+        self.tasks[task as usize].subs_left = parts.len() as u32;
         for (rs, rd, w) in parts {
             self.add_sub(task, src, dst, rs, rd, bytes * w / total, weight * w / total);
         }
@@ -1170,7 +1221,8 @@ impl<'a> Sim<'a> {
                 // held back (see [`Sim::recompute`]).
                 self.live[l as usize] -= 1;
                 self.dirty.push(l);
-            } else if self.live[l as usize] > 0 {
+            } else if self.live[l as usize] > 0 && !self.link_subs[l as usize].is_empty() {
+                // (A link left without flows changes no rate.)
                 self.dirty.push(l);
             }
         }
@@ -1210,7 +1262,7 @@ impl<'a> Sim<'a> {
             self.kill_sub(s);
             self.resolve(src, dst, rails, &mut parts);
             let total: f64 = parts.iter().map(|p| p.2).sum();
-            self.subs_left[task as usize] += parts.len() as u32 - 1;
+            self.tasks[task as usize].subs_left += parts.len() as u32 - 1;
             for &(rs, rd, w) in &parts {
                 self.add_sub(task, src, dst, rs, rd, bytes * w / total, sw * w / total);
             }
@@ -1404,10 +1456,11 @@ impl<'a> Sim<'a> {
 
     fn result(&self) -> RunResult {
         let stalled = self.done < self.dag.ops.len();
-        let makespan = if stalled { self.now } else { self.finish.iter().copied().fold(0.0, f64::max) };
+        let finish: Vec<f64> = self.tasks[..self.dag.ops.len()].iter().map(|t| t.finish).collect();
+        let makespan = if stalled { self.now } else { finish.iter().copied().fold(0.0, f64::max) };
         RunResult {
             makespan,
-            finish: self.finish.clone(),
+            finish,
             stalled,
             flows: self.created as usize,
             events: self.events,
@@ -1445,7 +1498,7 @@ mod tests {
                 reference.remove(&s);
             } else {
                 // Few distinct times, so that ties are decided by the sequence number.
-                let t = (next() % 50) as f64 * 0.25;
+                let t = (next() % 50) as f64 * 0.25 - 3.0;
                 c.set(s, t, seq);
                 reference.insert(s, (t, seq));
             }
@@ -1462,6 +1515,17 @@ mod tests {
             }
         }
         assert_eq!(c.heap.len(), reference.len());
+    }
+
+    #[test]
+    fn time_keys_order_like_total_cmp_and_give_the_time_back() {
+        let ts = [f64::NEG_INFINITY, -1e300, -2.5, -1e-300, -0.0, 0.0, 1e-300, 1e-12, 0.25, 2.5, 1e300, f64::INFINITY];
+        for (i, a) in ts.iter().enumerate() {
+            assert_eq!(key_time(time_key(*a)).to_bits(), a.to_bits());
+            for b in &ts[i + 1..] {
+                assert_eq!(time_key(*a).cmp(&time_key(*b)), a.total_cmp(b), "{a} {b}");
+            }
+        }
     }
 
     #[test]
