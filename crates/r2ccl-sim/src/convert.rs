@@ -104,14 +104,19 @@ pub fn append_schedules(
         nic_rx: vec![0; layout.nodes() * k],
         intra_bytes: vec![0; layout.nodes()],
     };
-    let mut open: FxMap<(u32, u32, u64), Half> = FxMap::default();
+    // Messages whose other side is not converted yet, `(sender, receiver, tag)`, filed under the later of the
+    // two ranks: that rank's conversion finds them there (a small map, at hand while converting it).
+    let mut open: Vec<FxMap<(u32, u32, u64), Half>> = (0..layout.ranks()).map(|_| FxMap::default()).collect();
     let mut sinks: Vec<TaskId> = Vec::new();
     let mut task_of: Vec<TaskId> = Vec::new();
     let mut has_dependent: Vec<bool> = Vec::new();
     let mut deps: Vec<TaskId> = Vec::new();
     let mut parts: Vec<TaskId> = Vec::new();
-    // One queue per connection (sender, receiver, source rail, destination rail; intra-node: rails u32::MAX).
-    let mut queues: FxMap<(u32, u32, u32, u32), u32> = FxMap::default();
+    // One queue per connection (sender, receiver, source rail, destination rail; intra-node: rails u32::MAX),
+    // numbered in the order they first appear. Only the sender's conversion adds to a connection, so the map
+    // holds the connections of the rank at hand: `(receiver, source rail, destination rail)`.
+    let mut queues: FxMap<(u32, u32, u32), u32> = FxMap::default();
+    let mut next_queue = 0u32;
     // Per rank: the byte counts of each (split, message length) (`RailSplit::divide`, memoized).
     let mut divided: FxMap<(u16, u64), Vec<u64>> = FxMap::default();
     for r in 0..layout.ranks() as u32 {
@@ -121,6 +126,7 @@ pub fn append_schedules(
         let my_node = layout.node_of(rank).map_err(|e| SimError::Convert(e.to_string()))?.index();
         let elem = sched.dtype.size() as u64;
         divided.clear();
+        queues.clear();
         task_of.clear();
         has_dependent.clear();
         has_dependent.resize(sched.steps().len(), false);
@@ -141,13 +147,14 @@ pub fn append_schedules(
                 StepKind::Copy { .. } | StepKind::Reduce { .. } => dag.barrier(&deps),
                 StepKind::Recv { peer, tag, .. } => {
                     let t = dag.barrier(&deps);
-                    match open.remove(&(peer.0, r, tag.0)) {
+                    let pending = open_of(&mut open, r, peer.0)?;
+                    match pending.remove(&(peer.0, r, tag.0)) {
                         Some(Half::Sent(done)) => dag.depend(done, t),
                         Some(Half::Posted(_)) => {
                             return Err(SimError::Convert(format!("{rank} receives tag {} from {peer} twice", tag.0)))
                         }
                         None => {
-                            open.insert((peer.0, r, tag.0), Half::Posted(t));
+                            pending.insert((peer.0, r, tag.0), Half::Posted(t));
                         }
                     }
                     t
@@ -166,7 +173,8 @@ pub fn append_schedules(
                             let bytes = src.len as f64;
                             out.intra_bytes[my_node] += src.len;
                             let op = Op::Transfer { src: me, dst, bytes, rails: 0, weight: 1.0 };
-                            parts.push(add_queued(dag, &mut queues, (r, peer.0, u32::MAX, u32::MAX), op, &deps));
+                            let key = (peer.0, u32::MAX, u32::MAX);
+                            parts.push(add_queued(dag, &mut queues, &mut next_queue, key, op, &deps));
                         }
                         Some(sp) => {
                             let peer_node = layout.node_of(peer).map_err(|e| SimError::Convert(e.to_string()))?;
@@ -190,8 +198,8 @@ pub fn append_schedules(
                                     dst_rail: dr as u32,
                                     weight: 1.0,
                                 };
-                                let key = (r, peer.0, sr as u32, dr as u32);
-                                parts.push(add_queued(dag, &mut queues, key, op, &deps));
+                                let key = (peer.0, sr as u32, dr as u32);
+                                parts.push(add_queued(dag, &mut queues, &mut next_queue, key, op, &deps));
                             }
                         }
                     }
@@ -201,13 +209,14 @@ pub fn append_schedules(
                         [] => dag.barrier(&deps),
                         many => dag.barrier(many),
                     };
-                    match open.remove(&(r, peer.0, tag.0)) {
+                    let pending = open_of(&mut open, r, peer.0)?;
+                    match pending.remove(&(r, peer.0, tag.0)) {
                         Some(Half::Posted(t)) => dag.depend(done, t),
                         Some(Half::Sent(_)) => {
                             return Err(SimError::Convert(format!("{rank} sends tag {} to {peer} twice", tag.0)))
                         }
                         None => {
-                            open.insert((r, peer.0, tag.0), Half::Sent(done));
+                            pending.insert((r, peer.0, tag.0), Half::Sent(done));
                         }
                     }
                     done
@@ -221,11 +230,11 @@ pub fn append_schedules(
         let mine: Vec<TaskId> = sinks[first_sink..].iter().copied().chain(start).collect();
         out.rank_end.push(dag.barrier(&mine));
     }
-    if let Some(((a, b, tag), half)) = open.iter().next() {
+    if let Some(((a, b, tag), half)) = open.iter().flat_map(|m| m.iter()).next() {
         let what = if matches!(half, Half::Sent(_)) { "never received" } else { "never sent" };
         return Err(SimError::Convert(format!(
             "message tag {tag} from rank {a} to rank {b} is {what} ({} unmatched)",
-            open.len()
+            open.iter().map(|m| m.len()).sum::<usize>()
         )));
     }
     sinks.extend(start);
@@ -233,17 +242,31 @@ pub fn append_schedules(
     Ok(out)
 }
 
-/// Add `op` after `deps` on the queue of connection `key` (a new queue id for a new connection).
+/// Add `op` after `deps` on the queue of the converted rank's connection `key` (a new queue id, `next`, for a new
+/// connection).
 fn add_queued(
     dag: &mut Dag,
-    queues: &mut FxMap<(u32, u32, u32, u32), u32>,
-    key: (u32, u32, u32, u32),
+    queues: &mut FxMap<(u32, u32, u32), u32>,
+    next: &mut u32,
+    key: (u32, u32, u32),
     op: Op,
     deps: &[TaskId],
 ) -> TaskId {
-    let next = queues.len() as u32;
-    let q = *queues.entry(key).or_insert(next);
+    let q = *queues.entry(key).or_insert_with(|| {
+        *next += 1;
+        *next - 1
+    });
     dag.add_queued(op, deps, q)
+}
+
+/// The pending messages between ranks `a` and `b`: those filed under the later of the two.
+fn open_of(
+    open: &mut [FxMap<(u32, u32, u64), Half>],
+    a: u32,
+    b: u32,
+) -> Result<&mut FxMap<(u32, u32, u64), Half>, SimError> {
+    let n = open.len();
+    open.get_mut(a.max(b) as usize).ok_or_else(|| SimError::Convert(format!("rank {} of {n}", a.max(b))))
 }
 
 /// Which schedule an AllReduce runs: the planner's choice, or one of its candidates.
