@@ -615,21 +615,30 @@ const MAX_PATH: usize = 8;
 
 /// Simulate `dag` on `fabric` under `failures`.
 pub fn simulate(fabric: &Fabric, dag: &Dag, failures: &[Failure], cfg: &EngineConfig) -> Result<RunResult, SimError> {
-    run_with(fabric, dag, failures, cfg, true)
+    run_with(fabric, dag, failures, cfg, Shortcuts { gate_nvlink: true, fill_alone: true })
 }
 
-/// [`simulate`], with or without gating NVLink links (`gate`; see [`Sim::new`]), for tests of the gating.
+/// Exact shortcuts of the engine, all taken by [`simulate`]; tests compare runs with and without each.
+#[derive(Clone, Copy, Debug)]
+struct Shortcuts {
+    /// Gate NVLink links (see [`Sim::new`]).
+    gate_nvlink: bool,
+    /// Fill components whose flows share no link per flow ([`Sim::fill_alone`]).
+    fill_alone: bool,
+}
+
+/// [`simulate`] with the given shortcuts.
 fn run_with(
     fabric: &Fabric,
     dag: &Dag,
     failures: &[Failure],
     cfg: &EngineConfig,
-    gate: bool,
+    shortcuts: Shortcuts,
 ) -> Result<RunResult, SimError> {
     for (i, f) in failures.iter().enumerate() {
         f.validate(fabric, i)?;
     }
-    let mut sim = Sim::new(fabric, dag, failures, cfg, gate);
+    let mut sim = Sim::new(fabric, dag, failures, cfg, shortcuts);
     sim.run();
     Ok(sim.result())
 }
@@ -680,6 +689,10 @@ struct Sim<'a> {
     comp_subs: Vec<u32>,
     /// Links still filling ([`Sim::fill_max_min`] scratch).
     active: Vec<LinkId>,
+    /// Least share per flow ([`Sim::fill_alone`] scratch).
+    least: Vec<f64>,
+    /// Whether [`Sim::fill_alone`] may be used.
+    alone_ok: bool,
     stack: Vec<LinkId>,
     scratch_path: Vec<LinkId>,
     events: usize,
@@ -703,7 +716,13 @@ struct Sim<'a> {
 }
 
 impl<'a> Sim<'a> {
-    fn new(fabric: &'a Fabric, dag: &'a Dag, failures: &'a [Failure], cfg: &'a EngineConfig, gate: bool) -> Self {
+    fn new(
+        fabric: &'a Fabric,
+        dag: &'a Dag,
+        failures: &'a [Failure],
+        cfg: &'a EngineConfig,
+        shortcuts: Shortcuts,
+    ) -> Self {
         let n = dag.ops.len();
         // Under the port model a port already serves one transfer at a time in the order they became ready.
         let queues = cfg.sharing != Sharing::Ports;
@@ -767,6 +786,8 @@ impl<'a> Sim<'a> {
             comp_links: Vec::new(),
             comp_subs: Vec::new(),
             active: Vec::new(),
+            least: Vec::new(),
+            alone_ok: shortcuts.fill_alone,
             stack: Vec::new(),
             scratch_path: Vec::new(),
             events: 0,
@@ -800,7 +821,7 @@ impl<'a> Sim<'a> {
         // computation (and joins its flows into one component) only while it carries an intra-node flow. A
         // max-min allocation does not change when a constraint that cannot be saturated is left out, so this is
         // exact up to rounding (the filling runs over other components, in another order).
-        let nvl_gated = gate && intra && pxn_fits && cfg.sharing == Sharing::MaxMin;
+        let nvl_gated = shortcuts.gate_nvlink && intra && pxn_fits && cfg.sharing == Sharing::MaxMin;
         let spine_free = s.spine_oversubscription <= 1.0;
         for node in 0..s.nodes {
             for gpu in 0..s.gpus_per_node {
@@ -1399,6 +1420,10 @@ impl<'a> Sim<'a> {
 
     /// Weighted max-min fair rates (progressive filling) in the current component.
     fn fill_max_min(&mut self, gen: u32) {
+        if self.alone_ok && self.comp_links.iter().all(|&l| self.link_subs[l as usize].len() <= 1) {
+            self.fill_alone(gen);
+            return;
+        }
         // Progressive filling.
         let mut active = std::mem::take(&mut self.active);
         active.clear();
@@ -1452,6 +1477,45 @@ impl<'a> Sim<'a> {
             active.retain(|&l| self.cnt[l as usize] > 0);
         }
         self.active = active;
+    }
+
+    /// [`Sim::fill_max_min`] when no two flows of the component share a link: the same rounds, computed per flow.
+    /// A link's share is then its capacity over its one flow's weight, and freezing a flow touches no other
+    /// flow's links, so a round freezes (at the round's least share times its weight) every flow whose least
+    /// share is within the tolerance of that round's least share.
+    fn fill_alone(&mut self, gen: u32) {
+        // Per flow with a link in the computation: its least share, or `NAN` once it is frozen.
+        let mut least = std::mem::take(&mut self.least);
+        least.clear();
+        let mut unfrozen = 0usize;
+        for &s in &self.comp_subs {
+            let sub = &self.subs[s as usize];
+            let mut m = f64::INFINITY;
+            let mut any = false;
+            for j in sub.path_start as usize..sub.path_start as usize + sub.path_len as usize {
+                let l = self.paths[j] as usize;
+                if self.link_mark[l] == gen {
+                    // (The weight summed over the link's one flow is that weight, exactly.)
+                    m = m.min(self.cap[l].max(0.0) / sub.weight);
+                    any = true;
+                }
+            }
+            least.push(if any { m } else { f64::NAN });
+            unfrozen += usize::from(any);
+        }
+        while unfrozen > 0 {
+            let best = least.iter().copied().filter(|m| !m.is_nan()).fold(f64::INFINITY, f64::min);
+            let lim = best * (1.0 + 1e-9);
+            for (i, m) in least.iter_mut().enumerate() {
+                if *m <= lim {
+                    let sub = &mut self.subs[self.comp_subs[i] as usize];
+                    sub.rate = best * sub.weight;
+                    *m = f64::NAN;
+                    unfrozen -= 1;
+                }
+            }
+        }
+        self.least = least;
     }
 
     fn result(&self) -> RunResult {
@@ -1664,11 +1728,57 @@ mod tests {
         let fails = [Failure::known_down(1, 2), Failure::down_at(2, 1, 2e-4)];
         for repair in [RepairMode::Spread, RepairMode::SingleBackup] {
             let cfg = EngineConfig::with_repair(repair);
-            let gated = run_with(&f, &dag, &fails, &cfg, true).unwrap();
-            let full = run_with(&f, &dag, &fails, &cfg, false).unwrap();
+            let gated = run_with(&f, &dag, &fails, &cfg, Shortcuts { gate_nvlink: true, fill_alone: false }).unwrap();
+            let full = run_with(&f, &dag, &fails, &cfg, Shortcuts { gate_nvlink: false, fill_alone: false }).unwrap();
             assert_eq!(gated.flows, full.flows);
             for (i, (a, b)) in gated.finish.iter().zip(&full.finish).enumerate() {
                 assert!((a / b - 1.0).abs() < 1e-12, "task {i}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn filling_flows_that_share_no_link_one_by_one_changes_nothing() {
+        // Transfers between node pairs on their own rails (each alone on its links) and, later, some that share
+        // a NIC, with rates that differ by less than the filling's tolerance (a NIC degraded to 1 - 1e-10) and by
+        // more: the same finish times, bit for bit, with and without the shortcut.
+        let f = fab(8, 4);
+        let mut dag = Dag::new();
+        let mut prev: Vec<TaskId> = Vec::new();
+        for i in 0..200u32 {
+            let (a, b) = (i % 8, (i * 3 + 1) % 8);
+            let b = if a == b { (b + 1) % 8 } else { b };
+            let rail = (i / 8) % 4;
+            let bytes = 1e6 * f64::from(1 + i % 5) + f64::from(i);
+            let op = Op::Pinned {
+                src: Endpoint::new(a, 0),
+                dst: Endpoint::new(b, 0),
+                bytes,
+                src_rail: rail,
+                dst_rail: if i % 11 == 0 { (rail + 1) % 4 } else { rail },
+                weight: if i % 7 == 0 { 0.5 } else { 1.0 },
+            };
+            let deps: Vec<TaskId> = prev.iter().rev().skip(usize::from(i % 3 == 0)).take(1).copied().collect();
+            prev.push(if i % 2 == 0 { dag.add_queued(op, &deps, i % 5) } else { dag.add(op, &deps) });
+        }
+        let fails = [
+            Failure {
+                node: 2,
+                rail: 1,
+                kind: FailureKind::Degraded { fraction: 1.0 - 1e-10 },
+                at_s: 0.0,
+                until_s: None,
+            },
+            Failure { node: 5, rail: 3, kind: FailureKind::Degraded { fraction: 0.5 }, at_s: 0.01, until_s: None },
+            Failure::down_at(6, 2, 0.02),
+        ];
+        for repair in [RepairMode::Spread, RepairMode::SingleBackup] {
+            let cfg = EngineConfig::with_repair(repair);
+            let fast = run_with(&f, &dag, &fails, &cfg, Shortcuts { gate_nvlink: true, fill_alone: true }).unwrap();
+            let slow = run_with(&f, &dag, &fails, &cfg, Shortcuts { gate_nvlink: true, fill_alone: false }).unwrap();
+            assert_eq!((fast.flows, fast.events), (slow.flows, slow.events));
+            for (i, (a, b)) in fast.finish.iter().zip(&slow.finish).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "task {i}: {a} vs {b}");
             }
         }
     }
