@@ -689,6 +689,12 @@ struct Sim<'a> {
     comp_subs: Vec<u32>,
     /// Links still filling ([`Sim::fill_max_min`] scratch).
     active: Vec<LinkId>,
+    /// Per link: its share at the start of the filling round ([`Sim::fill_max_min`] scratch).
+    share: Vec<f64>,
+    /// Per link: the last filling round that changed it.
+    touched: Vec<u32>,
+    /// Filling rounds so far (wrapping).
+    round: u32,
     /// Least share per flow ([`Sim::fill_alone`] scratch).
     least: Vec<f64>,
     /// Whether [`Sim::fill_alone`] may be used.
@@ -787,6 +793,9 @@ impl<'a> Sim<'a> {
             comp_subs: Vec::new(),
             active: Vec::new(),
             least: Vec::new(),
+            share: vec![0.0; links],
+            touched: vec![0; links],
+            round: 0,
             alone_ok: shortcuts.fill_alone,
             stack: Vec::new(),
             scratch_path: Vec::new(),
@@ -1438,16 +1447,28 @@ impl<'a> Sim<'a> {
         }
         let mut unfrozen = self.comp_subs.len();
         while unfrozen > 0 && !active.is_empty() {
+            self.round = self.round.wrapping_add(1);
+            if self.round == 0 {
+                self.touched.iter_mut().for_each(|m| *m = 0);
+                self.round = 1;
+            }
+            let round = self.round;
             let mut best = f64::INFINITY;
             for &l in &active {
                 let share = self.cap_rem[l as usize].max(0.0) / self.wsum[l as usize];
+                self.share[l as usize] = share;
                 best = best.min(share);
             }
             let lim = best * (1.0 + 1e-9);
             let mut i = 0;
             while i < active.len() {
                 let l = active[i];
-                let share = self.cap_rem[l as usize].max(0.0) / self.wsum[l as usize];
+                // The share as of now: the one computed above unless a flow frozen since changed the link.
+                let share = if self.touched[l as usize] == round {
+                    self.cap_rem[l as usize].max(0.0) / self.wsum[l as usize]
+                } else {
+                    self.share[l as usize]
+                };
                 if share <= lim {
                     for k in 0..self.link_subs[l as usize].len() {
                         let s = self.link_subs[l as usize][k];
@@ -1469,6 +1490,7 @@ impl<'a> Sim<'a> {
                             self.cap_rem[l2] -= rate;
                             self.cnt[l2] -= 1;
                             self.wsum[l2] -= w;
+                            self.touched[l2] = round;
                         }
                     }
                 }
