@@ -408,6 +408,15 @@ struct Item {
     seq: u64,
     ev: Ev,
 }
+
+/// A flow start on a latency FIFO, with its task's transfer and queue: the task was at hand when it became
+/// ready, and by the time the flow starts its entries are usually out of the cache.
+#[derive(Clone, Copy, Debug)]
+struct Start {
+    item: Item,
+    op: Op,
+    queue: u32,
+}
 impl PartialEq for Item {
     fn eq(&self, o: &Self) -> bool {
         self.cmp(o) == Ordering::Equal
@@ -426,7 +435,7 @@ impl Ord for Item {
     }
 }
 
-/// Pending flow completions, at most one per flow: a 4-ary min-heap on (time, sequence number) that knows each
+/// Pending flow completions, at most one per flow: a binary min-heap on (time, sequence number) that knows each
 /// flow's position, so a flow whose rate changes moves its entry instead of leaving a stale one behind. Keys are
 /// unique (sequence numbers are), so the order of pops does not depend on the heap's shape.
 #[derive(Debug, Default)]
@@ -441,7 +450,7 @@ struct Completions {
 const ABSENT: u32 = u32::MAX;
 
 /// Children per node of the completion heap.
-const ARITY: usize = 4;
+const ARITY: usize = 2;
 
 /// An integer with the order of [`f64::total_cmp`].
 fn time_key(t: f64) -> u64 {
@@ -592,6 +601,8 @@ struct Sub {
     serial: u64,
     /// Between two GPUs of one node (it makes the gated links on its path live).
     intra: bool,
+    /// Its task's only flow (whose count of flows left is not kept).
+    single: bool,
 }
 
 /// What the engine tracks per task, in one record: a task's turn touches all of it, and the tasks of a run
@@ -653,7 +664,9 @@ struct Sim<'a> {
     /// and tasks start at the current time, which never decreases, so each FIFO is in event order and keeps
     /// these events (about half of all) out of the heap. The next event is the earliest of the heap's top
     /// and the FIFOs' fronts, by (time, sequence number) as in the heap.
-    starts: Vec<(u64, VecDeque<Item>)>,
+    starts: Vec<(u64, VecDeque<Start>)>,
+    /// The transfer and queue of the flow start [`Sim::pop_due`] took last from a FIFO, for its handling.
+    popped: Option<(Op, u32)>,
     /// Flow completions (the events `Ev::SubDone`), one entry per flow at its current rate.
     completions: Completions,
     seq: u64,
@@ -706,7 +719,7 @@ struct Sim<'a> {
     /// Per queue: whether a transfer of it is in flight.
     q_busy: Vec<bool>,
     /// Per queue: transfers ready to start, in the order they became ready.
-    q_wait: Vec<VecDeque<u32>>,
+    q_wait: Vec<VecDeque<(u32, Op)>>,
     /// Per link: a NIC port ([`Sharing::Ports`]).
     is_port: Vec<bool>,
     /// Per link: it can never limit a flow in this run, so flows do not join it (see [`Sim::new`]).
@@ -765,6 +778,7 @@ impl<'a> Sim<'a> {
             cfg,
             heap: BinaryHeap::new(),
             starts: Vec::new(),
+            popped: None,
             completions: Completions::default(),
             seq: 0,
             now: 0.0,
@@ -862,8 +876,10 @@ impl<'a> Sim<'a> {
         self.heap.push(Item { t, seq: self.seq, ev });
     }
 
-    /// Queue `ev` at `now + lat` on the FIFO of latency `lat` (the heap if that would break the FIFO's order).
-    fn push_after(&mut self, lat: f64, ev: Ev) {
+    /// Queue the start of `task`'s flow (`op`, on `queue`) at `now + lat` on the FIFO of latency `lat` (the heap if
+    /// that would break the FIFO's order).
+    fn push_start(&mut self, lat: f64, task: u32, op: Op, queue: u32) {
+        let ev = Ev::FlowStart(task);
         let t = self.now + lat;
         let key = lat.to_bits();
         let i = match self.starts.iter().position(|(k, _)| *k == key) {
@@ -873,13 +889,13 @@ impl<'a> Sim<'a> {
                 self.starts.len() - 1
             }
         };
-        if self.starts[i].1.back().is_some_and(|b| b.t > t) {
+        if self.starts[i].1.back().is_some_and(|b| b.item.t > t) {
             self.push(t, ev);
             return;
         }
         self.seq += 1;
         let item = Item { t, seq: self.seq, ev };
-        self.starts[i].1.push_back(item);
+        self.starts[i].1.push_back(Start { item, op, queue });
     }
 
     /// The earliest pending event (by time, then sequence number), if any is due by `horizon`; removed.
@@ -895,7 +911,7 @@ impl<'a> Sim<'a> {
             }
         }
         for (i, (_, q)) in self.starts.iter().enumerate() {
-            if let Some(&it) = q.front() {
+            if let Some(&Start { item: it, .. }) = q.front() {
                 if best.is_none_or(|(b, _)| it > b) {
                     best = Some((it, i));
                 }
@@ -915,7 +931,7 @@ impl<'a> Sim<'a> {
                 }
             }
             fifo => {
-                self.starts[fifo].1.pop_front();
+                self.popped = self.starts[fifo].1.pop_front().map(|st| (st.op, st.queue));
             }
         }
         Some(it)
@@ -926,14 +942,16 @@ impl<'a> Sim<'a> {
     }
 
     fn start_task(&mut self, task: u32, at: f64) {
-        match self.dag.ops[task as usize] {
+        let op = self.dag.ops[task as usize];
+        match op {
             // Zero-length tasks (barriers) finish at once, without a trip through the event heap.
             Op::Delay(d) if d <= 0.0 && at <= self.now => self.instant.push_back(task),
             Op::Delay(d) => self.push(at + d.max(0.0), Ev::DelayDone(task)),
             Op::Transfer { src, dst, .. } | Op::Pinned { src, dst, .. } => {
                 let lat = self.fabric.path_latency(src, dst);
                 if at == self.now {
-                    self.push_after(lat, Ev::FlowStart(task));
+                    let queue = self.tasks[task as usize].queue;
+                    self.push_start(lat, task, op, queue);
                 } else {
                     self.push(at + lat, Ev::FlowStart(task));
                 }
@@ -948,8 +966,8 @@ impl<'a> Sim<'a> {
         let q = state.queue;
         if q != NO_QUEUE {
             self.q_busy[q as usize] = false;
-            if let Some(next) = self.q_wait[q as usize].pop_front() {
-                self.flow_start(next);
+            if let Some((next, op)) = self.q_wait[q as usize].pop_front() {
+                self.flow_start(next, op, q);
             }
         }
         let (a, b) = (self.tasks[task as usize].succ_start as usize, self.tasks[task as usize + 1].succ_start as usize);
@@ -996,14 +1014,24 @@ impl<'a> Sim<'a> {
         self.events += 1;
         match ev {
             Ev::DelayDone(t) => self.task_done(t),
-            Ev::FlowStart(t) => self.flow_start(t),
+            Ev::FlowStart(t) => {
+                let (op, queue) = match self.popped.take() {
+                    Some(p) => p,
+                    None => (self.dag.ops[t as usize], self.tasks[t as usize].queue),
+                };
+                self.flow_start(t, op, queue);
+            }
             Ev::SubDone(s, ver) => {
                 let sub = &self.subs[s as usize];
                 if !sub.alive || sub.ver != ver {
                     return;
                 }
-                let task = sub.task;
+                let (task, single) = (sub.task, sub.single);
                 self.kill_sub(s);
+                if single {
+                    self.task_done(task);
+                    return;
+                }
                 let left = &mut self.tasks[task as usize].subs_left;
                 *left -= 1;
                 if *left == 0 {
@@ -1123,7 +1151,7 @@ impl<'a> Sim<'a> {
     }
 
     #[allow(clippy::too_many_arguments, reason = "one flat call site per routing outcome")]
-    fn add_sub(&mut self, task: u32, src: Endpoint, dst: Endpoint, rs: u32, rd: u32, bytes: f64, weight: f64) {
+    fn add_sub(&mut self, task: u32, src: Endpoint, dst: Endpoint, rs: u32, rd: u32, bytes: f64, weight: f64) -> u32 {
         let mut path = std::mem::take(&mut self.scratch_path);
         self.fabric.path(src, dst, rs, rd, &mut path);
         let whole = path.len();
@@ -1171,6 +1199,7 @@ impl<'a> Sim<'a> {
             born: self.now,
             serial: self.created,
             intra,
+            single: false,
         };
         self.created += 1;
         match self.subs.get_mut(id as usize) {
@@ -1184,26 +1213,28 @@ impl<'a> Sim<'a> {
             self.completions.set(id, self.now, self.seq);
         }
         self.scratch_path = path;
+        id
     }
 
-    fn flow_start(&mut self, task: u32) {
-        let q = self.tasks[task as usize].queue;
+    /// Start the flows of `task` (transfer `op`, on queue `q`), or queue it behind its queue's transfer in flight.
+    fn flow_start(&mut self, task: u32, op: Op, q: u32) {
         if q != NO_QUEUE {
             if self.q_busy[q as usize] {
-                self.q_wait[q as usize].push_back(task);
+                self.q_wait[q as usize].push_back((task, op));
                 return;
             }
             self.q_busy[q as usize] = true;
         }
-        let (src, dst, bytes, rails, weight) = match self.dag.ops[task as usize] {
+        let (src, dst, bytes, rails, weight) = match op {
             Op::Delay(_) => return,
             Op::Transfer { src, dst, bytes, rails, weight } => (src, dst, bytes, rails, weight),
             Op::Pinned { src, dst, bytes, src_rail, dst_rail, weight } => {
                 let live = src.node == dst.node
                     || (self.usable(src.node, src_rail) > 0.0 && self.usable(dst.node, dst_rail) > 0.0);
                 if live && bytes > 0.0 {
-                    self.tasks[task as usize].subs_left = 1;
-                    self.add_sub(task, src, dst, src_rail, dst_rail, bytes, weight);
+                    // The task's one flow: it is done when the flow is (its count of flows left is not kept).
+                    let id = self.add_sub(task, src, dst, src_rail, dst_rail, bytes, weight);
+                    self.subs[id as usize].single = true;
                     return;
                 }
                 (src, dst, bytes, (1u64 << src_rail.min(63)) | (1u64 << dst_rail.min(63)), weight)
@@ -1277,9 +1308,9 @@ impl<'a> Sim<'a> {
         let mut parts = Vec::new();
         for s in victims {
             self.settle(s);
-            let (task, remaining, orig, sw) = {
+            let (task, remaining, orig, sw, single) = {
                 let sub = &self.subs[s as usize];
-                (sub.task, sub.remaining, sub.orig, sub.weight)
+                (sub.task, sub.remaining, sub.orig, sub.weight, sub.single)
             };
             let Some((src, dst, _, rails)) = self.dag.ops[task as usize].transfer() else {
                 continue;
@@ -1292,7 +1323,11 @@ impl<'a> Sim<'a> {
             self.kill_sub(s);
             self.resolve(src, dst, rails, &mut parts);
             let total: f64 = parts.iter().map(|p| p.2).sum();
-            self.tasks[task as usize].subs_left += parts.len() as u32 - 1;
+            if single {
+                self.tasks[task as usize].subs_left = parts.len() as u32;
+            } else {
+                self.tasks[task as usize].subs_left += parts.len() as u32 - 1;
+            }
             for &(rs, rd, w) in &parts {
                 self.add_sub(task, src, dst, rs, rd, bytes * w / total, sw * w / total);
             }
