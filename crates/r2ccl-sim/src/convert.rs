@@ -26,6 +26,7 @@ use crate::fabric::{Endpoint, Fabric};
 use r2ccl_algo::{AlgoError, Layout, RankSchedule, ScheduleRequest, StepKind};
 use r2ccl_core::{DType, HealthEpoch, HealthView, NicHealth, NodeHealth, Rank, ReduceOp};
 use r2ccl_policy::{Collective, NodeSpec, Plan, Strategy as PolicyStrategy, Topology};
+use std::collections::VecDeque;
 
 /// A map with integer keys (the converter looks up ranks, tags and rails millions of times).
 type FxMap<K, V> = r2ccl_core::fastmap::IntMap<K, V>;
@@ -104,9 +105,9 @@ pub fn append_schedules(
         nic_rx: vec![0; layout.nodes() * k],
         intra_bytes: vec![0; layout.nodes()],
     };
-    // Messages whose other side is not converted yet, `(sender, receiver, tag)`, filed under the later of the
-    // two ranks: that rank's conversion finds them there (a small map, at hand while converting it).
-    let mut open: Vec<FxMap<(u32, u32, u64), Half>> = (0..layout.ranks()).map(|_| FxMap::default()).collect();
+    // Messages whose other side is not converted yet, per (sender, receiver) pair in the order the side converted
+    // first posted them (tags are unique per pair). The other side usually takes them in the same order.
+    let mut open: FxMap<(u32, u32), VecDeque<(u64, Half)>> = FxMap::default();
     let mut sinks: Vec<TaskId> = Vec::new();
     let mut task_of: Vec<TaskId> = Vec::new();
     let mut has_dependent: Vec<bool> = Vec::new();
@@ -147,15 +148,12 @@ pub fn append_schedules(
                 StepKind::Copy { .. } | StepKind::Reduce { .. } => dag.barrier(&deps),
                 StepKind::Recv { peer, tag, .. } => {
                     let t = dag.barrier(&deps);
-                    let pending = open_of(&mut open, r, peer.0)?;
-                    match pending.remove(&(peer.0, r, tag.0)) {
+                    match match_half(&mut open, (peer.0, r), r, tag.0, Half::Posted(t))? {
                         Some(Half::Sent(done)) => dag.depend(done, t),
                         Some(Half::Posted(_)) => {
                             return Err(SimError::Convert(format!("{rank} receives tag {} from {peer} twice", tag.0)))
                         }
-                        None => {
-                            pending.insert((peer.0, r, tag.0), Half::Posted(t));
-                        }
+                        None => {}
                     }
                     t
                 }
@@ -209,15 +207,12 @@ pub fn append_schedules(
                         [] => dag.barrier(&deps),
                         many => dag.barrier(many),
                     };
-                    let pending = open_of(&mut open, r, peer.0)?;
-                    match pending.remove(&(r, peer.0, tag.0)) {
+                    match match_half(&mut open, (r, peer.0), r, tag.0, Half::Sent(done))? {
                         Some(Half::Posted(t)) => dag.depend(done, t),
                         Some(Half::Sent(_)) => {
                             return Err(SimError::Convert(format!("{rank} sends tag {} to {peer} twice", tag.0)))
                         }
-                        None => {
-                            pending.insert((r, peer.0, tag.0), Half::Sent(done));
-                        }
+                        None => {}
                     }
                     done
                 }
@@ -230,12 +225,9 @@ pub fn append_schedules(
         let mine: Vec<TaskId> = sinks[first_sink..].iter().copied().chain(start).collect();
         out.rank_end.push(dag.barrier(&mine));
     }
-    if let Some(((a, b, tag), half)) = open.iter().flat_map(|m| m.iter()).next() {
-        let what = if matches!(half, Half::Sent(_)) { "never received" } else { "never sent" };
-        return Err(SimError::Convert(format!(
-            "message tag {tag} from rank {a} to rank {b} is {what} ({} unmatched)",
-            open.iter().map(|m| m.len()).sum::<usize>()
-        )));
+    let unmatched = open.iter().flat_map(|(&(a, b), q)| q.iter().map(move |&(tag, half)| (a, b, tag, half)));
+    if let Some((a, b, tag, half)) = unmatched.clone().next() {
+        return Err(unmatched_error(a, b, tag, half, unmatched.count()));
     }
     sinks.extend(start);
     out.end = dag.barrier(&sinks);
@@ -259,14 +251,42 @@ fn add_queued(
     dag.add_queued(op, deps, q)
 }
 
-/// The pending messages between ranks `a` and `b`: those filed under the later of the two.
-fn open_of(
-    open: &mut [FxMap<(u32, u32, u64), Half>],
-    a: u32,
-    b: u32,
-) -> Result<&mut FxMap<(u32, u32, u64), Half>, SimError> {
-    let n = open.len();
-    open.get_mut(a.max(b) as usize).ok_or_else(|| SimError::Convert(format!("rank {} of {n}", a.max(b))))
+/// The error for message `tag` from rank `a` to rank `b`, whose side `half` found no other side (`count` such).
+fn unmatched_error(a: u32, b: u32, tag: u64, half: Half, count: usize) -> SimError {
+    let what = if matches!(half, Half::Sent(_)) { "never received" } else { "never sent" };
+    SimError::Convert(format!("message tag {tag} from rank {a} to rank {b} is {what} ({count} unmatched)"))
+}
+
+/// Match `half` of message `tag` of `pair` (sender, receiver), converting rank `r`: the other side's half when it
+/// was converted already (taken out of `open`), else `None` with `half` left in `open` for it. A half of the same
+/// kind found instead means the message was posted twice on this side.
+fn match_half(
+    open: &mut FxMap<(u32, u32), VecDeque<(u64, Half)>>,
+    pair: (u32, u32),
+    r: u32,
+    tag: u64,
+    half: Half,
+) -> Result<Option<Half>, SimError> {
+    let other = if pair.0 == r { pair.1 } else { pair.0 };
+    let pending = open.entry(pair).or_default();
+    if other > r {
+        // The other side comes later: nothing of it can be here yet.
+        pending.push_back((tag, half));
+        return Ok(None);
+    }
+    let found = match pending.front() {
+        Some(&(t, _)) if t == tag => pending.pop_front(),
+        _ => pending.iter().position(|&(t, _)| t == tag).and_then(|i| pending.remove(i)),
+    };
+    match found {
+        Some((_, h)) => Ok(Some(h)),
+        None if other == r => {
+            pending.push_back((tag, half));
+            Ok(None)
+        }
+        // The other side was converted without it.
+        None => Err(unmatched_error(pair.0, pair.1, tag, half, 1)),
+    }
 }
 
 /// Which schedule an AllReduce runs: the planner's choice, or one of its candidates.
