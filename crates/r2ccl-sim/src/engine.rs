@@ -900,41 +900,42 @@ impl<'a> Sim<'a> {
 
     /// The earliest pending event (by time, then sequence number), if any is due by `horizon`; removed.
     fn pop_due(&mut self, horizon: f64) -> Option<Item> {
-        // `Item`'s order is reversed (the heap is a min-heap): the greater item is the earlier one.
         const HEAP: usize = usize::MAX;
         const COMPLETIONS: usize = usize::MAX - 1;
-        let mut best: Option<(Item, usize)> = self.heap.peek().map(|&it| (it, HEAP));
-        if let Some((t, seq, s)) = self.completions.first() {
-            let it = Item { t, seq, ev: Ev::SubDone(s, self.subs[s as usize].ver) };
-            if best.is_none_or(|(b, _)| it > b) {
-                best = Some((it, COMPLETIONS));
+        // Whether (t, seq) comes before `best` (the order of `Item`, whose `Ord` is reversed for the max-heap).
+        let before = |t: f64, seq: u64, best: &Option<(f64, u64, usize)>| {
+            best.is_none_or(|(bt, bs, _)| t.total_cmp(&bt).then(seq.cmp(&bs)) == Ordering::Less)
+        };
+        let mut best: Option<(f64, u64, usize)> = self.heap.peek().map(|it| (it.t, it.seq, HEAP));
+        if let Some((t, seq, _)) = self.completions.first() {
+            if before(t, seq, &best) {
+                best = Some((t, seq, COMPLETIONS));
             }
         }
         for (i, (_, q)) in self.starts.iter().enumerate() {
-            if let Some(&Start { item: it, .. }) = q.front() {
-                if best.is_none_or(|(b, _)| it > b) {
-                    best = Some((it, i));
+            if let Some(st) = q.front() {
+                if before(st.item.t, st.item.seq, &best) {
+                    best = Some((st.item.t, st.item.seq, i));
                 }
             }
         }
-        let (it, from) = best?;
-        if it.t > horizon {
+        let (t, _, from) = best?;
+        if t > horizon {
             return None;
         }
         match from {
-            HEAP => {
-                self.heap.pop();
-            }
+            HEAP => self.heap.pop(),
             COMPLETIONS => {
-                if let Ev::SubDone(s, _) = it.ev {
-                    self.completions.remove(s);
-                }
+                let (t, seq, s) = self.completions.first()?;
+                self.completions.remove(s);
+                Some(Item { t, seq, ev: Ev::SubDone(s, self.subs[s as usize].ver) })
             }
             fifo => {
-                self.popped = self.starts[fifo].1.pop_front().map(|st| (st.op, st.queue));
+                let st = self.starts[fifo].1.pop_front()?;
+                self.popped = Some((st.op, st.queue));
+                Some(st.item)
             }
         }
-        Some(it)
     }
 
     fn nic_index(&self, node: u32, rail: u32) -> usize {
