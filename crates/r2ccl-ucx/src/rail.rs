@@ -72,6 +72,37 @@ impl Rail {
         Ok(())
     }
 
+    /// Replace only those endpoints to `peer` that are missing or failed, leaving healthy ones alone:
+    /// closing a healthy endpoint resets its connection, which fails the peer's endpoint paired with it
+    /// (and its reconnect would then fail ours, and so on). Returns whether anything was replaced.
+    pub fn reconnect(&mut self, peer: Rank, address: &WorkerAddress) -> Result<bool, UcxError> {
+        let Some(eps) = self.peers.get(&peer) else {
+            self.connect(peer, address)?;
+            return Ok(true);
+        };
+        let data_bad = eps.data.as_ref().is_none_or(|d| d.failure().is_some());
+        let probe_bad = eps.probe.failure().is_some();
+        let data = if data_bad {
+            Some(self.worker.connect(address, format!("rank {} rail {} data", peer.0, self.id.0))?)
+        } else {
+            None
+        };
+        let probe = if probe_bad {
+            Some(self.worker.connect(address, format!("rank {} rail {} probe", peer.0, self.id.0))?)
+        } else {
+            None
+        };
+        if let Some(eps) = self.peers.get_mut(&peer) {
+            if let Some(d) = data {
+                eps.data = Some(d);
+            }
+            if let Some(p) = probe {
+                eps.probe = p;
+            }
+        }
+        Ok(data_bad || probe_bad)
+    }
+
     /// The endpoints to `peer`.
     pub fn peer(&self, peer: Rank) -> Result<&PeerEndpoints, UcxError> {
         self.peers.get(&peer).ok_or(UcxError::OutOfRange {

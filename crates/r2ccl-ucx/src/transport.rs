@@ -14,9 +14,11 @@
 //! reports the header ([`CompletionKind::Header`]); the session decides where the payload goes, and
 //! [`Transport::post_payload_recv`] posts a receive for exactly that tag, into the destination region
 //! when it can (UCX's rendezvous then lands the bytes in place) or into a buffer. UCX 1.13 cannot cancel
-//! a send, so a split send given up on closes its path's data endpoint to the peer: a send reported
-//! cancelled or failed never reads its region again, and a receive into place whose send was given up
-//! on receives nothing more, so it can be cancelled without waiting for UCX.
+//! a send, so a split send given up with its failed path closes that path's data endpoint to the peer (it
+//! never reads its region again), and a receive into place on a failed path is reported cancelled at
+//! once (its send was stopped so, and a replay needs that first); a receive into place cancelled on a
+//! healthy path (its chunk came another way) stays outstanding until UCX really ends it. Reconnecting
+//! replaces only failed or missing endpoints: closing a healthy one would fail the peer's.
 
 use crate::context::ContextConfig;
 use crate::error::UcxError;
@@ -30,7 +32,7 @@ use r2ccl_core::subsys::NET;
 use r2ccl_core::{NicId, NodeId, RailId, Rank};
 use r2ccl_transport::{
     Completion, CompletionKind, MemHandle, PathFault, PathId, PayloadId, PayloadInto, RequestId, Transport,
-    TransportError, TransportEvent,
+    TransportError, TransportEvent, HEADER_LEN,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::os::fd::RawFd;
@@ -582,8 +584,14 @@ impl UcxTransport {
         if addr.as_bytes().is_empty() {
             return;
         }
-        match self.set_rail_connect(rail, peer, &addr) {
-            Ok(()) => tracing::info!(target: NET, rail, %peer, "reconnected failed endpoints"),
+        let Some(r) = self.set.rail_mut(rail) else { return };
+        match r.reconnect(peer, &addr) {
+            Ok(_) => {
+                if let Some(n) = self.nics.get_mut(rail) {
+                    n.reported_eps.remove(&peer);
+                }
+                tracing::info!(target: NET, rail, %peer, "reconnected failed endpoints");
+            }
             Err(e) => tracing::warn!(target: NET, rail, %peer, error = %e, "reconnect failed"),
         }
     }
@@ -681,16 +689,34 @@ impl UcxTransport {
     }
 
     /// Cancel one request: its real outcome if it finished, else `Cancelled`; in-flight UCX requests are
-    /// detached (kept until UCX lets go).
-    fn cancel_one(&mut self, id: RequestId) -> bool {
+    /// detached (kept until UCX lets go). `path_failed`: the path is given up (both ends mark it down),
+    /// so a split send in flight is stopped for good and a receive into place is reported at once (its
+    /// send was stopped by the sender); otherwise (a lane moving off a healthy path) a receive into
+    /// place that UCX does not let go of stays outstanding until it really ends, since its send still
+    /// runs.
+    fn cancel_one(&mut self, id: RequestId, path_failed: bool) -> bool {
         let Some(mut o) = self.out.remove(&id) else { return false };
         let rail = o.path.local.rail.index();
-        let kind = match &mut o.state {
+        let mut kind = match &mut o.state {
             State::Live(r) => outcome(&self.nics, o.kind, rail, r).map(|(k, _)| k),
             State::Delayed(k, _) => Some(k.clone()),
             _ => None,
         };
-        self.retire(o.path, o.kind, o.state);
+        if kind.is_none() && o.kind == Kind::Placed && !path_failed {
+            if let State::Live(r) = &mut o.state {
+                r.cancel();
+                if let Some(rl) = self.set.rails().get(rail) {
+                    rl.worker().progress();
+                }
+                kind = outcome(&self.nics, o.kind, rail, r).map(|(k, _)| k);
+            }
+            if kind.is_none() {
+                // Matched and under way: it completes (or fails) on its own, reported then.
+                self.out.insert(id, o);
+                return true;
+            }
+        }
+        self.retire(o.path, o.kind, o.state, path_failed);
         self.complete(id, o.path, kind.unwrap_or(CompletionKind::Cancelled));
         true
     }
@@ -777,7 +803,7 @@ impl UcxTransport {
         }
     }
 
-    fn retire(&mut self, path: PathId, kind: Kind, state: State) {
+    fn retire(&mut self, path: PathId, kind: Kind, state: State, path_failed: bool) {
         match state {
             State::Live(mut r) => {
                 if r.is_done() {
@@ -787,7 +813,7 @@ impl UcxTransport {
                     }
                 } else {
                     r.cancel();
-                    if kind == Kind::SplitSend {
+                    if kind == Kind::SplitSend && path_failed {
                         self.stop_split_send(path);
                     }
                     self.detached_data.push(r);
@@ -802,12 +828,12 @@ impl UcxTransport {
         }
     }
 
-    /// A split send given up on while UCX may still read its payload from the region: UCX 1.13
-    /// cannot cancel a send, so close the data endpoints to the peer on this rail, which ends every
-    /// send on them at once. So a send reported cancelled or failed never reads its region again,
-    /// and a receive into place waiting for it can be cancelled safely: nothing more arrives for it
-    /// (the bytes that did arrive are the chunk's own, read before the close). The endpoints are
-    /// reopened when the path is used again.
+    /// A split send on a failed path while UCX may still read its payload from the region: UCX 1.13
+    /// cannot cancel a send, so close the data endpoint to the peer on this rail, which ends every
+    /// send on it at once. So a send given up with its path never reads its region again, and a
+    /// receive into place waiting for it can be cancelled safely: nothing more arrives for it (the
+    /// bytes that did arrive are the chunk's own, read before the close). The endpoint is reopened
+    /// when the path carries data again.
     fn stop_split_send(&mut self, path: PathId) {
         let rail = path.local.rail.index();
         if let Some(rl) = self.set.rail_mut(rail) {
@@ -826,7 +852,7 @@ impl UcxTransport {
             self.out.iter().filter(|(_, o)| o.path.local.rail.index() == rail).map(|(id, _)| *id).collect();
         for id in ids {
             if let Some(o) = self.out.remove(&id) {
-                self.retire(o.path, o.kind, o.state);
+                self.retire(o.path, o.kind, o.state, true);
                 self.complete(id, o.path, CompletionKind::Failed(PathFault::LocalNicDown));
             }
         }
@@ -1037,11 +1063,11 @@ impl UcxTransport {
             if let (Some(f), false) = (self.nics[rail].slow, matches!(o.state, State::Delayed(..))) {
                 let extra = now.duration_since(o.posted).mul_f64(1.0 / f - 1.0);
                 let old = std::mem::replace(&mut o.state, State::Delayed(kind, now + extra));
-                self.retire(o.path, o.kind, old);
+                self.retire(o.path, o.kind, old, false);
                 self.out.insert(id, o);
                 continue;
             }
-            self.retire(o.path, o.kind, o.state);
+            self.retire(o.path, o.kind, o.state, false);
             self.complete(id, o.path, kind);
         }
         self.detached.retain_mut(|r| !r.is_done());
@@ -1189,7 +1215,9 @@ impl Transport for UcxTransport {
     }
 
     fn post_recv(&mut self, _now: Duration, path: PathId, capacity: usize) -> Result<RequestId, TransportError> {
-        self.post(path, Kind::Recv, Held::Recv(capacity))
+        // A message with SPLIT_MIN payload bytes or more arrives split, as a bare header: no receive
+        // needs room for more than a header and a smaller payload.
+        self.post(path, Kind::Recv, Held::Recv(capacity.min(HEADER_LEN + SPLIT_MIN)))
     }
 
     fn post_payload_recv(
@@ -1227,7 +1255,7 @@ impl Transport for UcxTransport {
     }
 
     fn cancel(&mut self, _now: Duration, req: RequestId) -> Result<(), TransportError> {
-        if self.cancel_one(req) {
+        if self.cancel_one(req, false) {
             Ok(())
         } else {
             Err(TransportError::UnknownRequest(req))
@@ -1237,7 +1265,7 @@ impl Transport for UcxTransport {
     fn cancel_path(&mut self, _now: Duration, path: PathId) -> usize {
         let ids: Vec<RequestId> =
             self.out.iter().filter(|(_, o)| o.path == path && o.kind != Kind::Probe).map(|(id, _)| *id).collect();
-        ids.into_iter().filter(|&id| self.cancel_one(id)).count()
+        ids.into_iter().filter(|&id| self.cancel_one(id, true)).count()
     }
 
     fn progress(&mut self, _now: Duration) {
