@@ -414,8 +414,16 @@ struct Item {
 #[derive(Clone, Copy, Debug)]
 struct Start {
     item: Item,
+    task: Ready,
+}
+
+/// What finishing a transfer task takes, read while the task is at hand (when it becomes ready): its transfer,
+/// its queue and its successors `succ[succ.0..succ.1]`.
+#[derive(Clone, Copy, Debug)]
+struct Ready {
     op: Op,
     queue: u32,
+    succ: (u32, u32),
 }
 impl PartialEq for Item {
     fn eq(&self, o: &Self) -> bool {
@@ -603,6 +611,9 @@ struct Sub {
     intra: bool,
     /// Its task's only flow (whose count of flows left is not kept).
     single: bool,
+    /// For a single flow: its task's queue and successor range (see [`Ready`]).
+    queue: u32,
+    succ: (u32, u32),
 }
 
 /// What the engine tracks per task, in one record: a task's turn touches all of it, and the tasks of a run
@@ -665,8 +676,8 @@ struct Sim<'a> {
     /// these events (about half of all) out of the heap. The next event is the earliest of the heap's top
     /// and the FIFOs' fronts, by (time, sequence number) as in the heap.
     starts: Vec<(u64, VecDeque<Start>)>,
-    /// The transfer and queue of the flow start [`Sim::pop_due`] took last from a FIFO, for its handling.
-    popped: Option<(Op, u32)>,
+    /// The task of the flow start [`Sim::pop_due`] took last from a FIFO, for its handling.
+    popped: Option<Ready>,
     /// Flow completions (the events `Ev::SubDone`), one entry per flow at its current rate.
     completions: Completions,
     seq: u64,
@@ -719,7 +730,7 @@ struct Sim<'a> {
     /// Per queue: whether a transfer of it is in flight.
     q_busy: Vec<bool>,
     /// Per queue: transfers ready to start, in the order they became ready.
-    q_wait: Vec<VecDeque<(u32, Op)>>,
+    q_wait: Vec<VecDeque<(u32, Ready)>>,
     /// Per link: a NIC port ([`Sharing::Ports`]).
     is_port: Vec<bool>,
     /// Per link: it can never limit a flow in this run, so flows do not join it (see [`Sim::new`]).
@@ -878,7 +889,7 @@ impl<'a> Sim<'a> {
 
     /// Queue the start of `task`'s flow (`op`, on `queue`) at `now + lat` on the FIFO of latency `lat` (the heap if
     /// that would break the FIFO's order).
-    fn push_start(&mut self, lat: f64, task: u32, op: Op, queue: u32) {
+    fn push_start(&mut self, lat: f64, task: u32, op: Op, queue: u32, succ: (u32, u32)) {
         let ev = Ev::FlowStart(task);
         let t = self.now + lat;
         let key = lat.to_bits();
@@ -895,7 +906,7 @@ impl<'a> Sim<'a> {
         }
         self.seq += 1;
         let item = Item { t, seq: self.seq, ev };
-        self.starts[i].1.push_back(Start { item, op, queue });
+        self.starts[i].1.push_back(Start { item, task: Ready { op, queue, succ } });
     }
 
     /// The earliest pending event (by time, then sequence number), if any is due by `horizon`; removed.
@@ -932,7 +943,7 @@ impl<'a> Sim<'a> {
             }
             fifo => {
                 let st = self.starts[fifo].1.pop_front()?;
-                self.popped = Some((st.op, st.queue));
+                self.popped = Some(st.task);
                 Some(st.item)
             }
         }
@@ -951,8 +962,8 @@ impl<'a> Sim<'a> {
             Op::Transfer { src, dst, .. } | Op::Pinned { src, dst, .. } => {
                 let lat = self.fabric.path_latency(src, dst);
                 if at == self.now {
-                    let queue = self.tasks[task as usize].queue;
-                    self.push_start(lat, task, op, queue);
+                    let ready = self.ready(task, op);
+                    self.push_start(lat, task, op, ready.queue, ready.succ);
                 } else {
                     self.push(at + lat, Ev::FlowStart(task));
                 }
@@ -960,18 +971,29 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// `task` (transfer `op`) as its flows need it: see [`Ready`].
+    fn ready(&self, task: u32, op: Op) -> Ready {
+        let t = task as usize;
+        Ready { op, queue: self.tasks[t].queue, succ: (self.tasks[t].succ_start, self.tasks[t + 1].succ_start) }
+    }
+
     fn task_done(&mut self, task: u32) {
-        let state = &mut self.tasks[task as usize];
-        state.finish = self.now;
+        let t = task as usize;
+        let (queue, succ) = (self.tasks[t].queue, (self.tasks[t].succ_start, self.tasks[t + 1].succ_start));
+        self.finish_task(task, queue, succ);
+    }
+
+    /// [`Sim::task_done`] with the task's queue and successor range at hand.
+    fn finish_task(&mut self, task: u32, q: u32, succ: (u32, u32)) {
+        self.tasks[task as usize].finish = self.now;
         self.done += 1;
-        let q = state.queue;
         if q != NO_QUEUE {
             self.q_busy[q as usize] = false;
-            if let Some((next, op)) = self.q_wait[q as usize].pop_front() {
-                self.flow_start(next, op, q);
+            if let Some((next, ready)) = self.q_wait[q as usize].pop_front() {
+                self.flow_start(next, ready);
             }
         }
-        let (a, b) = (self.tasks[task as usize].succ_start as usize, self.tasks[task as usize + 1].succ_start as usize);
+        let (a, b) = (succ.0 as usize, succ.1 as usize);
         for i in a..b {
             let s = self.succ[i];
             let left = &mut self.tasks[s as usize].deps_left;
@@ -1016,21 +1038,21 @@ impl<'a> Sim<'a> {
         match ev {
             Ev::DelayDone(t) => self.task_done(t),
             Ev::FlowStart(t) => {
-                let (op, queue) = match self.popped.take() {
-                    Some(p) => p,
-                    None => (self.dag.ops[t as usize], self.tasks[t as usize].queue),
+                let ready = match self.popped.take() {
+                    Some(r) => r,
+                    None => self.ready(t, self.dag.ops[t as usize]),
                 };
-                self.flow_start(t, op, queue);
+                self.flow_start(t, ready);
             }
             Ev::SubDone(s, ver) => {
                 let sub = &self.subs[s as usize];
                 if !sub.alive || sub.ver != ver {
                     return;
                 }
-                let (task, single) = (sub.task, sub.single);
+                let (task, single, q, succ) = (sub.task, sub.single, sub.queue, sub.succ);
                 self.kill_sub(s);
                 if single {
-                    self.task_done(task);
+                    self.finish_task(task, q, succ);
                     return;
                 }
                 let left = &mut self.tasks[task as usize].subs_left;
@@ -1201,6 +1223,8 @@ impl<'a> Sim<'a> {
             serial: self.created,
             intra,
             single: false,
+            queue: NO_QUEUE,
+            succ: (0, 0),
         };
         self.created += 1;
         match self.subs.get_mut(id as usize) {
@@ -1217,16 +1241,17 @@ impl<'a> Sim<'a> {
         id
     }
 
-    /// Start the flows of `task` (transfer `op`, on queue `q`), or queue it behind its queue's transfer in flight.
-    fn flow_start(&mut self, task: u32, op: Op, q: u32) {
+    /// Start the flows of `task`, or queue it behind its queue's transfer in flight.
+    fn flow_start(&mut self, task: u32, ready: Ready) {
+        let q = ready.queue;
         if q != NO_QUEUE {
             if self.q_busy[q as usize] {
-                self.q_wait[q as usize].push_back((task, op));
+                self.q_wait[q as usize].push_back((task, ready));
                 return;
             }
             self.q_busy[q as usize] = true;
         }
-        let (src, dst, bytes, rails, weight) = match op {
+        let (src, dst, bytes, rails, weight) = match ready.op {
             Op::Delay(_) => return,
             Op::Transfer { src, dst, bytes, rails, weight } => (src, dst, bytes, rails, weight),
             Op::Pinned { src, dst, bytes, src_rail, dst_rail, weight } => {
@@ -1235,7 +1260,9 @@ impl<'a> Sim<'a> {
                 if live && bytes > 0.0 {
                     // The task's one flow: it is done when the flow is (its count of flows left is not kept).
                     let id = self.add_sub(task, src, dst, src_rail, dst_rail, bytes, weight);
-                    self.subs[id as usize].single = true;
+                    let sub = &mut self.subs[id as usize];
+                    sub.single = true;
+                    (sub.queue, sub.succ) = (q, ready.succ);
                     return;
                 }
                 (src, dst, bytes, (1u64 << src_rail.min(63)) | (1u64 << dst_rail.min(63)), weight)
