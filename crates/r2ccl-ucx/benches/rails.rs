@@ -86,21 +86,41 @@ fn perftest_bw(tb: &Testbed, iters: u32) -> Option<f64> {
 fn unshaped_vs_perftest() {
     println!("== one unshaped NIC, 4 MiB messages: r2ccl-ucx session vs ucx_perftest -t tag_bw (same namespaces)");
     let tb = Testbed::up("p", 2, 1, None);
-    let bytes = 512usize << 20;
-    // 1024 x 4 MiB: over a second at perftest's 2-3.4 GB/s here; 128 was too short to be steady.
-    let perf = perftest_bw(&tb, 1024);
-    for (chunk, window) in [(4u32 << 20, 8u32), (1 << 20, 16)] {
-        let sc = scenario(&tb, bytes, chunk, window);
-        let o = run_cluster(vec![tb.cmd(0), tb.cmd(1)], &sc, None, Duration::from_secs(60));
-        o.assert_exact();
-        let ours = rate(&o, bytes);
+    // 2 GiB: 0.7 s at perftest's rate, so that the ramp-up and the millisecond clock weigh little.
+    let bytes = std::env::var("R2B_PERF_MIB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(2048) << 20;
+    let rounds: usize = std::env::var("R2B_PERF_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let cases = [(4u32 << 20, 8u32), (1 << 20, 16)];
+    // Two processes busy-polling on two cores move 2-3.4 GB/s here, and a run moves by up to 20%
+    // from the next: so the runs alternate (perftest, then each case, per round) and the ratio is
+    // of the medians.
+    let mut perf: Vec<f64> = Vec::new();
+    let mut ours: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    for _ in 0..rounds {
+        // 1024 x 4 MiB: over a second at perftest's rate; 128 was too short to be steady.
+        perf.extend(perftest_bw(&tb, 1024));
+        for (i, &(chunk, window)) in cases.iter().enumerate() {
+            let sc = scenario(&tb, bytes, chunk, window);
+            let o = run_cluster(vec![tb.cmd(0), tb.cmd(1)], &sc, None, Duration::from_secs(60));
+            o.assert_exact();
+            ours[i].push(rate(&o, bytes));
+        }
+    }
+    let p50 = if perf.is_empty() { None } else { Some(percentile(&mut perf.clone(), 0.5)) };
+    let list = |v: &[f64]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(", ");
+    if !perf.is_empty() {
+        println!("  ucx_perftest, {rounds} runs: {} MB/s", list(&perf));
+    }
+    for (i, &(chunk, window)) in cases.iter().enumerate() {
         let what = format!("{} MiB chunks, window {window}", chunk >> 20);
-        match perf {
-            Some(p) => {
-                println!("  r2ccl-ucx ({what}) {ours:.1} MiB/s, ucx_perftest {p:.1} MB/s: ratio {:.3}", ours / p)
-            }
+        let mine = percentile(&mut ours[i].clone(), 0.5);
+        match p50 {
+            Some(p) => println!(
+                "  r2ccl-ucx ({what}), {rounds} runs: {} MiB/s; median {mine:.1} MiB/s against perftest's {p:.1} MB/s: ratio {:.3}",
+                list(&ours[i]),
+                mine / p
+            ),
             None => println!(
-                "  r2ccl-ucx ({what}) {ours:.1} MiB/s; ucx_perftest SKIPPED (install Debian package ucx-utils)"
+                "  r2ccl-ucx ({what}) median {mine:.1} MiB/s; ucx_perftest SKIPPED (install Debian package ucx-utils)"
             ),
         }
     }
