@@ -63,11 +63,25 @@ pub struct SessionConfig {
     pub max_early_bytes: usize,
     /// How many finished receive transfers are remembered, so late replays count as duplicates.
     pub retired_memory: usize,
+    /// Receive the payload of a split chunk ([`crate::CompletionKind::Header`]) straight into the
+    /// destination of a copying receive, instead of into a buffer it is then copied from. Off by
+    /// default: on TCP a receive into place that a path failure abandons can still be written by
+    /// bytes that were in flight when the link comes back (measured: a flapping NIC under
+    /// `cargo xtask bench` corrupted a later collective), and UCX 1.13 cannot cancel a receive that
+    /// matched. Use it only where such a receive can be ended for good.
+    pub place_payloads: bool,
 }
 
 impl Default for SessionConfig {
     fn default() -> Self {
-        Self { chunk_size: 64 * 1024, window: 8, recv_depth: 8, max_early_bytes: 64 << 20, retired_memory: 4096 }
+        Self {
+            chunk_size: 64 * 1024,
+            window: 8,
+            recv_depth: 8,
+            max_early_bytes: 64 << 20,
+            retired_memory: 4096,
+            place_payloads: false,
+        }
     }
 }
 
@@ -1296,7 +1310,7 @@ impl Session {
     /// already being received into place.
     fn placement(&self, path: PathId, h: &ChunkHeader) -> Option<(MemHandle, usize)> {
         let key = h.transfer();
-        if key.dst != self.rank || key.src != path.peer {
+        if !self.cfg.place_payloads || key.dst != self.rank || key.src != path.peer {
             return None;
         }
         let rt = self.recvs.get(&key)?;

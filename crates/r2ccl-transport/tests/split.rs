@@ -156,10 +156,14 @@ struct Rx {
 }
 
 impl Rx {
-    /// Rank 1 of two single-NIC nodes, expecting `key()` into a fresh region.
+    /// Rank 1 of two single-NIC nodes, expecting `key()` into a fresh region, payloads into place.
     fn new() -> Self {
+        Self::with(true)
+    }
+
+    fn with(place_payloads: bool) -> Self {
         let topo = Topology::uniform(2, 1, 1, 1).unwrap();
-        let cfg = SessionConfig { chunk_size: CS, recv_depth: 4, ..SessionConfig::default() };
+        let cfg = SessionConfig { chunk_size: CS, recv_depth: 4, place_payloads, ..SessionConfig::default() };
         let mut s = Session::new(Rank(1), cfg, topo).unwrap();
         s.open_comm(CommId(1));
         let mut t = Script::default();
@@ -214,6 +218,20 @@ impl Rx {
             }
         }
     }
+}
+
+#[test]
+fn by_default_split_payloads_come_whole_into_a_buffer() {
+    let mut rx = Rx::with(false);
+    rx.header_arrives(0, false, 60);
+    rx.drive();
+    assert!(matches!(rx.t.payloads[0].3, PayloadInto::Buffer { capacity, .. } if capacity == CS as usize));
+    rx.land_payload(0);
+    rx.header_arrives(1, false, 61);
+    rx.drive();
+    rx.land_payload(0);
+    assert_eq!(rx.drive(), vec![SessionEvent::RecvComplete(key())]);
+    assert_eq!(rx.t.region(rx.dst).unwrap(), expected().as_slice());
 }
 
 #[test]

@@ -12,8 +12,9 @@
 //! header alone (tag bit 59, [`SPLIT_BIT`]), then its payload straight from the registered region (tag
 //! bit 60, [`PAYLOAD_BIT`]), both carrying an 11-bit sequence number in bits 48..59. The receiver
 //! reports the header ([`CompletionKind::Header`]); the session decides where the payload goes, and
-//! [`Transport::post_payload_recv`] posts a receive for exactly that tag, into the destination region
-//! when it can (UCX's rendezvous then lands the bytes in place) or into a buffer. UCX 1.13 cannot cancel
+//! [`Transport::post_payload_recv`] posts a receive for exactly that tag, into a buffer (by default) or,
+//! with `SessionConfig::place_payloads`, into the destination region (UCX's rendezvous then lands the
+//! bytes in place; off by default, see there why). UCX 1.13 cannot cancel
 //! a send, so a split send given up with its failed path closes that path's data endpoint to the peer (it
 //! never reads its region again), and a receive into place on a failed path is reported cancelled at
 //! once (its send was stopped so, and a replay needs that first); a receive into place cancelled on a
@@ -617,9 +618,7 @@ impl UcxTransport {
             Held::Recv(cap) => {
                 let tag = u64::from(path.peer.0) | (u64::from(path.remote.rail.0) << 32);
                 // Received bytes land in the buffer's allocation: no zeroing of a pooled buffer.
-                let mut buf = self.pool.pop().unwrap_or_default();
-                buf.clear();
-                buf.reserve(cap);
+                let buf = take_pooled(&mut self.pool, cap);
                 // Headers and whole chunks, never a split payload (whatever its sequence number).
                 r.recv(tag, DATA_MASK | PAYLOAD_BIT, DataBuf::Owned(buf)).map(State::Live)
             }
@@ -1075,6 +1074,19 @@ impl UcxTransport {
     }
 }
 
+/// An empty buffer from `pool` with room for `need` bytes: the smallest pooled one that is large
+/// enough (a warm buffer takes the bytes instead of fresh pages that fault on first touch), else any.
+fn take_pooled(pool: &mut Vec<Vec<u8>>, need: usize) -> Vec<u8> {
+    let fit = pool.iter().enumerate().filter(|(_, b)| b.capacity() >= need).min_by_key(|(_, b)| b.capacity());
+    let mut buf = match fit.map(|(i, _)| i) {
+        Some(i) => pool.swap_remove(i),
+        None => pool.pop().unwrap_or_default(),
+    };
+    buf.clear();
+    buf.reserve(need);
+    buf
+}
+
 /// The outcome of a finished live request, with the bytes it moved.
 fn outcome(nics: &[Nic], kind: Kind, rail: usize, req: &mut Request<DataBuf>) -> Option<(CompletionKind, usize)> {
     let res = req.poll()?;
@@ -1201,7 +1213,7 @@ impl Transport for UcxTransport {
                 .ok_or(TransportError::OutOfBounds { offset, len, size })?;
             return self.post(path, Kind::SplitSend, Held::Split(header.to_vec(), body));
         }
-        let mut payload = self.pool.pop().unwrap_or_default();
+        let mut payload = take_pooled(&mut self.pool, header.len() + len);
         let bytes = self.region(src)?;
         let size = bytes.len();
         let data = offset
@@ -1242,10 +1254,13 @@ impl Transport for UcxTransport {
                     .ok_or(TransportError::OutOfBounds { offset, len, size })?;
                 self.post(path, Kind::Placed, Held::Payload(tag, DataBuf::Region(slice)))
             }
-            PayloadInto::Buffer { mut header, capacity } => {
+            PayloadInto::Buffer { header, capacity } => {
+                // A warm pooled buffer large enough takes the payload (fresh pages would fault).
                 let at = header.len();
-                header.reserve(capacity);
-                self.post(path, Kind::Payload, Held::Payload(tag, DataBuf::After(header, at)))
+                let mut buf = take_pooled(&mut self.pool, at + capacity);
+                buf.extend_from_slice(&header);
+                self.recycle_buf(header);
+                self.post(path, Kind::Payload, Held::Payload(tag, DataBuf::After(buf, at)))
             }
         }
     }

@@ -179,7 +179,9 @@ pub fn rank_main() {
     t.connect_peers(&blobs).unwrap();
 
     let topo = Topology::uniform(sc.ranks, 1, k as u16, 1).unwrap();
-    let cfg = SessionConfig { chunk_size: sc.chunk, window: sc.window, ..SessionConfig::default() };
+    // R2T_PLACE=1: split payloads straight into the destination (SessionConfig::place_payloads).
+    let place_payloads = std::env::var("R2T_PLACE").is_ok_and(|v| v == "1");
+    let cfg = SessionConfig { chunk_size: sc.chunk, window: sc.window, place_payloads, ..SessionConfig::default() };
     let mut s = Session::new(Rank(me), cfg, topo).unwrap();
     let comm = CommId(1);
     s.open_comm(comm);
