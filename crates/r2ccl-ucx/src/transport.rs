@@ -795,6 +795,17 @@ impl UcxTransport {
         unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
     }
 
+    /// `len` bytes at `offset` of a registered region, as a request buffer.
+    fn region_slice(&self, handle: MemHandle, offset: usize, len: usize) -> Result<RegionSlice, TransportError> {
+        let r = self.regions.get(&handle).ok_or(TransportError::UnknownHandle(handle))?;
+        let size = r.len();
+        offset.checked_add(len).and_then(|end| r.slice(offset..end).ok()).ok_or(TransportError::OutOfBounds {
+            offset,
+            len,
+            size,
+        })
+    }
+
     /// Keep `buf` for a later send or receive (up to [`POOL_MAX`] buffers).
     fn recycle_buf(&mut self, buf: Vec<u8>) {
         if self.pool.len() < POOL_MAX && buf.capacity() > 0 {
@@ -1205,12 +1216,7 @@ impl Transport for UcxTransport {
         len: usize,
     ) -> Result<RequestId, TransportError> {
         if len >= SPLIT_MIN {
-            let region = self.regions.get(&src).ok_or(TransportError::UnknownHandle(src))?;
-            let size = region.len();
-            let body = offset
-                .checked_add(len)
-                .and_then(|end| region.slice(offset..end).ok())
-                .ok_or(TransportError::OutOfBounds { offset, len, size })?;
+            let body = self.region_slice(src, offset, len)?;
             return self.post(path, Kind::SplitSend, Held::Split(header.to_vec(), body));
         }
         let mut payload = take_pooled(&mut self.pool, header.len() + len);
@@ -1246,12 +1252,7 @@ impl Transport for UcxTransport {
         }
         match into {
             PayloadInto::Region { region, offset, len } => {
-                let r = self.regions.get(&region).ok_or(TransportError::UnknownHandle(region))?;
-                let size = r.len();
-                let slice = offset
-                    .checked_add(len)
-                    .and_then(|end| r.slice(offset..end).ok())
-                    .ok_or(TransportError::OutOfBounds { offset, len, size })?;
+                let slice = self.region_slice(region, offset, len)?;
                 self.post(path, Kind::Placed, Held::Payload(tag, DataBuf::Region(slice)))
             }
             PayloadInto::Buffer { header, capacity } => {
