@@ -515,19 +515,8 @@ impl Completions {
         if i < self.heap.len() {
             // Move the hole at `i` down to a leaf along the earliest children, then put the last entry there and
             // let it rise: it usually belongs near the bottom, so this compares less than sifting it down.
-            let n = self.heap.len();
             let mut h = i;
-            loop {
-                let first = ARITY * h + 1;
-                if first >= n {
-                    break;
-                }
-                let mut m = first;
-                for c in first + 1..(first + ARITY).min(n) {
-                    if Self::is_before(&self.heap[c], &self.heap[m]) {
-                        m = c;
-                    }
-                }
+            while let Some(m) = self.earliest_child(h) {
                 let child = self.heap[m];
                 self.heap[h] = child;
                 self.pos[child.2 as usize] = h as u32;
@@ -535,6 +524,22 @@ impl Completions {
             }
             self.sift_up(h, last);
         }
+    }
+
+    /// The earliest of the children of heap slot `h`, if it has any.
+    fn earliest_child(&self, h: usize) -> Option<usize> {
+        let n = self.heap.len();
+        let first = ARITY * h + 1;
+        if first >= n {
+            return None;
+        }
+        let mut m = first;
+        for c in first + 1..(first + ARITY).min(n) {
+            if Self::is_before(&self.heap[c], &self.heap[m]) {
+                m = c;
+            }
+        }
+        Some(m)
     }
 
     /// The earliest pending completion.
@@ -560,18 +565,7 @@ impl Completions {
 
     /// Put `item` at the hole `i` or below it, moving the earliest children up.
     fn sift_down(&mut self, mut i: usize, item: (u64, u64, u32)) {
-        let n = self.heap.len();
-        loop {
-            let first = ARITY * i + 1;
-            if first >= n {
-                break;
-            }
-            let mut m = first;
-            for c in first + 1..(first + ARITY).min(n) {
-                if Self::is_before(&self.heap[c], &self.heap[m]) {
-                    m = c;
-                }
-            }
+        while let Some(m) = self.earliest_child(i) {
             let child = self.heap[m];
             if !Self::is_before(&child, &item) {
                 break;
