@@ -399,7 +399,7 @@ enum Pending {
 /// Where a payload receive puts its bytes.
 #[derive(Clone, Copy, Debug)]
 enum PayloadDest {
-    /// Straight into chunk `1` of receive `0`'s destination.
+    /// Straight into the destination of a receive (the transfer), at a chunk (the index).
     Placed(TransferKey, u32),
     /// Into a buffer, then handled as a whole message (reduce, early, duplicate).
     Whole,
