@@ -45,8 +45,8 @@
 //! What it does not do: no chunking, striping, replay or migration (r2ccl-transport's session logic), no
 //! deadlines or stall detection (the layer above owns them; a black hole is silent here too), no
 //! bootstrap (the caller ships the address blobs), no cross-rail endpoints (rail `i` connects to the
-//! peer's rail `i` only), no GPU memory. Sends copy the chunk header and payload into one staging buffer
-//! (UCX over TCP does not need registered memory; regions are still mapped on every NIC).
+//! peer's rail `i` only), no GPU memory. A chunk under 64 KiB is sent from a staging copy; a larger one
+//! as its header and then its payload straight from the registered region (see `transport`).
 
 mod context;
 mod endpoint;

@@ -1103,8 +1103,8 @@ fn outcome(nics: &[Nic], kind: Kind, rail: usize, req: &mut Request<DataBuf>) ->
     let res = req.poll()?;
     Some(match res {
         Ok(n) if kind == Kind::Recv => {
-            let split = req.sender_tag().is_some_and(|t| t & SPLIT_BIT != 0);
             let tag = req.sender_tag().unwrap_or(0);
+            let split = tag & SPLIT_BIT != 0;
             let mut buf = match req.take_buffer() {
                 Some(DataBuf::Owned(b) | DataBuf::After(b, _)) => b,
                 Some(DataBuf::Region(_)) | None => Vec::new(),
