@@ -64,11 +64,13 @@ pub struct SessionConfig {
     /// How many finished receive transfers are remembered, so late replays count as duplicates.
     pub retired_memory: usize,
     /// Receive the payload of a split chunk ([`crate::CompletionKind::Header`]) straight into the
-    /// destination of a copying receive, instead of into a buffer it is then copied from. Off by
-    /// default: on TCP a receive into place that a path failure abandons can still be written by
-    /// bytes that were in flight when the link comes back (measured: a flapping NIC under
-    /// `cargo xtask bench` corrupted a later collective), and UCX 1.13 cannot cancel a receive that
-    /// matched. Use it only where such a receive can be ended for good.
+    /// destination of a copying receive, instead of into a buffer it is then copied from, where
+    /// the backend can take it ([`Transport::can_place`]). On by default. A backend must make
+    /// sure that a receive into place it gives up never writes the destination again: on TCP such
+    /// a receive can still be written by bytes that were in flight when a link comes back
+    /// (measured: a flapping NIC under `cargo xtask bench` corrupted a later collective), and UCX
+    /// 1.13 cannot cancel a receive that matched; the UCX backend receives into place through a
+    /// second mapping of the region and unmaps the given-up range from it.
     pub place_payloads: bool,
 }
 
@@ -80,7 +82,7 @@ impl Default for SessionConfig {
             recv_depth: 8,
             max_early_bytes: 64 << 20,
             retired_memory: 4096,
-            place_payloads: false,
+            place_payloads: true,
         }
     }
 }
@@ -1277,7 +1279,7 @@ impl Session {
                 let capacity = self.cfg.chunk_size as usize;
                 (PayloadInto::Buffer { header, capacity }, PayloadDest::Discard)
             }
-            Ok(h) => match self.placement(path, &h) {
+            Ok(h) => match self.placement(t, path, &h) {
                 Some((region, offset)) => {
                     t.recycle(header);
                     (
@@ -1306,9 +1308,10 @@ impl Session {
     }
 
     /// Where a split chunk's payload may land directly: its transfer's destination, when the
-    /// transfer copies (not reduces), the header matches it, and the chunk is neither held nor
-    /// already being received into place.
-    fn placement(&self, path: PathId, h: &ChunkHeader) -> Option<(MemHandle, usize)> {
+    /// transfer copies (not reduces), the header matches it, the chunk is neither held nor
+    /// already being received into place, and the backend can take it there
+    /// ([`Transport::can_place`]).
+    fn placement<T: Transport + ?Sized>(&self, t: &T, path: PathId, h: &ChunkHeader) -> Option<(MemHandle, usize)> {
         let key = h.transfer();
         if !self.cfg.place_payloads || key.dst != self.rank || key.src != path.peer {
             return None;
@@ -1323,7 +1326,8 @@ impl Session {
         if !fits || rt.have.contains(idx) || rt.placing.contains_key(&idx) {
             return None;
         }
-        Some((rt.dst, rt.offset + idx as usize * rt.chunk as usize))
+        let offset = rt.offset + idx as usize * rt.chunk as usize;
+        t.can_place(rt.dst, offset, h.len as usize).then_some((rt.dst, offset))
     }
 
     /// A payload receive finished (or failed, or was cancelled).

@@ -154,6 +154,16 @@ pub enum TransportError {
     /// The payload is unknown to this backend (or this backend never splits messages).
     #[error("payload {0:?} is not waiting for a receive")]
     UnknownPayload(PayloadId),
+    /// The bytes cannot take a payload in place ([`Transport::can_place`] says no).
+    #[error("bytes {offset}..{offset}+{len} of {handle:?} cannot take a payload in place")]
+    NotPlaceable {
+        /// The region.
+        handle: MemHandle,
+        /// Start of the range.
+        offset: usize,
+        /// Length of the range.
+        len: usize,
+    },
 }
 
 /// One rank's access to its node's NICs.
@@ -209,6 +219,14 @@ pub trait Transport {
     ) -> Result<RequestId, TransportError> {
         let _ = (now, path, into);
         Err(TransportError::UnknownPayload(payload))
+    }
+
+    /// Whether a payload may be received straight into `len` bytes at `offset` of `region`
+    /// ([`PayloadInto::Region`]); the session receives into a buffer otherwise. The default says
+    /// yes; a backend says no for bytes it could not protect from a receive it has to give up.
+    fn can_place(&self, region: MemHandle, offset: usize, len: usize) -> bool {
+        let _ = (region, offset, len);
+        true
     }
 
     /// Posts a zero-byte probe on the probe endpoint of `path`; completes with

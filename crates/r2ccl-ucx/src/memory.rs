@@ -10,10 +10,15 @@ use crate::request::{RecvBuf, SendBuf};
 use r2ccl_ucx_sys as sys;
 use std::fmt;
 use std::ops::Range;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-/// A heap buffer owned by the library and mapped in several UCP contexts (one per NIC).
+/// Page size the alias mapping works in.
+const PAGE: usize = 4096;
+
+/// Memory owned by the library (a memory file mapped twice, see [`MemRegion::alias_slice`], or a heap
+/// allocation) and mapped in several UCP contexts (one per NIC).
 ///
 /// The bytes are shared with UCX: requests on [`RegionSlice`]s read and write them while in flight. The
 /// copy helpers ([`MemRegion::write_at`], [`MemRegion::read_at`]) must not be used on a range a request
@@ -21,11 +26,73 @@ use std::sync::Arc;
 pub struct MemRegion {
     ptr: NonNull<u8>,
     len: usize,
+    /// Where the bytes live.
+    backing: Backing,
     /// One `(context, memory handle)` per NIC; `None` for an empty region (UCX cannot map 0 bytes).
     maps: Vec<(Arc<Context>, Option<sys::ucp_mem_h>)>,
 }
 
-// SAFETY: the memory is a plain heap allocation owned by the region; the memory handles are only
+/// Where a region's bytes live.
+enum Backing {
+    /// A heap allocation (an empty region, or a host without `memfd_create`): no alias.
+    Heap,
+    /// A memory file mapped twice: at `ptr` (every use but receives into place) and at `alias`,
+    /// which receives into place ([`MemRegion::alias_slice`]) write through. A receive into place
+    /// that is given up while UCX still holds it cannot be cancelled (UCX 1.13 cannot cancel a
+    /// matched receive, and TCP delivers bytes the sender's kernel retransmits once a link
+    /// returns): its range of the alias is then replaced by private anonymous pages
+    /// ([`MemRegion::poison`]), so whatever it still writes lands in memory nobody reads.
+    Shared {
+        /// The second mapping of the file.
+        alias: NonNull<u8>,
+        /// Both mappings' length: `len` rounded up to whole pages.
+        map_len: usize,
+        /// The memory file (both mappings keep its pages alive; kept for the record).
+        _fd: OwnedFd,
+        /// Alias ranges (page-aligned) replaced by throwaway pages: never received into again.
+        poisoned: Mutex<Vec<Range<usize>>>,
+    },
+}
+
+/// Map a fresh memory file of `len` (> 0) bytes twice; `None` when the host refuses.
+fn map_shared(len: usize) -> Option<(NonNull<u8>, Backing)> {
+    let map_len = len.checked_next_multiple_of(PAGE)?;
+    // SAFETY: a valid NUL-terminated name and flags; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"r2ccl-region".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` was just created and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let size = libc::off_t::try_from(map_len).ok()?;
+    // SAFETY: a valid fd; the file is ours.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
+        return None;
+    }
+    let map = || {
+        // SAFETY: a fresh shared mapping of the whole file at an address the kernel picks.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        (p != libc::MAP_FAILED).then(|| NonNull::new(p.cast::<u8>())).flatten()
+    };
+    let primary = map()?;
+    let Some(alias) = map() else {
+        // SAFETY: `primary` is the mapping made just above, of `map_len` bytes, used by nothing.
+        unsafe { libc::munmap(primary.as_ptr().cast(), map_len) };
+        return None;
+    };
+    Some((primary, Backing::Shared { alias, map_len, _fd: fd, poisoned: Mutex::new(Vec::new()) }))
+}
+
+// SAFETY: the memory (mappings or heap allocation) is owned by the region; the memory handles are only
 // unmapped in Drop, and ucp_mem_map/unmap are serialized by UCX's context lock (mt_workers_shared).
 unsafe impl Send for MemRegion {}
 // SAFETY: as above; shared access only copies bytes or hands out raw pointers to requests.
@@ -39,14 +106,28 @@ impl fmt::Debug for MemRegion {
 }
 
 impl MemRegion {
-    /// Take ownership of `data` and map it in every context of `contexts`.
-    pub fn new(contexts: &[Arc<Context>], data: Vec<u8>) -> Result<Arc<Self>, UcxError> {
-        let boxed: Box<[u8]> = data.into_boxed_slice();
-        let len = boxed.len();
-        // Box::into_raw never returns null.
-        let ptr = NonNull::new(Box::into_raw(boxed).cast::<u8>()).unwrap_or(NonNull::dangling());
-        advise_huge_pages(ptr.as_ptr(), len);
-        let mut region = Self { ptr, len, maps: Vec::with_capacity(contexts.len()) };
+    /// A region holding a copy of `data`, mapped in every context of `contexts`.
+    pub fn new(contexts: &[Arc<Context>], data: &[u8]) -> Result<Arc<Self>, UcxError> {
+        let region = Self::zeroed(contexts, data.len())?;
+        region.write_at(0, data)?;
+        Ok(region)
+    }
+
+    /// A zero-filled region of `len` bytes mapped in every context of `contexts`: a memory file
+    /// mapped twice (see [`MemRegion::alias_slice`]), or a heap allocation where the host has no
+    /// memory files.
+    pub fn zeroed(contexts: &[Arc<Context>], len: usize) -> Result<Arc<Self>, UcxError> {
+        let (ptr, backing) = match (len > 0).then(|| map_shared(len)).flatten() {
+            Some(shared) => shared,
+            None => {
+                let boxed: Box<[u8]> = vec![0; len].into_boxed_slice();
+                // Box::into_raw never returns null.
+                let ptr = NonNull::new(Box::into_raw(boxed).cast::<u8>()).unwrap_or(NonNull::dangling());
+                advise_huge_pages(ptr.as_ptr(), len);
+                (ptr, Backing::Heap)
+            }
+        };
+        let mut region = Self { ptr, len, backing, maps: Vec::with_capacity(contexts.len()) };
         for ctx in contexts {
             let memh = if len == 0 { None } else { Some(region.map_in(ctx)?) };
             region.maps.push((ctx.clone(), memh));
@@ -54,9 +135,66 @@ impl MemRegion {
         Ok(Arc::new(region))
     }
 
-    /// A zero-filled region of `len` bytes mapped in every context of `contexts`.
-    pub fn zeroed(contexts: &[Arc<Context>], len: usize) -> Result<Arc<Self>, UcxError> {
-        Self::new(contexts, vec![0; len])
+    /// Whether `range` can be received into in place ([`MemRegion::alias_slice`]): the region has
+    /// an alias, the range is not empty, starts on a page and ends on one (or at the region's end),
+    /// and no part of it was poisoned.
+    pub fn is_placeable(&self, range: &Range<usize>) -> bool {
+        let Backing::Shared { poisoned, .. } = &self.backing else { return false };
+        if self.check(range).is_err() || range.is_empty() {
+            return false;
+        }
+        if range.start % PAGE != 0 || (range.end % PAGE != 0 && range.end != self.len) {
+            return false;
+        }
+        let Ok(p) = poisoned.lock() else { return false };
+        !p.iter().any(|q| q.start < range.end && range.start < q.end)
+    }
+
+    /// `range` of the region through its alias mapping, as a receive buffer for a receive into
+    /// place: if that receive is given up while UCX still holds it, [`MemRegion::poison`] makes
+    /// sure it never writes the region again.
+    pub fn alias_slice(self: &Arc<Self>, range: Range<usize>) -> Result<RegionSlice, UcxError> {
+        if !self.is_placeable(&range) {
+            return Err(UcxError::OutOfRange { what: "placeable region range", index: range.start, len: self.len });
+        }
+        Ok(RegionSlice { region: self.clone(), range, alias: true })
+    }
+
+    /// Cut `range` (of an [`MemRegion::alias_slice`]) out of the alias: its pages become private
+    /// throwaway memory, so that a receive into place that UCX still holds writes there, never
+    /// into the region. The range is never placeable again.
+    pub fn poison(&self, range: &Range<usize>) -> Result<(), UcxError> {
+        let Backing::Shared { alias, map_len, poisoned, .. } = &self.backing else {
+            return Err(UcxError::OutOfRange { what: "alias of a heap region", index: range.start, len: self.len });
+        };
+        self.check(range)?;
+        let start = range.start - range.start % PAGE;
+        let end = range.end.next_multiple_of(PAGE).min(*map_len);
+        if start >= end {
+            return Ok(());
+        }
+        // SAFETY: [start, end) lies inside the alias mapping (`map_len` bytes, page-aligned), which
+        // this region owns; MAP_FIXED replaces exactly those pages of it and nothing else. Only
+        // receives into place use the alias, and the caller gives those up.
+        let p = unsafe {
+            libc::mmap(
+                alias.as_ptr().add(start).cast(),
+                end - start,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            let err = std::io::Error::last_os_error();
+            tracing::error!(target: r2ccl_core::subsys::NET, start, end, error = %err, "cannot poison an alias range");
+            return Err(UcxError::OutOfRange { what: "alias range to poison", index: start, len: self.len });
+        }
+        if let Ok(mut q) = poisoned.lock() {
+            q.push(start..end);
+        }
+        Ok(())
     }
 
     fn map_in(&self, ctx: &Context) -> Result<sys::ucp_mem_h, UcxError> {
@@ -170,7 +308,7 @@ impl MemRegion {
     /// A slice of the region, usable as a send or receive buffer on any NIC the region is mapped in.
     pub fn slice(self: &Arc<Self>, range: Range<usize>) -> Result<RegionSlice, UcxError> {
         self.check(&range)?;
-        Ok(RegionSlice { region: self.clone(), range })
+        Ok(RegionSlice { region: self.clone(), range, alias: false })
     }
 }
 
@@ -208,8 +346,21 @@ impl Drop for MemRegion {
                 }
             }
         }
-        // SAFETY: ptr/len came from Box::<[u8]>::into_raw in `new` and are freed once, after every unmap.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len)) });
+        match &self.backing {
+            // SAFETY: ptr/len came from Box::<[u8]>::into_raw in `zeroed` and are freed once, after every unmap.
+            Backing::Heap => {
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len)) })
+            }
+            Backing::Shared { alias, map_len, .. } => {
+                // SAFETY: both mappings were made in `map_shared` with `map_len` bytes, and no request
+                // uses them any more (requests hold an Arc to the region); unmapped once. The file
+                // closes with the OwnedFd.
+                unsafe {
+                    libc::munmap(self.ptr.as_ptr().cast(), *map_len);
+                    libc::munmap(alias.as_ptr().cast(), *map_len);
+                }
+            }
+        }
     }
 }
 
@@ -219,11 +370,19 @@ impl Drop for MemRegion {
 pub struct RegionSlice {
     region: Arc<MemRegion>,
     range: Range<usize>,
+    /// Through the alias mapping ([`MemRegion::alias_slice`]).
+    alias: bool,
 }
 
 impl fmt::Debug for RegionSlice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "RegionSlice({:?} of {} bytes)", self.range, self.region.len)
+        write!(
+            f,
+            "RegionSlice({:?} of {} bytes{})",
+            self.range,
+            self.region.len,
+            if self.alias { ", alias" } else { "" }
+        )
     }
 }
 
@@ -237,6 +396,18 @@ impl RegionSlice {
     pub fn range(&self) -> Range<usize> {
         self.range.clone()
     }
+
+    /// Whether this slice goes through the region's alias mapping (a receive into place).
+    pub fn is_alias(&self) -> bool {
+        self.alias
+    }
+
+    fn base(&self) -> *mut u8 {
+        match &self.region.backing {
+            Backing::Shared { alias, .. } if self.alias => alias.as_ptr(),
+            _ => self.region.ptr.as_ptr(),
+        }
+    }
 }
 
 // SAFETY: the region's heap memory never moves and lives as long as this slice's Arc; the range is in
@@ -245,21 +416,84 @@ impl RegionSlice {
 // MemRegion).
 unsafe impl SendBuf for RegionSlice {
     fn as_ptr(&self) -> *const u8 {
-        // SAFETY: range.start <= len (checked at creation).
-        unsafe { self.region.ptr.as_ptr().add(self.range.start) }
+        // SAFETY: range.start <= len (checked at creation); both mappings span len bytes.
+        unsafe { self.base().add(self.range.start) }
     }
     fn byte_len(&self) -> usize {
         self.range.len()
     }
     fn memh(&self, context: &Context) -> Option<sys::ucp_mem_h> {
-        self.region.memh(context)
+        // The handle describes the primary mapping; UCX finds (or needs none for) the alias's pages.
+        if self.alias {
+            None
+        } else {
+            self.region.memh(context)
+        }
     }
 }
 
 // SAFETY: as for SendBuf; the memory is writable (owned heap allocation).
 unsafe impl RecvBuf for RegionSlice {
     fn as_mut_ptr(&mut self) -> *mut u8 {
-        // SAFETY: range.start <= len (checked at creation).
-        unsafe { self.region.ptr.as_ptr().add(self.range.start) }
+        // SAFETY: range.start <= len (checked at creation); both mappings span len bytes.
+        unsafe { self.base().add(self.range.start) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+    use super::*;
+
+    /// Write `byte` through a receive buffer's pointer, as UCX does.
+    fn write_through(slice: &mut RegionSlice, byte: u8) {
+        let len = slice.byte_len();
+        // SAFETY: the slice's range is in bounds of a mapping the region owns; nothing else uses it.
+        unsafe { std::ptr::write_bytes(slice.as_mut_ptr(), byte, len) };
+    }
+
+    #[test]
+    fn alias_writes_land_in_the_region_until_poisoned() {
+        let len = 16 * PAGE;
+        let region = MemRegion::zeroed(&[], len).unwrap();
+        let mut a = region.alias_slice(PAGE..3 * PAGE).unwrap();
+        assert!(a.is_alias());
+        write_through(&mut a, 0xAB);
+        let mut got = vec![0; len];
+        region.read_at(0, &mut got).unwrap();
+        assert!(got[..PAGE].iter().all(|&b| b == 0));
+        assert!(got[PAGE..3 * PAGE].iter().all(|&b| b == 0xAB));
+        assert!(got[3 * PAGE..].iter().all(|&b| b == 0));
+
+        // Given up: whatever the receive still writes goes to throwaway pages.
+        region.write_at(PAGE, &[0x11; 2 * PAGE]).unwrap();
+        region.poison(&a.range()).unwrap();
+        write_through(&mut a, 0xCD);
+        region.read_at(0, &mut got).unwrap();
+        assert!(got[PAGE..3 * PAGE].iter().all(|&b| b == 0x11), "a poisoned alias range reached the region");
+        assert!(!region.is_placeable(&(PAGE..3 * PAGE)));
+        assert!(!region.is_placeable(&(2 * PAGE..4 * PAGE)), "overlaps the poisoned range");
+        assert!(region.alias_slice(0..PAGE * 2).is_err());
+
+        // The rest of the alias still reaches the region.
+        let mut b = region.alias_slice(4 * PAGE..len).unwrap();
+        write_through(&mut b, 0x77);
+        region.read_at(0, &mut got).unwrap();
+        assert!(got[4 * PAGE..].iter().all(|&b| b == 0x77));
+        assert!(got[3 * PAGE..4 * PAGE].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn only_page_aligned_ranges_are_placeable() {
+        let len = 8 * PAGE + 100;
+        let region = MemRegion::zeroed(&[], len).unwrap();
+        assert!(region.is_placeable(&(0..PAGE)));
+        assert!(region.is_placeable(&(8 * PAGE..len)), "a range may end at the region's end");
+        assert!(!region.is_placeable(&(1..PAGE)));
+        assert!(!region.is_placeable(&(0..PAGE + 1)));
+        assert!(!region.is_placeable(&(PAGE..PAGE)), "empty");
+        assert!(!region.is_placeable(&(0..len + 1)), "out of bounds");
+        let heap = MemRegion::zeroed(&[], 0).unwrap();
+        assert!(!heap.is_placeable(&(0..0)));
     }
 }

@@ -282,10 +282,16 @@ impl NicEndpointSet {
         Ok(())
     }
 
-    /// Take ownership of `data` as a region mapped on every rail's context.
+    /// A region holding a copy of `data`, mapped on every rail's context.
     pub fn register(&self, data: Vec<u8>) -> Result<Arc<MemRegion>, UcxError> {
         let contexts: Vec<Arc<Context>> = self.rails.iter().map(|r| r.context().clone()).collect();
-        MemRegion::new(&contexts, data)
+        MemRegion::new(&contexts, &data)
+    }
+
+    /// A zero-filled region of `len` bytes mapped on every rail's context.
+    pub fn register_zeroed(&self, len: usize) -> Result<Arc<MemRegion>, UcxError> {
+        let contexts: Vec<Arc<Context>> = self.rails.iter().map(|r| r.context().clone()).collect();
+        MemRegion::zeroed(&contexts, len)
     }
 
     /// Progress every rail's worker once; returns the total event count.

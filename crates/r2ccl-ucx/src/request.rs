@@ -393,6 +393,11 @@ impl<B: SendBuf> Request<B> {
         }
     }
 
+    /// The buffer, in flight or not (to look at, e.g. which bytes a receive writes).
+    pub fn buffer(&self) -> Option<&B> {
+        self.buffer.as_ref()
+    }
+
     /// The buffer back, once UCX is done with the request; `None` while it is in flight.
     pub fn take_buffer(&mut self) -> Option<B> {
         if self.is_done() {

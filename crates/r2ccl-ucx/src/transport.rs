@@ -12,13 +12,14 @@
 //! header alone (tag bit 59, [`SPLIT_BIT`]), then its payload straight from the registered region (tag
 //! bit 60, [`PAYLOAD_BIT`]), both carrying an 11-bit sequence number in bits 48..59. The receiver
 //! reports the header ([`CompletionKind::Header`]); the session decides where the payload goes, and
-//! [`Transport::post_payload_recv`] posts a receive for exactly that tag, into a buffer (by default) or,
-//! with `SessionConfig::place_payloads`, into the destination region (UCX's rendezvous then lands the
-//! bytes in place; off by default, see there why). UCX 1.13 cannot cancel
+//! [`Transport::post_payload_recv`] posts a receive for exactly that tag, straight into the destination
+//! region where it can (`SessionConfig::place_payloads`, [`Transport::can_place`]; UCX's rendezvous then
+//! lands the bytes in place) or into a buffer. UCX 1.13 cannot cancel
 //! a send, so a split send given up with its failed path closes that path's data endpoint to the peer (it
-//! never reads its region again), and a receive into place on a failed path is reported cancelled at
-//! once (its send was stopped so, and a replay needs that first); a receive into place cancelled on a
-//! healthy path (its chunk came another way) stays outstanding until UCX really ends it. Reconnecting
+//! never reads its region again). Nor can it cancel a receive that matched, and on TCP one can still be
+//! written long after its path failed (retransmitted bytes): a receive into place goes through the
+//! region's second mapping, and giving one up that UCX still holds first unmaps its range there
+//! ([`MemRegion::poison`]), so it is reported cancelled at once and never writes the region. Reconnecting
 //! replaces only failed or missing endpoints: closing a healthy one would fail the peer's.
 
 use crate::context::ContextConfig;
@@ -701,18 +702,25 @@ impl UcxTransport {
             State::Delayed(k, _) => Some(k.clone()),
             _ => None,
         };
-        if kind.is_none() && o.kind == Kind::Placed && !path_failed {
+        if kind.is_none() && o.kind == Kind::Placed {
             if let State::Live(r) = &mut o.state {
                 r.cancel();
                 if let Some(rl) = self.set.rails().get(rail) {
                     rl.worker().progress();
                 }
                 kind = outcome(&self.nics, o.kind, rail, r).map(|(k, _)| k);
-            }
-            if kind.is_none() {
-                // Matched and under way: it completes (or fails) on its own, reported then.
-                self.out.insert(id, o);
-                return true;
+                // Matched and under way: UCX 1.13 cannot stop it, and on TCP it may still write
+                // long after (bytes the sender's kernel retransmits once a link returns). Cut its
+                // range out of the region's alias, so that it writes throwaway pages from now on.
+                let poisoned = match (kind.is_none(), r.buffer()) {
+                    (true, Some(DataBuf::Region(slice))) => slice.region().poison(&slice.range()).is_ok(),
+                    _ => true,
+                };
+                if !poisoned {
+                    // Cannot happen short of the kernel refusing a mapping: keep waiting for it.
+                    self.out.insert(id, o);
+                    return true;
+                }
             }
         }
         self.retire(o.path, o.kind, o.state, path_failed);
@@ -1176,7 +1184,7 @@ impl Transport for UcxTransport {
     }
 
     fn register(&mut self, len: usize) -> Result<MemHandle, TransportError> {
-        let region = self.set.register(vec![0; len]).map_err(|e| {
+        let region = self.set.register_zeroed(len).map_err(|e| {
             tracing::error!(target: NET, len, error = %e, "registration failed");
             TransportError::OutOfBounds { offset: 0, len, size: 0 }
         })?;
@@ -1252,7 +1260,11 @@ impl Transport for UcxTransport {
         }
         match into {
             PayloadInto::Region { region, offset, len } => {
-                let slice = self.region_slice(region, offset, len)?;
+                let r = self.regions.get(&region).ok_or(TransportError::UnknownHandle(region))?;
+                let slice = offset
+                    .checked_add(len)
+                    .and_then(|end| r.alias_slice(offset..end).ok())
+                    .ok_or(TransportError::NotPlaceable { handle: region, offset, len })?;
                 self.post(path, Kind::Placed, Held::Payload(tag, DataBuf::Region(slice)))
             }
             PayloadInto::Buffer { header, capacity } => {
@@ -1264,6 +1276,12 @@ impl Transport for UcxTransport {
                 self.post(path, Kind::Payload, Held::Payload(tag, DataBuf::After(buf, at)))
             }
         }
+    }
+
+    fn can_place(&self, region: MemHandle, offset: usize, len: usize) -> bool {
+        self.regions
+            .get(&region)
+            .is_some_and(|r| offset.checked_add(len).is_some_and(|end| r.is_placeable(&(offset..end))))
     }
 
     fn post_probe(&mut self, _now: Duration, path: PathId) -> Result<RequestId, TransportError> {

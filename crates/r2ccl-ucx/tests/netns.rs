@@ -40,6 +40,8 @@ fn scenario(tb: &Testbed) -> Scenario {
         stall_ms: STALL_MS,
         fault: String::new(),
         weights: Vec::new(),
+        repeat: 1,
+        inflight: 1,
     }
 }
 

@@ -64,6 +64,10 @@ pub struct Scenario {
     pub fault: String,
     /// Striping weights per NIC (empty: equal).
     pub weights: Vec<u32>,
+    /// Transfers of `bytes` each; more than one makes a fault-free stream ([`stream_main`]).
+    pub repeat: u32,
+    /// Transfers of a stream in flight at once.
+    pub inflight: u32,
 }
 
 impl Scenario {
@@ -79,6 +83,8 @@ impl Scenario {
             stall_ms: 300,
             fault: String::new(),
             weights: Vec::new(),
+            repeat: 1,
+            inflight: 1,
         }
     }
 
@@ -93,6 +99,8 @@ impl Scenario {
             .env("R2T_WINDOW", self.window.to_string())
             .env("R2T_STALL_MS", self.stall_ms.to_string())
             .env("R2T_WEIGHTS", self.weights.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+            .env("R2T_REPEAT", self.repeat.to_string())
+            .env("R2T_INFLIGHT", self.inflight.to_string())
             .env("R2CCL_FAULT", &self.fault);
     }
 
@@ -109,6 +117,8 @@ impl Scenario {
             stall_ms: get("R2T_STALL_MS").parse().unwrap(),
             fault: std::env::var("R2CCL_FAULT").unwrap_or_default(),
             weights: weights.split(',').filter(|w| !w.is_empty()).map(|w| w.parse().unwrap()).collect(),
+            repeat: get("R2T_REPEAT").parse().unwrap(),
+            inflight: get("R2T_INFLIGHT").parse().unwrap(),
         };
         (get("R2T_RANK").parse().unwrap(), s)
     }
@@ -134,6 +144,95 @@ fn say(line: &str) {
 }
 
 // ---------------------------------------------------------------- rank process
+
+/// Wait for a control line starting with `prefix`; returns the rest of it.
+fn wait_line(rx: &mpsc::Receiver<String>, prefix: &str) -> String {
+    loop {
+        let l = rx.recv().expect("parent went away");
+        if let Some(rest) = l.strip_prefix(prefix) {
+            return rest.trim().to_owned();
+        }
+    }
+}
+
+/// A fault-free stream, the way `ucx_perftest -t tag_bw` (the benchmark's yardstick) streams
+/// messages out of and into one buffer: `sc.repeat` transfers of `sc.bytes` each from rank 0 to
+/// rank 1, at most `sc.inflight` in flight, all from one source region into one destination
+/// region. Every transfer carries the same pattern, so the destination is checked once, at the
+/// end. Each rank reports `RESULT` when its side is done (the receiver's `ms`: GO to the last
+/// transfer complete), then waits for `EXIT`.
+fn stream_main(me: u32, sc: &Scenario, t: &mut UcxTransport, s: &mut Session, rx: &mpsc::Receiver<String>) -> ! {
+    let t0 = Instant::now();
+    let len = sc.bytes;
+    let n = u64::from(sc.repeat);
+    let key = |i: u64| TransferKey::new(1, i, 0, 0, 1);
+    let region = t.register(len).unwrap();
+    let buf = Buffer { region, offset: 0, len: len as u64 };
+    if me == 0 {
+        t.region_mut(region).unwrap().copy_from_slice(&pattern(len, 0));
+    } else {
+        t.region_mut(region).unwrap().fill(0x5A);
+        for i in 0..n {
+            s.expect_recv(t0.elapsed(), t, key(i), buf).unwrap();
+        }
+    }
+    say("READY");
+    wait_line(rx, "GO");
+    let started = Instant::now();
+    let weights = if sc.weights.is_empty() { vec![1; sc.devices.len()] } else { sc.weights.clone() };
+    let (mut posted, mut done, mut idle) = (0u64, 0u64, 0u32);
+    let mut reported = false;
+    loop {
+        let now = t0.elapsed();
+        while me == 0 && posted < n && posted - done < u64::from(sc.inflight) {
+            s.start_send(now, t, key(posted), buf, &weights).unwrap();
+            posted += 1;
+        }
+        s.drive(now, t);
+        let mut busy = false;
+        while let Some(ev) = s.poll_event() {
+            busy = true;
+            match ev {
+                SessionEvent::SendComplete(k) => {
+                    s.release_send(k);
+                    done += 1;
+                }
+                SessionEvent::RecvComplete(k) => {
+                    s.release_recv(k);
+                    done += 1;
+                }
+                SessionEvent::PathFailed { path, fault } => {
+                    panic!("rank {me}: path {path} failed in a stream: {fault:?}")
+                }
+                _ => {}
+            }
+        }
+        if done == n && !reported {
+            reported = true;
+            let ms = started.elapsed().as_millis();
+            let ok = me == 0 || t.region(region).unwrap() == pattern(len, 0).as_slice();
+            let st = s.stats();
+            say(&format!(
+                "RESULT ok={ok} bytes={} ms={ms} migrations={} replayed={} duplicates={} bad=0 path_failures={} \
+                 resumed=- migrated=-",
+                len as u64 * n,
+                st.migrations,
+                st.chunks_replayed,
+                st.duplicates,
+                st.path_failures
+            ));
+        }
+        while let Ok(line) = rx.try_recv() {
+            if line.starts_with("EXIT") {
+                std::process::exit(0);
+            }
+        }
+        idle = if busy { 0 } else { idle + 1 };
+        if idle > 64 {
+            std::thread::yield_now();
+        }
+    }
+}
 
 struct Mig {
     lane: LaneId,
@@ -179,12 +278,16 @@ pub fn rank_main() {
     t.connect_peers(&blobs).unwrap();
 
     let topo = Topology::uniform(sc.ranks, 1, k as u16, 1).unwrap();
-    // R2T_PLACE=1: split payloads straight into the destination (SessionConfig::place_payloads).
-    let place_payloads = std::env::var("R2T_PLACE").is_ok_and(|v| v == "1");
+    // R2T_PLACE=0: split payloads into a buffer, not straight into the destination
+    // (SessionConfig::place_payloads, on by default).
+    let place_payloads = std::env::var("R2T_PLACE").map_or(SessionConfig::default().place_payloads, |v| v != "0");
     let cfg = SessionConfig { chunk_size: sc.chunk, window: sc.window, place_payloads, ..SessionConfig::default() };
     let mut s = Session::new(Rank(me), cfg, topo).unwrap();
     let comm = CommId(1);
     s.open_comm(comm);
+    if sc.repeat > 1 {
+        stream_main(me, &sc, &mut t, &mut s, &rx);
+    }
     let t0 = Instant::now();
     let len = sc.bytes;
     let (send_to, recv_from) = sc.peers(me);
