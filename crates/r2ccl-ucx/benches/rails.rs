@@ -1,8 +1,9 @@
 //! Benchmarks of the UCX backend in network namespaces (root only; prints SKIPPED otherwise), rank
 //! processes re-executed from this binary and driven by r2ccl-transport's `Session`:
 //! - point-to-point over 1, 2 and 4 NICs shaped with tbf (1gbit each): aggregate / sum of NIC rates;
-//! - one unshaped NIC, 4 MiB chunks, against `ucx_perftest -t tag_bw` (package `ucx-utils`) on the same
-//!   namespaces in the same run;
+//! - one unshaped NIC, a stream of 4 MiB messages out of one buffer into one buffer (as perftest does it),
+//!   against `ucx_perftest -t tag_bw -s 4194304` (package `ucx-utils`) on the same namespaces in the same
+//!   run, plus one 2 GiB transfer for reference;
 //! - pause from a NIC going down (and from a silent black hole) to data flowing on the backup: p50/p99.
 #![allow(clippy::unwrap_used, reason = "a benchmark fails loudly on any error")]
 #![allow(clippy::print_stdout, clippy::print_stderr, reason = "a benchmark prints its figures")]
