@@ -760,10 +760,24 @@ impl Session {
         });
     }
 
+    /// Gives up receive `key` (its collective was abandoned): cancels its receives into place (a
+    /// backend makes sure a cancelled one never writes the destination again, see
+    /// [`Transport::cancel`]), then forgets it as [`Session::release_recv`] does.
+    pub fn cancel_recv<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T, key: TransferKey) {
+        if let Some(rt) = self.recvs.get_mut(&key) {
+            for (req, cancelled) in rt.placing.values_mut() {
+                if !*cancelled {
+                    *cancelled = true;
+                    let _ = t.cancel(now, *req);
+                }
+            }
+        }
+        self.release_recv(key);
+    }
+
     /// Forgets a receive (finished or abandoned); late chunks of it count as duplicates.
     /// Released before [`SessionEvent::RecvComplete`], payload receives straight into its
-    /// destination may still be running (until they finish or their path fails): do not reuse the
-    /// destination then before the path is closed.
+    /// destination may still be running: give such a receive up with [`Session::cancel_recv`].
     pub fn release_recv(&mut self, key: TransferKey) {
         if self.recvs.remove(&key).is_none() {
             return;

@@ -1,7 +1,8 @@
 //! The session's side of split chunks (a header, then its payload as a message of its own), driven
 //! through a scripted backend: a payload lands in place when it can, else as a whole message; a
 //! receive into place that a replay supersedes is cancelled and holds the transfer's completion until
-//! it ends; refused headers still drain their payload.
+//! it ends; a receive given up cancels its receives into place; bytes the backend cannot protect
+//! (`Transport::can_place`) are received into a buffer; refused headers still drain their payload.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
 use r2ccl_core::{NicId, Rank};
@@ -29,6 +30,8 @@ struct Script {
     payloads: Vec<(RequestId, PathId, PayloadId, PayloadInto)>,
     cancelled: Vec<RequestId>,
     recycled: usize,
+    /// `can_place` says no.
+    unplaceable: bool,
 }
 
 impl Script {
@@ -95,6 +98,9 @@ impl Transport for Script {
         let id = self.id();
         self.payloads.push((id, path, payload, into));
         Ok(id)
+    }
+    fn can_place(&self, _region: MemHandle, _offset: usize, _len: usize) -> bool {
+        !self.unplaceable
     }
     fn post_probe(&mut self, _now: Duration, _path: PathId) -> Result<RequestId, TransportError> {
         Ok(self.id())
@@ -221,7 +227,12 @@ impl Rx {
 }
 
 #[test]
-fn by_default_split_payloads_come_whole_into_a_buffer() {
+fn placement_is_on_by_default() {
+    assert!(SessionConfig::default().place_payloads);
+}
+
+#[test]
+fn without_placement_split_payloads_come_whole_into_a_buffer() {
     let mut rx = Rx::with(false);
     rx.header_arrives(0, false, 60);
     rx.drive();
@@ -339,4 +350,40 @@ fn refused_headers_drain_their_payload_and_early_ones_are_kept() {
     rx.land_payload(0);
     rx.drive();
     assert_eq!(rx.s.stats().early_stashed, 1);
+}
+
+#[test]
+fn bytes_the_backend_cannot_protect_are_received_into_a_buffer() {
+    let mut rx = Rx::new();
+    rx.t.unplaceable = true;
+    rx.header_arrives(0, false, 80);
+    rx.drive();
+    assert!(matches!(rx.t.payloads[0].3, PayloadInto::Buffer { capacity, .. } if capacity == CS as usize));
+    rx.land_payload(0);
+    rx.t.unplaceable = false;
+    rx.header_arrives(1, false, 81);
+    rx.drive();
+    assert!(matches!(rx.t.payloads[0].3, PayloadInto::Region { .. }), "placeable again: in place");
+    rx.land_payload(0);
+    assert_eq!(rx.drive(), vec![SessionEvent::RecvComplete(key())]);
+    assert_eq!(rx.t.region(rx.dst).unwrap(), expected().as_slice());
+}
+
+#[test]
+fn giving_up_a_receive_cancels_its_receives_into_place() {
+    let mut rx = Rx::new();
+    rx.header_arrives(0, false, 90);
+    rx.drive();
+    let placed = rx.t.payloads[0].0;
+    let now = rx.now;
+    rx.s.cancel_recv(now, &mut rx.t, key());
+    assert_eq!(rx.t.cancelled, vec![placed], "the receive into place is cancelled");
+    // The backend reports it cancelled; the transfer is gone, nothing completes, late chunks are duplicates.
+    let (req, path, ..) = rx.t.payloads.remove(0);
+    rx.t.complete(req, path, CompletionKind::Cancelled);
+    assert!(rx.drive().is_empty());
+    assert_eq!(rx.s.held(key(), 0, 2).unwrap(), 2, "a released transfer holds everything");
+    rx.whole_arrives(1, false);
+    rx.drive();
+    assert_eq!(rx.s.stats().duplicates, 1);
 }

@@ -1150,7 +1150,8 @@ impl Progress {
             if !waiting.is_empty() {
                 tracing::warn!(target: subsys::COLL, rank = self.rank, seq = c.seq, error = %e, waiting = %waiting.join("; "), "collective abandoned");
             }
-            self.engine.abandon();
+            let now = self.now();
+            self.engine.abandon(now, &mut self.transport);
             // A failure only this rank saw must not leave the others waiting for their deadline.
             if matches!(e, CommError::Failed { .. } | CommError::Timeout { .. }) {
                 let mut msg = vec![ABORT_REASON];

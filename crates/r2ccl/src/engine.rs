@@ -618,14 +618,15 @@ impl Engine {
         Ok(())
     }
 
-    /// Abandon the running collective (after a timeout or an abort); its transfers are released.
-    pub fn abandon(&mut self) {
+    /// Abandon the running collective (after a timeout or an abort); its transfers are released,
+    /// and its receives into place cancelled (they never write the workspace again).
+    pub fn abandon<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T) {
         if let Some(x) = self.exec.take() {
             for &k in x.by_send.keys() {
                 self.session.release_send(k);
             }
             for &k in x.by_recv.keys() {
-                self.session.release_recv(k);
+                self.session.cancel_recv(now, t, k);
             }
         }
         self.migrations.clear();
