@@ -333,7 +333,6 @@ fn advise_huge_pages(ptr: *mut u8, len: usize) {
     if len < HUGE_MIN {
         return;
     }
-    const PAGE: usize = 4096;
     let start = (ptr as usize) & !(PAGE - 1);
     let end = (ptr as usize).saturating_add(len);
     // SAFETY: [start, end) lies within the pages of this allocation (`ptr..ptr+len` rounded down to its

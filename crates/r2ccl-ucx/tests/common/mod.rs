@@ -266,16 +266,8 @@ pub fn rank_main() {
             }
         }
     });
-    let wait_for = |prefix: &str| -> String {
-        loop {
-            let l = rx.recv().expect("parent went away");
-            if let Some(rest) = l.strip_prefix(prefix) {
-                return rest.trim().to_owned();
-            }
-        }
-    };
     say(&format!("ADDR {}", hex(&t.local_address_blob().unwrap())));
-    let blobs: Vec<Vec<u8>> = wait_for("PEERS").split_whitespace().map(unhex).collect();
+    let blobs: Vec<Vec<u8>> = wait_line(&rx, "PEERS").split_whitespace().map(unhex).collect();
     t.connect_peers(&blobs).unwrap();
 
     let topo = Topology::uniform(sc.ranks, 1, k as u16, 1).unwrap();
@@ -308,7 +300,7 @@ pub fn rank_main() {
         h
     });
     say("READY");
-    wait_for("GO");
+    wait_line(&rx, "GO");
     let started = Instant::now();
     if let (Some(key), Some(h)) = (send_key, src) {
         let weights = if sc.weights.is_empty() { vec![1; k] } else { sc.weights.clone() };
