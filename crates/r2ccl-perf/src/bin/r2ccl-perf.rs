@@ -417,22 +417,41 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
     let mut window = (Instant::now(), 0u32, 0.0f64);
     let mut samples: Vec<(f64, f64, bool)> = Vec::new();
     let mut wrong_total = 0;
-    let mut strategy;
+    let mut strategy = "";
     let mut event_in_window = false;
     let mut events_all = Vec::new();
     if main {
         println!("#  time(s)   busbw(GB/s)  strategy   events");
     }
-    loop {
+    let mut out = vec![0u8; c.out_len];
+    let mut stop = false;
+    // Prepared outside the timed span: the input's copy that the communicator takes over.
+    let mut input = if c.ring_p2p { Vec::new() } else { c.input.clone() };
+    while !stop {
+        // Rank 0 decides when to stop; everyone follows. The flag travels in a 4-byte AllReduce
+        // (max), which no rank leaves before every rank has entered it: it doubles as the barrier
+        // that starts the timed span, so one rank's result check (or any other work between two
+        // collectives) never counts in another rank's collective time.
+        let stop_flag = u32::from(main && start.elapsed().as_secs_f64() >= duration);
+        let mut flag = [0u8; 4];
+        comm.run(Collective::AllReduce { op: ReduceOp::Max }, DType::U32, 1, &stop_flag.to_le_bytes(), &mut flag)?;
+        stop = u32::from_le_bytes(flag) == 1;
+        // A stale result must not pass the check.
+        out.fill(0);
         let t = Instant::now();
-        let (out, rep) = if c.ring_p2p {
-            let mut out = vec![0u8; c.out_len];
-            let rep = ring_sendrecv(comm, dtype, &c.input, &mut out)?;
-            (out, rep)
+        let rep = if c.ring_p2p {
+            ring_sendrecv(comm, dtype, &c.input, &mut out)?
         } else {
-            comm.start(c.coll, dtype, c.count, c.input.clone(), vec![0u8; c.out_len], timeout)?.wait()?
+            let (o, rep) = comm
+                .start(c.coll, dtype, c.count, std::mem::take(&mut input), std::mem::take(&mut out), timeout)?
+                .wait()?;
+            out = o;
+            rep
         };
         let secs = t.elapsed().as_secs_f64();
+        if !c.ring_p2p {
+            input.clone_from(&c.input);
+        }
         wrong_total += wrong(dtype, &out, &c.expected);
         strategy = rep.strategy;
         window.1 += 1;
@@ -445,11 +464,7 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
         }
         event_in_window |= !evs.is_empty();
         events_all.extend(evs);
-        // Rank 0 decides when to stop; everyone follows (a 4-byte broadcast).
-        let stop_flag = u32::from(main && start.elapsed().as_secs_f64() >= duration);
-        let mut flag = [0u8; 4];
-        comm.run(Collective::Broadcast { root: Rank(0) }, DType::U32, 1, &stop_flag.to_le_bytes(), &mut flag)?;
-        if window.0.elapsed() >= Duration::from_secs(1) || u32::from_le_bytes(flag) == 1 {
+        if window.0.elapsed() >= Duration::from_secs(1) || stop {
             let busbw = Measure::new(coll, world, c.bytes, window.2 / f64::from(window.1.max(1)), 0).busbw;
             let at = start.elapsed().as_secs_f64();
             if main {
@@ -458,9 +473,6 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
             samples.push((at, busbw, event_in_window));
             window = (Instant::now(), 0, 0.0);
             event_in_window = false;
-        }
-        if u32::from_le_bytes(flag) == 1 {
-            break;
         }
     }
     if main {
