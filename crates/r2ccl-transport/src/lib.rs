@@ -42,7 +42,7 @@ pub use session::{
     transfer_chunk_size, Buffer, ChunkProblem, LaneInfo, MigrationRequest, MoveReason, PathActivity, Session,
     SessionConfig, SessionError, SessionEvent, SessionStats, MIN_STRIPE_CHUNK,
 };
-pub use stripe::{chunk_count, chunk_len, stripe};
+pub use stripe::{chunk_count, chunk_len, stripe, stripe_wide, Striper};
 pub use topology::{Topology, TopologyError};
 pub use transport::{
     Completion, CompletionKind, PathFault, PayloadId, PayloadInto, Transport, TransportError, TransportEvent,

@@ -9,7 +9,7 @@
 //! ([`Session::held`]) and calls [`Session::handle_migrate`] (sender) and
 //! [`Session::handle_peer_migrate`] (receiver).
 
-use crate::stripe::{chunk_count, chunk_len, stripe};
+use crate::stripe::{chunk_count, chunk_len, Striper};
 use crate::transport::{Completion, CompletionKind, PayloadId, PayloadInto};
 use crate::wire::{ChunkHeader, WireError, FLAG_REPLAY, HEADER_LEN};
 use crate::{
@@ -481,6 +481,8 @@ pub struct Session {
     requests: BTreeMap<RequestId, Pending>,
     paths: BTreeMap<PathId, PathState>,
     down_nics: BTreeSet<NicId>,
+    /// Splits transfers over this node's NICs, carrying rounding debts between transfers.
+    striper: Striper,
     events: VecDeque<SessionEvent>,
     stats: SessionStats,
 }
@@ -513,6 +515,7 @@ impl Session {
             requests: BTreeMap::new(),
             paths: BTreeMap::new(),
             down_nics: BTreeSet::new(),
+            striper: Striper::default(),
             events: VecDeque::new(),
             stats: SessionStats::default(),
         })
@@ -586,17 +589,10 @@ impl Session {
         let n = chunk_count(len, chunk);
         let mut lanes = Vec::new();
         let mut ids = Vec::new();
-        // The NIC order along the chunk axis rotates from transfer to transfer: rounding
-        // gives a transfer of fewer chunks than NICs to the last NICs of the order, and
-        // without the rotation every short message of a collective would leave on the same
-        // NIC while the others idle.
-        let nn = eff.len();
-        let rot = if nn > 1 { (key.seq.wrapping_add(u64::from(key.step)) % nn as u64) as usize } else { 0 };
-        let rotated: Vec<u32> = (0..nn).map(|j| eff[(j + rot) % nn]).collect();
-        let mut ranges = vec![(0u32, 0u32); nn];
-        for (j, r) in stripe(len, chunk, &rotated).into_iter().enumerate() {
-            ranges[(j + rot) % nn] = r;
-        }
+        // Rounding to whole chunks gives a transfer of fewer chunks than NICs to some NICs
+        // only; the striper carries each NIC's shortfall to the next transfer, so short
+        // messages spread over the NICs by weight (not every one onto the same NIC).
+        let ranges = self.striper.stripe(len, chunk, &eff);
         for (i, (start, end)) in ranges.into_iter().enumerate() {
             if start == end {
                 continue;
