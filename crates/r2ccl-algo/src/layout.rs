@@ -268,6 +268,8 @@ pub struct Fabric {
     health: HealthView,
     usable: Vec<u64>,
     nominal: Vec<u64>,
+    /// No path crosses rails (no spine): Spread keeps to rails usable at both ends.
+    rail_only: bool,
 }
 
 impl Fabric {
@@ -297,7 +299,20 @@ impl Fabric {
             usable.extend(node.nics.iter().map(|n| n.usable_mbps));
             nominal.extend(node.nics.iter().map(|n| n.nominal_mbps));
         }
-        Ok(Self { layout, health, usable, nominal })
+        Ok(Self { layout, health, usable, nominal, rail_only: false })
+    }
+
+    /// The same fabric without a spine (`true`): NIC r of a node reaches only NIC r of the
+    /// others, so Spread keeps every byte on rails usable at both ends, as Balance does.
+    #[must_use]
+    pub fn with_rail_only(mut self, rail_only: bool) -> Self {
+        self.rail_only = rail_only;
+        self
+    }
+
+    /// Whether no path crosses rails ([`Fabric::with_rail_only`]).
+    pub fn is_rail_only(&self) -> bool {
+        self.rail_only
     }
 
     /// A fault-free fabric: `layout` with every NIC healthy at `mbps`.
@@ -359,7 +374,8 @@ impl Fabric {
     /// bandwidth and arrive on the receiver's usable rails in proportion to theirs, so
     /// every NIC of a node carries its bandwidth's share of the node's traffic.
     /// Same-rail pairs take as much as they can; the rest crosses rails through the
-    /// spine (a transfer between two healthy nodes never does).
+    /// spine (a transfer between two healthy nodes never does). On a rail-only fabric
+    /// ([`Fabric::with_rail_only`]) nothing crosses rails: Spread is Balance there.
     /// Single backup: rails usable at both ends, each with its nominal share, a lost
     /// rail's share on the next usable rail.
     pub fn split(&self, src: NodeId, dst: NodeId, mask: RailMask, policy: RailPolicy) -> Result<RailSplit, AlgoError> {
@@ -378,35 +394,8 @@ impl Fabric {
         if rx.iter().all(|&b| b == 0) {
             return Err(AlgoError::NodeWithoutNic(dst));
         }
-        if policy == RailPolicy::Spread {
-            // Integer transport plan: supply tx_r * sum(rx), demand rx_r * sum(tx).
-            let (st, sr): (u64, u64) = (tx.iter().sum(), rx.iter().sum());
-            let mut supply: Vec<u64> = tx.iter().map(|&b| b * sr).collect();
-            let mut demand: Vec<u64> = rx.iter().map(|&b| b * st).collect();
-            let mut parts = Vec::new();
-            for r in 0..k {
-                let w = supply[r].min(demand[r]);
-                if w > 0 {
-                    parts.push(RailPart { src: RailId(r as u16), dst: RailId(r as u16), weight: w });
-                    supply[r] -= w;
-                    demand[r] -= w;
-                }
-            }
-            let (mut i, mut j) = (0, 0);
-            while i < k && j < k {
-                if supply[i] == 0 {
-                    i += 1;
-                } else if demand[j] == 0 {
-                    j += 1;
-                } else {
-                    let w = supply[i].min(demand[j]);
-                    parts.push(RailPart { src: RailId(i as u16), dst: RailId(j as u16), weight: w });
-                    supply[i] -= w;
-                    demand[j] -= w;
-                }
-            }
-            parts.sort_by_key(|p| (p.src, p.dst));
-            return Ok(RailSplit { parts });
+        if policy == RailPolicy::Spread && !self.rail_only {
+            return Ok(RailSplit { parts: transport_plan(&tx, &rx) });
         }
         let both = |m: RailMask| -> Vec<RailPart> {
             (0..k)
@@ -450,4 +439,141 @@ impl Fabric {
         }
         Ok(RailSplit { parts })
     }
+}
+
+impl Fabric {
+    /// The split of a ring transfer from member `src` to member `dst` of a four-stage level
+    /// of `members` members whose `joiners` scatter into and gather back from every member
+    /// over `policy` splits (one segment, 1/`members` of the level, each way per joiner).
+    ///
+    /// A member's ring traffic (2 (s - 1) / s of the level each way) fills what the joiners
+    /// leave of its NICs by water-filling: every NIC ends at the same load per bandwidth, or
+    /// carries no ring traffic if the joiners alone load it beyond that. So a rail that
+    /// carries the joiners' traffic gets less of the ring, and no member NIC is loaded like
+    /// the joiner's own. Where the joiners load a member's NICs in proportion to bandwidth
+    /// (or there are none), this is `split(src, dst, mask, policy)`.
+    pub fn joined_ring_split(
+        &self,
+        src: NodeId,
+        dst: NodeId,
+        members: usize,
+        joiners: &[NodeId],
+        mask: RailMask,
+        policy: RailPolicy,
+    ) -> Result<RailSplit, AlgoError> {
+        let plain = self.split(src, dst, mask, policy)?;
+        if joiners.is_empty() || members < 2 {
+            return Ok(plain);
+        }
+        let tx = self.ring_room(src, members, joiners, mask, policy, true)?;
+        let rx = self.ring_room(dst, members, joiners, mask, policy, false)?;
+        let (Some(tx), Some(rx)) = (tx, rx) else { return Ok(plain) };
+        let parts = if self.rail_only {
+            (0..self.layout.nics_per_node())
+                .filter_map(|r| {
+                    let w = tx[r].min(rx[r]);
+                    (w > 0).then_some(RailPart { src: RailId(r as u16), dst: RailId(r as u16), weight: w })
+                })
+                .collect()
+        } else {
+            transport_plan(&tx, &rx)
+        };
+        if parts.is_empty() {
+            return Ok(plain);
+        }
+        Ok(RailSplit { parts })
+    }
+
+    /// Per-rail weights for `node`'s ring traffic around the joiners' load (see
+    /// [`Fabric::joined_ring_split`]), sending (`true`) or receiving; `None` where the joiners
+    /// load the node's NICs in proportion to bandwidth (the plain split is right then).
+    fn ring_room(
+        &self,
+        node: NodeId,
+        members: usize,
+        joiners: &[NodeId],
+        mask: RailMask,
+        policy: RailPolicy,
+        sending: bool,
+    ) -> Result<Option<Vec<u64>>, AlgoError> {
+        let k = self.layout.nics_per_node();
+        let mut cap = vec![0.0f64; k];
+        for (r, c) in cap.iter_mut().enumerate() {
+            if mask.contains(r) || mask == RailMask::ALL {
+                *c = self.usable_mbps(node, RailId(r as u16)) as f64;
+            }
+        }
+        if cap.iter().all(|&c| c == 0.0) {
+            return Ok(None);
+        }
+        // Joiner bytes per rail, in units of the level's length.
+        let mut load = vec![0.0f64; k];
+        for &e in joiners.iter().filter(|&&e| e != node) {
+            let sp = if sending { self.split(node, e, mask, policy)? } else { self.split(e, node, mask, policy)? };
+            let total = sp.total_weight().max(1) as f64;
+            for p in &sp.parts {
+                let r = if sending { p.src } else { p.dst }.index();
+                load[r] += p.weight as f64 / total / members as f64;
+            }
+        }
+        let level = |r: usize| if cap[r] > 0.0 { load[r] / cap[r] } else { f64::INFINITY };
+        let used: Vec<usize> = (0..k).filter(|&r| cap[r] > 0.0).collect();
+        let first = level(used[0]);
+        if used.iter().all(|&r| (level(r) - first).abs() <= 1e-9 * first.max(1e-12)) {
+            return Ok(None);
+        }
+        // Water level u: sum over rails of max(0, u * cap - load) = the ring's bytes.
+        let ring = 2.0 * (members as f64 - 1.0) / members as f64;
+        let mut order = used.clone();
+        order.sort_by(|&a, &b| level(a).total_cmp(&level(b)));
+        let (mut csum, mut lsum, mut u) = (0.0, 0.0, 0.0);
+        for (i, &r) in order.iter().enumerate() {
+            csum += cap[r];
+            lsum += load[r];
+            u = (ring + lsum) / csum;
+            if order.get(i + 1).is_none_or(|&n| u <= level(n)) {
+                break;
+            }
+        }
+        // Parts per million of the ring's bytes (integer weights, as splits take).
+        Ok(Some(
+            (0..k)
+                .map(|r| if cap[r] > 0.0 { ((u * cap[r] - load[r]).max(0.0) / ring * 1e6).round() as u64 } else { 0 })
+                .collect(),
+        ))
+    }
+}
+
+/// Spread's integer transport plan: supply `tx_r * sum(rx)` on the sender's rails, demand
+/// `rx_r * sum(tx)` on the receiver's; same-rail pairs take what they can, the rest crosses
+/// rails.
+fn transport_plan(tx: &[u64], rx: &[u64]) -> Vec<RailPart> {
+    let k = tx.len().min(rx.len());
+    let (st, sr): (u64, u64) = (tx.iter().sum(), rx.iter().sum());
+    let mut supply: Vec<u64> = tx.iter().map(|&b| b * sr).collect();
+    let mut demand: Vec<u64> = rx.iter().map(|&b| b * st).collect();
+    let mut parts = Vec::new();
+    for r in 0..k {
+        let w = supply[r].min(demand[r]);
+        if w > 0 {
+            parts.push(RailPart { src: RailId(r as u16), dst: RailId(r as u16), weight: w });
+            supply[r] -= w;
+            demand[r] -= w;
+        }
+    }
+    let (mut i, mut j) = (0, 0);
+    while i < k && j < k {
+        if supply[i] == 0 {
+            i += 1;
+        } else if demand[j] == 0 {
+            j += 1;
+        } else {
+            let w = supply[i].min(demand[j]);
+            parts.push(RailPart { src: RailId(i as u16), dst: RailId(j as u16), weight: w });
+            supply[i] -= w;
+            demand[j] -= w;
+        }
+    }
+    parts.sort_by_key(|p| (p.src, p.dst));
+    parts
 }

@@ -7,10 +7,10 @@
 mod common;
 
 use r2ccl_algo::{
-    build_all, model, simulate, Collective, ExecOrder, Fabric, Layout, RankSchedule, ScheduleRequest, SimParams,
-    StepKind, Strategy,
+    build_all, model, simulate, Collective, ExecOrder, Fabric, Layout, RailMask, RailPolicy, RailSplit, RankSchedule,
+    ScheduleRequest, SimParams, StepKind, Strategy,
 };
-use r2ccl_core::{DType, HealthView, NicId, ReduceOp};
+use r2ccl_core::{DType, HealthView, NicId, NodeId, ReduceOp};
 
 const MBPS: u64 = 100_000;
 
@@ -153,4 +153,37 @@ fn four_stage_event_time_approaches_the_bound_where_the_port_model_allows_it() {
             }
         }
     }
+}
+
+/// The bytes share of each `(src, dst)` rail pair of a split.
+fn shares(sp: &RailSplit) -> Vec<(u16, u16, f64)> {
+    let total = sp.total_weight() as f64;
+    sp.parts.iter().map(|p| (p.src.0, p.dst.0, p.weight as f64 / total)).collect()
+}
+
+#[test]
+fn a_ring_that_a_joiner_shares_leaves_the_joiners_rail_its_load() {
+    // 4 nodes x 2 NICs, node 1 lost NIC 0: the joiner sends a third of the level to each member and gets
+    // it back, on rail 1 only when no path crosses rails. Each member's ring moves 4/3 of the level each
+    // way; water-filling puts 5/6 on rail 0 and 1/2 on rail 1, so both rails carry 5/6 (not 2/3 and 1).
+    let fab = fabric(4, 1, 2, &[(1, 0, 0.0)]).with_rail_only(true);
+    let joiners = [NodeId(1)];
+    for (a, b) in [(0u32, 2u32), (2, 3), (3, 0)] {
+        let sp = fab.joined_ring_split(NodeId(a), NodeId(b), 3, &joiners, RailMask::ALL, RailPolicy::Spread).unwrap();
+        let got = shares(&sp);
+        assert_eq!(got.len(), 2, "{a}->{b}: {got:?}");
+        assert_eq!((got[0].0, got[0].1, got[1].0, got[1].1), (0, 0, 1, 1), "{a}->{b}: same-rail parts");
+        assert!((got[0].2 - 5.0 / 8.0).abs() < 1e-6 && (got[1].2 - 3.0 / 8.0).abs() < 1e-6, "{a}->{b}: {got:?}");
+    }
+    // Rail-only Spread keeps the joiner's own transfers on the rail both ends have.
+    let out = fab.split(NodeId(1), NodeId(0), RailMask::ALL, RailPolicy::Spread).unwrap();
+    assert_eq!(shares(&out), vec![(1, 1, 1.0)]);
+    // With a spine, Spread lands the joiner's bytes on every member rail by bandwidth: the plain split.
+    let spine = fabric(4, 1, 2, &[(1, 0, 0.0)]);
+    let plain = spine.split(NodeId(0), NodeId(2), RailMask::ALL, RailPolicy::Spread).unwrap();
+    let joined = spine.joined_ring_split(NodeId(0), NodeId(2), 3, &joiners, RailMask::ALL, RailPolicy::Spread).unwrap();
+    assert_eq!(joined, plain);
+    // No joiners: the plain split.
+    let none = fab.joined_ring_split(NodeId(0), NodeId(2), 3, &[], RailMask::ALL, RailPolicy::Spread).unwrap();
+    assert_eq!(none, fab.split(NodeId(0), NodeId(2), RailMask::ALL, RailPolicy::Spread).unwrap());
 }

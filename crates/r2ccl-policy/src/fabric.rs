@@ -180,6 +180,7 @@ impl Fabric {
     /// The `r2ccl-algo` fabric for `ranks_per_node` ranks per node.
     pub(crate) fn algo(&self, ranks_per_node: u32, epoch: HealthEpoch) -> Result<r2ccl_algo::Fabric, PlanError> {
         let layout = r2ccl_algo::Layout::uniform(self.node_count(), ranks_per_node as usize, self.k)?;
-        Ok(r2ccl_algo::Fabric::new(layout, self.health_view(epoch))?)
+        // A fabric without a spine never crosses rails, not even for Spread.
+        Ok(r2ccl_algo::Fabric::new(layout, self.health_view(epoch))?.with_rail_only(self.spine_permille == 0))
     }
 }

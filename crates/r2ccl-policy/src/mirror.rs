@@ -54,6 +54,10 @@ fn residues(h: u64, s: u64, end: u64) -> u64 {
     }
 }
 
+/// Key of a joined ring edge: sender and receiver types, mask, policy, the level's member
+/// count and its joiners' types (sorted).
+type JoinedKey = (usize, usize, u64, RailPolicy, usize, Vec<usize>);
+
 /// One cached (type, type, mask, policy) split with its derived rates.
 struct EdgeInfo {
     split: RailSplit,
@@ -100,6 +104,9 @@ pub(crate) struct Net<'a> {
     pub(crate) intra_spb: f64,
     ty: Vec<usize>,
     cache: FastMap<(usize, usize, u64, RailPolicy), usize>,
+    /// Edges of rings that joiners share (see [`Net::edge_joined`]): the plain key plus the
+    /// level's member count and its joiners' types.
+    joined: FastMap<JoinedKey, usize>,
     edges: Vec<EdgeInfo>,
 }
 
@@ -114,7 +121,16 @@ impl<'a> Net<'a> {
             let next = types.len();
             ty.push(*types.entry(key).or_insert(next));
         }
-        Self { f, af, elem: elem.max(1), intra_spb, ty, cache: FastMap::default(), edges: Vec::new() }
+        Self {
+            f,
+            af,
+            elem: elem.max(1),
+            intra_spb,
+            ty,
+            cache: FastMap::default(),
+            joined: FastMap::default(),
+            edges: Vec::new(),
+        }
     }
 
     fn edge(&mut self, a: usize, b: usize, mask: RailMask, pol: RailPolicy) -> Result<usize, PlanError> {
@@ -123,6 +139,37 @@ impl<'a> Net<'a> {
             return Ok(e);
         }
         let split = self.af.split(NodeId(a as u32), NodeId(b as u32), mask, pol)?;
+        let e = self.edge_from(a, b, split);
+        self.cache.insert(key, e);
+        Ok(e)
+    }
+
+    /// The edge of a ring transfer from member `a` to member `b` of a level of `members`
+    /// whose `joiners` also load the members' NICs (r2ccl-algo's `joined_ring_split`).
+    fn edge_joined(
+        &mut self,
+        a: usize,
+        b: usize,
+        members: usize,
+        joiners: &[usize],
+        mask: RailMask,
+        pol: RailPolicy,
+    ) -> Result<usize, PlanError> {
+        let mut types: Vec<usize> = joiners.iter().map(|&j| self.ty[j]).collect();
+        types.sort_unstable();
+        let key = (self.ty[a], self.ty[b], mask.0, pol, members, types);
+        if let Some(&e) = self.joined.get(&key) {
+            return Ok(e);
+        }
+        let nodes: Vec<NodeId> = joiners.iter().map(|&j| NodeId(j as u32)).collect();
+        let split = self.af.joined_ring_split(NodeId(a as u32), NodeId(b as u32), members, &nodes, mask, pol)?;
+        let e = self.edge_from(a, b, split);
+        self.joined.insert(key, e);
+        Ok(e)
+    }
+
+    /// A new edge from node `a` to node `b` over `split`, with its rate.
+    fn edge_from(&mut self, a: usize, b: usize, split: r2ccl_algo::RailSplit) -> usize {
         let k = self.f.k;
         let total = split.total_weight().max(1) as f64;
         let (mut txf, mut rxf) = (vec![0.0; k], vec![0.0; k]);
@@ -149,9 +196,7 @@ impl<'a> Net<'a> {
             spb = spb.max(if spine > 0.0 { crossf / spine } else { f64::INFINITY });
         }
         self.edges.push(EdgeInfo { split, spb, cross: crossf > 0.0, divs: Vec::new() });
-        let e = self.edges.len() - 1;
-        self.cache.insert(key, e);
-        Ok(e)
+        self.edges.len() - 1
     }
 
     /// The rate of a transfer from node `a` to node `b` (intra-node when equal).
@@ -189,6 +234,11 @@ impl<'a> Net<'a> {
             return Ok(Rate { spb: self.intra_spb, cross: false });
         }
         let e = self.edge(a, b, mask, pol)?;
+        Ok(self.send_on(acc, a, b, e, msgs))
+    }
+
+    /// Account messages `msgs` from node `a` to node `b` over edge `e`; returns its rate.
+    fn send_on(&mut self, acc: &mut Acc, a: usize, b: usize, e: usize, msgs: &[(u64, u64)]) -> Rate {
         let k = self.f.k;
         for &(len, times) in msgs {
             if len == 0 || times == 0 {
@@ -201,7 +251,7 @@ impl<'a> Net<'a> {
                 acc.rx[b * k + p.dst.index()] += times * bytes;
             }
         }
-        Ok(Rate { spb: self.edges[e].spb, cross: self.edges[e].cross })
+        Rate { spb: self.edges[e].spb, cross: self.edges[e].cross }
     }
 
     /// A ring reduce-scatter (`rs`) and/or all-gather (`ag`) among `nodes` (the node of each
@@ -212,6 +262,24 @@ impl<'a> Net<'a> {
         &mut self,
         acc: &mut Acc,
         nodes: &[usize],
+        total: u64,
+        chunks: u32,
+        mask: RailMask,
+        pol: RailPolicy,
+        rs: bool,
+        ag: bool,
+    ) -> Result<Rate, PlanError> {
+        self.ring_joined(acc, nodes, &[], total, chunks, mask, pol, rs, ag)
+    }
+
+    /// [`Net::ring`] of a four-stage level whose `joiners` also load the members' NICs: the
+    /// ring's splits go around the joiners' load (r2ccl-algo's `joined_ring_split`).
+    #[allow(clippy::too_many_arguments, reason = "the ring's shape, as `ring` takes it, plus the joiners")]
+    pub(crate) fn ring_joined(
+        &mut self,
+        acc: &mut Acc,
+        nodes: &[usize],
+        joiners: &[usize],
         total: u64,
         chunks: u32,
         mask: RailMask,
@@ -255,7 +323,12 @@ impl<'a> Net<'a> {
                     lists.len() - 1
                 }
             };
-            let r = self.send(acc, a, b, &lists[idx].1, mask, pol)?;
+            let r = if joiners.is_empty() || total == 0 {
+                self.send(acc, a, b, &lists[idx].1, mask, pol)?
+            } else {
+                let e = self.edge_joined(a, b, nodes.len(), joiners, mask, pol)?;
+                self.send_on(acc, a, b, e, &lists[idx].1)
+            };
             worst = worst.worst(r);
         }
         Ok(worst)

@@ -682,7 +682,17 @@ fn four_stage(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, PlanError> 
     let mut acc = c.acc();
     for l in levels(order, &bw, &plan, c.count) {
         c.net.spread_join(&mut acc, &l.members, &l.excluded, l.len, k)?;
-        c.net.ring(&mut acc, &l.members, l.len, k, RailMask::ALL, RailPolicy::Spread, true, true)?;
+        c.net.ring_joined(
+            &mut acc,
+            &l.members,
+            &l.excluded,
+            l.len,
+            k,
+            RailMask::ALL,
+            RailPolicy::Spread,
+            true,
+            true,
+        )?;
     }
     let params = StrategyParams {
         chunks: Some(k),

@@ -85,6 +85,45 @@ impl Cx<'_> {
         Ok(r)
     }
 
+    /// The split of a ring transfer from `src` to `dst`, members of a level of `members`
+    /// whose `joiners` (ranks) also load the members' NICs ([`Fabric::joined_ring_split`]).
+    pub(crate) fn joined_split_ref(
+        &mut self,
+        src: Rank,
+        dst: Rank,
+        members: usize,
+        joiners: &[Rank],
+        mask: RailMask,
+    ) -> Result<SplitRef, AlgoError> {
+        let layout = self.fab.layout();
+        let (sn, dn) = (layout.node_idx(src), layout.node_idx(dst));
+        if sn == dn {
+            return Ok(SplitRef::INTRA);
+        }
+        let nodes: Vec<NodeId> = joiners.iter().map(|&r| NodeId(layout.node_idx(r) as u32)).collect();
+        let split =
+            self.fab.joined_ring_split(NodeId(sn as u32), NodeId(dn as u32), members, &nodes, mask, self.policy)?;
+        Ok(self.b.intern_split(split))
+    }
+
+    /// Send `src` to `peer` over an explicit `split`; nothing for an empty region.
+    pub(crate) fn send_via(&mut self, peer: Rank, tag: Tag, src: Elems, split: SplitRef, extra: &[u32]) -> Option<u32> {
+        if src.len == 0 {
+            return None;
+        }
+        let src = self.region(src);
+        Some(self.b.push(StepKind::Send { peer, tag, src, split }, extra))
+    }
+
+    /// Receive into `dst` from `peer` over an explicit `split`; nothing for an empty region.
+    pub(crate) fn recv_via(&mut self, peer: Rank, tag: Tag, dst: Elems, reduce: bool, split: SplitRef) -> Option<u32> {
+        if dst.len == 0 {
+            return None;
+        }
+        let dst = self.region(dst);
+        Some(self.b.push(StepKind::Recv { peer, tag, dst, reduce, split }, &[]))
+    }
+
     /// Send `src` to `peer`; nothing for an empty region.
     pub(crate) fn send(
         &mut self,

@@ -5,7 +5,7 @@
 use super::{prims, Cx, Elems};
 use crate::layout::RailMask;
 use crate::model::{self, LevelPlan};
-use crate::schedule::{Buf, Tag};
+use crate::schedule::{Buf, SplitRef, Tag};
 use crate::spec::R2cclParams;
 use crate::AlgoError;
 use r2ccl_core::Rank;
@@ -142,6 +142,10 @@ struct SpreadLevel {
     joiner: Option<usize>,
     /// Phases of scatter-in, reduce-scatter, all-gather and gather-back.
     ph: [u16; 4],
+    /// Splits of this rank's ring sends to its successor and receives from its predecessor
+    /// when joiners share the members' NICs ([`crate::Fabric::joined_ring_split`]); `None`:
+    /// the plain split.
+    ring_splits: Option<(SplitRef, SplitRef)>,
 }
 
 impl SpreadLevel {
@@ -192,7 +196,17 @@ fn spread(cx: &mut Cx<'_>, leaders: &[Rank], me: Option<usize>, levels: &[Level]
         let excluded: Vec<Rank> = (0..leaders.len()).filter(|&i| !inside[i]).map(|i| leaders[i]).collect();
         let pos = me.and_then(|i| level.members.iter().position(|&m| m == i));
         let joiner = me.and_then(|i| excluded.iter().position(|&r| r == leaders[i]));
-        lv.push(SpreadLevel { members, excluded, range: level.range, mask: level.mask, pos, joiner, ph });
+        let s = members.len();
+        let ring_splits = match pos {
+            Some(p) if s >= 2 && !excluded.is_empty() && level.range.len > 0 => {
+                let (next, prev) = (members[(p + 1) % s], members[(p + s - 1) % s]);
+                let to_next = cx.joined_split_ref(cx.me, next, s, &excluded, level.mask)?;
+                let from_prev = cx.joined_split_ref(prev, cx.me, s, &excluded, level.mask)?;
+                Some((to_next, from_prev))
+            }
+            _ => None,
+        };
+        lv.push(SpreadLevel { members, excluded, range: level.range, mask: level.mask, pos, joiner, ph, ring_splits });
     }
     if me.is_none() {
         return Ok(());
@@ -233,21 +247,36 @@ fn spread(cx: &mut Cx<'_>, leaders: &[Rank], me: Option<usize>, levels: &[Level]
                         Some(w) if t == 0 => rs_done[l].get(w as usize).copied().flatten().into_iter().collect(),
                         _ => Vec::new(),
                     };
-                    let sent = cx.send(next, tag, v.seg((pos + 2 * s - t - 1) % s).part(k, c), v.mask, &admit)?;
+                    let (src, dst) =
+                        (v.seg((pos + 2 * s - t - 1) % s).part(k, c), v.seg((pos + 2 * s - t - 2) % s).part(k, c));
+                    let sent = match v.ring_splits {
+                        Some((out, _)) => cx.send_via(next, tag, src, out, &admit),
+                        None => cx.send(next, tag, src, v.mask, &admit)?,
+                    };
                     if is_clock {
                         clock_sends.extend(sent);
                     }
-                    let got = cx.recv(prev, tag, v.seg((pos + 2 * s - t - 2) % s).part(k, c), true, v.mask)?;
+                    let got = match v.ring_splits {
+                        Some((_, inn)) => cx.recv_via(prev, tag, dst, true, inn),
+                        None => cx.recv(prev, tag, dst, true, v.mask)?,
+                    };
                     done = got.or(done);
                 }
                 rs_done[l].push(done);
                 for t in 0..s - 1 {
                     let tag = Tag::new(v.ph[2], t as u32, chunk);
-                    let sent = cx.send(next, tag, v.seg((pos + s - t) % s).part(k, c), v.mask, &[])?;
+                    let (src, dst) = (v.seg((pos + s - t) % s).part(k, c), v.seg((pos + 2 * s - t - 1) % s).part(k, c));
+                    let sent = match v.ring_splits {
+                        Some((out, _)) => cx.send_via(next, tag, src, out, &[]),
+                        None => cx.send(next, tag, src, v.mask, &[])?,
+                    };
                     if is_clock {
                         clock_sends.extend(sent);
                     }
-                    cx.recv(prev, tag, v.seg((pos + 2 * s - t - 1) % s).part(k, c), false, v.mask)?;
+                    match v.ring_splits {
+                        Some((_, inn)) => cx.recv_via(prev, tag, dst, false, inn),
+                        None => cx.recv(prev, tag, dst, false, v.mask)?,
+                    };
                 }
             }
             // Gather-back.
