@@ -256,26 +256,11 @@ impl<'a> Net<'a> {
 
     /// A ring reduce-scatter (`rs`) and/or all-gather (`ag`) among `nodes` (the node of each
     /// ring position) over `total` elements cut into one segment per position, each segment
-    /// in `chunks` messages. Returns the slowest inter-node edge.
+    /// in `chunks` messages. Returns the slowest inter-node edge. A four-stage level passes its
+    /// `joiners` (none elsewhere): their scatter-in and gather-back also load the members' NICs,
+    /// and the ring's splits go around that load (r2ccl-algo's `joined_ring_split`).
     #[allow(clippy::too_many_arguments, reason = "mirrors the builder's parameters one to one")]
     pub(crate) fn ring(
-        &mut self,
-        acc: &mut Acc,
-        nodes: &[usize],
-        total: u64,
-        chunks: u32,
-        mask: RailMask,
-        pol: RailPolicy,
-        rs: bool,
-        ag: bool,
-    ) -> Result<Rate, PlanError> {
-        self.ring_joined(acc, nodes, &[], total, chunks, mask, pol, rs, ag)
-    }
-
-    /// [`Net::ring`] of a four-stage level whose `joiners` also load the members' NICs: the
-    /// ring's splits go around the joiners' load (r2ccl-algo's `joined_ring_split`).
-    #[allow(clippy::too_many_arguments, reason = "the ring's shape, as `ring` takes it, plus the joiners")]
-    pub(crate) fn ring_joined(
         &mut self,
         acc: &mut Acc,
         nodes: &[usize],

@@ -396,7 +396,7 @@ fn basic(
             // Several ranks per node: r2ccl-algo's hierarchical AllReduce (a chain reduce to the
             // node's leader, the leaders' ring, a chain broadcast), pipelined in k chunks; without
             // pipelining the 2(g-1) intra-node hops of the whole buffer would run one after another.
-            let r = c.net.ring(&mut c.acc(), order, c.count, 1, RailMask::ALL, pol, true, true)?;
+            let r = c.net.ring(&mut c.acc(), order, &[], c.count, 1, RailMask::ALL, pol, true, true)?;
             let g = f64::from(c.g);
             let time = |kf: f64| {
                 let ring = if c.n < 2 { 0.0 } else { 2.0 * (n - 1.0) * (kf * c.hop(r) + c.block / n * r.spb) };
@@ -415,14 +415,14 @@ fn basic(
                 }
             }
             let (t, kk) = best;
-            c.net.ring(&mut acc, order, c.count, kk, RailMask::ALL, pol, true, true)?;
+            c.net.ring(&mut acc, order, &[], c.count, kk, RailMask::ALL, pol, true, true)?;
             let params = if c.g > 1 { StrategyParams { chunks: Some(kk), ..params } } else { params };
             (t, 2.0 * (n - 1.0) * c.block, params)
         }
         Collective::ReduceScatter { .. } | Collective::AllGather => {
             let rs = matches!(c.coll, Collective::ReduceScatter { .. });
             let flat = c.flat(order);
-            let mut r = c.net.ring(&mut acc, &flat, c.p as u64 * c.count, 1, RailMask::ALL, pol, rs, !rs)?;
+            let mut r = c.net.ring(&mut acc, &flat, &[], c.p as u64 * c.count, 1, RailMask::ALL, pol, rs, !rs)?;
             if c.g > 1 {
                 r = r.worst(intra);
             }
@@ -595,8 +595,8 @@ fn r2ccl_allreduce(c: &mut Ctx<'_>, order: &[usize]) -> Result<Option<Candidate>
     let params = R2cclParams { degraded: NodeId(dn as u32), tail_fraction: y, pipeline_chunks: k };
     let main_len = params.main_len(c.count);
     let mut acc = c.acc();
-    c.net.ring(&mut acc, order, main_len, 1, h, pol, true, true)?;
-    c.net.ring(&mut acc, &healthy, c.count - main_len, 1, h.not(), pol, true, true)?;
+    c.net.ring(&mut acc, order, &[], main_len, 1, h, pol, true, true)?;
+    c.net.ring(&mut acc, &healthy, &[], c.count - main_len, 1, h.not(), pol, true, true)?;
     c.net.helper_join(&mut acc, &healthy, &[dn], c.count - main_len, k, h, pol)?;
     let total = 2.0 * (nf - 1.0) * (1.0 - y) * d + 2.0 * (nf - 2.0) * y * d + 2.0 * y * d + (nf - 2.0) * y * d;
     let sp = StrategyParams {
@@ -639,7 +639,7 @@ fn recursive(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, PlanError> {
     let mut acc = c.acc();
     let mut total = 0.0;
     for l in &lv {
-        c.net.ring(&mut acc, &l.members, l.len, 1, RailMask::ALL, RailPolicy::Balance, true, true)?;
+        c.net.ring(&mut acc, &l.members, &[], l.len, 1, RailMask::ALL, RailPolicy::Balance, true, true)?;
     }
     for l in &lv {
         c.net.helper_join(&mut acc, &l.members, &l.excluded, l.len, k, RailMask::ALL, RailPolicy::Balance)?;
@@ -682,17 +682,7 @@ fn four_stage(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, PlanError> 
     let mut acc = c.acc();
     for l in levels(order, &bw, &plan, c.count) {
         c.net.spread_join(&mut acc, &l.members, &l.excluded, l.len, k)?;
-        c.net.ring_joined(
-            &mut acc,
-            &l.members,
-            &l.excluded,
-            l.len,
-            k,
-            RailMask::ALL,
-            RailPolicy::Spread,
-            true,
-            true,
-        )?;
+        c.net.ring(&mut acc, &l.members, &l.excluded, l.len, k, RailMask::ALL, RailPolicy::Spread, true, true)?;
     }
     let params = StrategyParams {
         chunks: Some(k),
