@@ -310,11 +310,6 @@ impl Fabric {
         self
     }
 
-    /// Whether no path crosses rails ([`Fabric::with_rail_only`]).
-    pub fn is_rail_only(&self) -> bool {
-        self.rail_only
-    }
-
     /// A fault-free fabric: `layout` with every NIC healthy at `mbps`.
     pub fn healthy(layout: Layout, mbps: u64) -> Result<Self, AlgoError> {
         let view = HealthView::uniform(layout.nodes(), layout.nics_per_node(), mbps);
@@ -499,7 +494,7 @@ impl Fabric {
         let k = self.layout.nics_per_node();
         let mut cap = vec![0.0f64; k];
         for (r, c) in cap.iter_mut().enumerate() {
-            if mask.contains(r) || mask == RailMask::ALL {
+            if mask.contains(r) {
                 *c = self.usable_mbps(node, RailId(r as u16)) as f64;
             }
         }

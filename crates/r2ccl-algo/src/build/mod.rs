@@ -137,8 +137,7 @@ impl Cx<'_> {
             return Ok(None);
         }
         let split = self.split_ref(self.me, peer, mask)?;
-        let src = self.region(src);
-        Ok(Some(self.b.push(StepKind::Send { peer, tag, src, split }, extra)))
+        Ok(self.send_via(peer, tag, src, split, extra))
     }
 
     /// Receive into `dst` from `peer` (reducing or copying); nothing for an empty region.
@@ -154,8 +153,7 @@ impl Cx<'_> {
             return Ok(None);
         }
         let split = self.split_ref(peer, self.me, mask)?;
-        let dst = self.region(dst);
-        Ok(Some(self.b.push(StepKind::Recv { peer, tag, dst, reduce, split }, &[])))
+        Ok(self.recv_via(peer, tag, dst, reduce, split))
     }
 
     /// `dst = src` locally; nothing for an empty region.

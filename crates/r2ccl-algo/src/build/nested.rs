@@ -143,8 +143,7 @@ struct SpreadLevel {
     /// Phases of scatter-in, reduce-scatter, all-gather and gather-back.
     ph: [u16; 4],
     /// Splits of this rank's ring sends to its successor and receives from its predecessor
-    /// when joiners share the members' NICs ([`crate::Fabric::joined_ring_split`]); `None`:
-    /// the plain split.
+    /// (around the joiners' load, [`crate::Fabric::joined_ring_split`]); `None` off the ring.
     ring_splits: Option<(SplitRef, SplitRef)>,
 }
 
@@ -198,7 +197,7 @@ fn spread(cx: &mut Cx<'_>, leaders: &[Rank], me: Option<usize>, levels: &[Level]
         let joiner = me.and_then(|i| excluded.iter().position(|&r| r == leaders[i]));
         let s = members.len();
         let ring_splits = match pos {
-            Some(p) if s >= 2 && !excluded.is_empty() && level.range.len > 0 => {
+            Some(p) if s >= 2 => {
                 let (next, prev) = (members[(p + 1) % s], members[(p + s - 1) % s]);
                 let to_next = cx.joined_split_ref(cx.me, next, s, &excluded, level.mask)?;
                 let from_prev = cx.joined_split_ref(prev, cx.me, s, &excluded, level.mask)?;
@@ -237,7 +236,7 @@ fn spread(cx: &mut Cx<'_>, leaders: &[Rank], me: Option<usize>, levels: &[Level]
                 }
             }
             // The ring: reduce-scatter, then all-gather.
-            if let (Some(pos), true) = (v.pos, s >= 2) {
+            if let (Some(pos), Some((out, inn))) = (v.pos, v.ring_splits) {
                 let (next, prev) = (v.members[(pos + 1) % s], v.members[(pos + s - 1) % s]);
                 let is_clock = clock == Some(l);
                 let mut done = None;
@@ -249,34 +248,22 @@ fn spread(cx: &mut Cx<'_>, leaders: &[Rank], me: Option<usize>, levels: &[Level]
                     };
                     let (src, dst) =
                         (v.seg((pos + 2 * s - t - 1) % s).part(k, c), v.seg((pos + 2 * s - t - 2) % s).part(k, c));
-                    let sent = match v.ring_splits {
-                        Some((out, _)) => cx.send_via(next, tag, src, out, &admit),
-                        None => cx.send(next, tag, src, v.mask, &admit)?,
-                    };
+                    let sent = cx.send_via(next, tag, src, out, &admit);
                     if is_clock {
                         clock_sends.extend(sent);
                     }
-                    let got = match v.ring_splits {
-                        Some((_, inn)) => cx.recv_via(prev, tag, dst, true, inn),
-                        None => cx.recv(prev, tag, dst, true, v.mask)?,
-                    };
+                    let got = cx.recv_via(prev, tag, dst, true, inn);
                     done = got.or(done);
                 }
                 rs_done[l].push(done);
                 for t in 0..s - 1 {
                     let tag = Tag::new(v.ph[2], t as u32, chunk);
                     let (src, dst) = (v.seg((pos + s - t) % s).part(k, c), v.seg((pos + 2 * s - t - 1) % s).part(k, c));
-                    let sent = match v.ring_splits {
-                        Some((out, _)) => cx.send_via(next, tag, src, out, &[]),
-                        None => cx.send(next, tag, src, v.mask, &[])?,
-                    };
+                    let sent = cx.send_via(next, tag, src, out, &[]);
                     if is_clock {
                         clock_sends.extend(sent);
                     }
-                    match v.ring_splits {
-                        Some((_, inn)) => cx.recv_via(prev, tag, dst, false, inn),
-                        None => cx.recv(prev, tag, dst, false, v.mask)?,
-                    };
+                    cx.recv_via(prev, tag, dst, false, inn);
                 }
             }
             // Gather-back.
