@@ -110,6 +110,19 @@ pub enum SessionError {
     /// The transfer is already active.
     #[error("transfer {0} is already active")]
     DuplicateTransfer(TransferKey),
+    /// A send's source was to move while chunks of it were still being sent.
+    #[error("send {0} still has chunks in flight: its source cannot move")]
+    SendBusy(TransferKey),
+    /// A send's new source is not as long as the transfer.
+    #[error("send {key} is {want} bytes: its source cannot move to {len} bytes")]
+    RebaseLength {
+        /// The send.
+        key: TransferKey,
+        /// Length of the new source.
+        len: u64,
+        /// Length of the transfer.
+        want: u64,
+    },
     /// A reducing receive whose length or chunks do not hold whole elements.
     #[error("transfer {key} of {len} bytes cannot be reduced as {dtype:?} (not whole elements)")]
     Misaligned {
@@ -754,6 +767,42 @@ impl Session {
             }
             _ => true,
         });
+    }
+
+    /// Whether send `key` has issued every chunk and has no send request outstanding (true for a
+    /// send the session no longer holds): from then on only a replay after a failure reads its
+    /// source again, so the source may move ([`Session::rebase_send`]).
+    pub fn is_send_drained(&self, key: TransferKey) -> bool {
+        let Some(s) = self.sends.get(&key) else { return true };
+        s.lanes.iter().all(|l| l.next >= l.end)
+            && !self.requests.values().any(|p| matches!(p, Pending::Send { lane, .. } if lane.transfer == key))
+    }
+
+    /// Moves the source of send `key` to `src`, which must hold the same bytes (the caller's
+    /// copy): replays read from there, and the old place may be overwritten. Only a drained send
+    /// may move ([`Session::is_send_drained`]); a send the session no longer holds is left alone.
+    pub fn rebase_send<T: Transport + ?Sized>(
+        &mut self,
+        t: &T,
+        key: TransferKey,
+        src: Buffer,
+    ) -> Result<(), SessionError> {
+        if !self.sends.contains_key(&key) {
+            return Ok(());
+        }
+        if !self.is_send_drained(key) {
+            return Err(SessionError::SendBusy(key));
+        }
+        let Buffer { region, offset, len } = src;
+        self.check_transfer(t, key, key.dst, region, offset, len)?;
+        if let Some(s) = self.sends.get_mut(&key) {
+            if s.len != len {
+                return Err(SessionError::RebaseLength { key, len, want: s.len });
+            }
+            s.src = region;
+            s.offset = offset;
+        }
+        Ok(())
     }
 
     /// Gives up receive `key` (its collective was abandoned): cancels its receives into place (a

@@ -210,9 +210,25 @@ struct Exec {
     seq: u64,
     sched: RankSchedule,
     base: [u64; 3],
-    /// Per step: for a send whose source region a later step writes, the workspace offset of
-    /// the private copy it goes out of (see [`sends_needing_a_copy`]).
+    /// Per step: for a send whose source region a later step writes, the workspace offset
+    /// reserved for a private copy of its bytes (see [`private_sends`]). The copy is
+    /// made only if a write it blocks has waited [`PRIVATE_COPY_AFTER`] for the receipt.
     staging: Vec<Option<u64>>,
+    /// Per writing step: the earlier sends whose source bytes it overwrites
+    /// ([`overwritten_sends`]). It runs once each is confirmed by its receiver or has moved
+    /// to its private copy; until then it is parked.
+    blockers: Vec<Vec<u32>>,
+    /// Per send step: it goes out of its private copy from the start
+    /// ([`sends_copied_at_once`]).
+    copy_at_send: Vec<bool>,
+    /// Per send step: it goes out of its private copy, from the start or since it moved
+    /// there ([`Session::rebase_send`]).
+    rebased: Vec<bool>,
+    /// Per send step: when a parked write first found all its chunks gone (only its receipt
+    /// missing); [`PRIVATE_COPY_AFTER`] later it moves to its private copy.
+    drained_at: Vec<Option<Duration>>,
+    /// Ready writes waiting for their blockers, with the time each was parked.
+    parked: Vec<(usize, Duration)>,
     remaining: Vec<u32>,
     dependents: Vec<Vec<u32>>,
     state: Vec<StepState>,
@@ -253,6 +269,8 @@ pub struct Engine {
     probes: BTreeMap<PathId, Duration>,
     /// Receipts that arrived before their send was started (kept until it is).
     early_receipts: BTreeSet<TransferKey>,
+    /// Sends moved to their private copy because their receipt was late (since start).
+    moved_sends: u64,
     /// Stalled paths being probed, with the time the probe must have answered by.
     suspects: BTreeMap<PathId, Duration>,
     /// Paths whose stall was explained by a probe answer: not suspected again before this time.
@@ -297,6 +315,19 @@ fn region_abs(base: &[u64; 3], r: &Region) -> u64 {
     base[r.buf as usize] + r.offset
 }
 
+/// How long a write waits for the receipts of the sends whose bytes it overwrites before
+/// those sends move to their private copies (a receipt is normally in within a round trip).
+pub const PRIVATE_COPY_AFTER: Duration = Duration::from_millis(50);
+
+/// Whether step `i` must wait: it overwrites the source of a send that has not started, or
+/// whose receiver has not confirmed it and that still goes out of its own bytes.
+fn is_blocked(x: &Exec, i: usize) -> bool {
+    x.blockers[i].iter().any(|&j| {
+        let j = j as usize;
+        x.state[j] != StepState::Done || (!x.rebased[j] && x.keys[j].is_some_and(|k| x.unacked.contains(&k)))
+    })
+}
+
 impl Engine {
     /// An engine for `rank` of `world` ranks over `topo`.
     pub fn new(
@@ -326,6 +357,7 @@ impl Engine {
             epochs: BTreeMap::new(),
             probes: BTreeMap::new(),
             early_receipts: BTreeSet::new(),
+            moved_sends: 0,
             suspects: BTreeMap::new(),
             quiet: BTreeMap::new(),
             notified: BTreeSet::new(),
@@ -377,6 +409,12 @@ impl Engine {
         self.exec.is_some()
     }
 
+    /// How many sends moved to their private copy because a write that overwrites their bytes
+    /// waited [`PRIVATE_COPY_AFTER`] past their last chunk for the receipt (since start).
+    pub fn moved_sends(&self) -> u64 {
+        self.moved_sends
+    }
+
     /// The sequence number of a collective that finished since the last call.
     pub fn take_finished(&mut self) -> Option<u64> {
         self.finished.take()
@@ -401,6 +439,11 @@ impl Engine {
                     }
                 }
             }
+        }
+        for &(i, _) in &x.parked {
+            let blockers: Vec<String> =
+                x.blockers[i].iter().filter_map(|&j| x.keys[j as usize]).map(|k| k.to_string()).collect();
+            out.push(format!("step {i} parked until the receipts of [{}]", blockers.join(", ")));
         }
         for k in &x.unacked {
             let lanes: Vec<String> = self
@@ -475,9 +518,13 @@ impl Engine {
         let mut end = base[2] + sched.scratch_len;
         let n = sched.steps().len();
         let mut staging = vec![None; n];
-        // Sends from regions that later steps overwrite go out of a private copy, so a replay
-        // after a failure still finds the bytes that were first sent.
-        for (i, private) in sends_needing_a_copy(&sched).into_iter().enumerate() {
+        // Sends from regions that later steps overwrite keep their bytes until the receiver
+        // confirms them: the writes wait (parked). Each gets room for a private copy, made
+        // only when a parked write waits too long (a receipt held up by a failure), so a
+        // replay still finds the bytes that were first sent.
+        let blockers = overwritten_sends(&sched);
+        let copy_at_send = sends_copied_at_once(&sched, &blockers);
+        for (i, private) in private_sends(&blockers).into_iter().enumerate() {
             if let (true, StepKind::Send { src, .. }) = (private, sched.steps()[i].kind) {
                 staging[i] = Some(end);
                 end += src.len;
@@ -559,6 +606,11 @@ impl Engine {
             sched,
             base,
             staging,
+            blockers,
+            copy_at_send,
+            rebased: vec![false; n],
+            drained_at: vec![None; n],
+            parked: Vec::new(),
             remaining,
             dependents,
             state: vec![StepState::Waiting; n],
@@ -689,12 +741,64 @@ impl Engine {
         Ok(())
     }
 
+    /// Parked writes whose blockers are resolved become ready. A blocker whose chunks have all
+    /// left but whose receipt is still missing [`PRIVATE_COPY_AFTER`] later (a receipt held up
+    /// by a failure, or a cycle of writes waiting for each other's receipts) moves to its
+    /// private copy, so the write no longer waits for the receipt.
+    fn unpark<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T, h: MemHandle) -> Result<(), EngineError> {
+        let Some(x) = &mut self.exec else { return Ok(()) };
+        if x.parked.is_empty() {
+            return Ok(());
+        }
+        let waiting: Vec<usize> = x.parked.iter().map(|&(i, _)| i).collect();
+        for w in waiting {
+            for j in x.blockers[w].clone() {
+                let j = j as usize;
+                let (Some(key), Some(stage)) = (x.keys[j], x.staging[j]) else { continue };
+                if x.rebased[j] || !x.unacked.contains(&key) {
+                    continue;
+                }
+                if x.drained_at[j].is_none() && self.session.is_send_drained(key) {
+                    x.drained_at[j] = Some(now);
+                }
+                if x.drained_at[j].is_none_or(|at| now < at + PRIVATE_COPY_AFTER) {
+                    continue;
+                }
+                let StepKind::Send { src, .. } = x.sched.steps()[j].kind else { continue };
+                let (from, len, stage) = (region_abs(&x.base, &src) as usize, src.len as usize, stage as usize);
+                let ws = t.region_mut(h)?;
+                if from + len > ws.len() || stage + len > ws.len() {
+                    return Err(EngineError::BadRegion(src));
+                }
+                ws.copy_within(from..from + len, stage);
+                self.session.rebase_send(t, key, Buffer { region: h, offset: stage, len: src.len })?;
+                x.rebased[j] = true;
+                self.moved_sends += 1;
+                tracing::debug!(target: subsys::COLL, rank = %self.rank, %key, "send moved to its private copy");
+            }
+        }
+        let parked = std::mem::take(&mut x.parked);
+        for (i, at) in parked {
+            if is_blocked(x, i) {
+                x.parked.push((i, at));
+            } else {
+                x.ready.push_back(i);
+            }
+        }
+        Ok(())
+    }
+
     /// Start every ready step; finish the collective when all are done.
     fn advance<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T) -> Result<(), EngineError> {
         let Some((h, _)) = self.work else { return Ok(()) };
+        self.unpark(now, t, h)?;
         loop {
             let Some(x) = &mut self.exec else { return Ok(()) };
             let Some(i) = x.ready.pop_front() else { break };
+            if is_blocked(x, i) {
+                x.parked.push((i, now));
+                continue;
+            }
             x.state[i] = StepState::Running;
             let base = x.base;
             match x.sched.steps()[i].kind {
@@ -721,11 +825,12 @@ impl Engine {
                         weights.iter_mut().for_each(|w| *w = 1);
                     }
                     let mut offset = region_abs(&base, &src) as usize;
-                    if let Some(stage) = x.staging[i] {
+                    if let (true, Some(stage)) = (x.copy_at_send[i], x.staging[i]) {
                         let ws = t.region_mut(h)?;
                         let stage = stage as usize;
                         ws.copy_within(offset..offset + src.len as usize, stage);
                         offset = stage;
+                        x.rebased[i] = true;
                     }
                     let buf = Buffer { region: h, offset, len: src.len };
                     match self.session.start_send(now, t, key, buf, &weights) {
@@ -1427,36 +1532,58 @@ fn touches_input(s: &Step) -> bool {
 /// keeps its bytes to the end of the collective. Schedules list steps in a valid program order
 /// and order every write after the reads before it, so a writer that may run after a send
 /// comes later in the list. One backward sweep with a merged interval set per buffer.
-fn sends_needing_a_copy(sched: &RankSchedule) -> Vec<bool> {
+/// For each step that writes (receive, copy, reduce), the earlier sends whose source bytes it
+/// overwrites; empty for every other step.
+fn overwritten_sends(sched: &RankSchedule) -> Vec<Vec<u32>> {
     let steps = sched.steps();
-    let mut private = vec![false; steps.len()];
-    // Per buffer: start -> end of the disjoint, merged byte ranges written by later steps.
-    let mut written: [BTreeMap<u64, u64>; 3] = Default::default();
-    for (i, s) in steps.iter().enumerate().rev() {
+    let mut out = vec![Vec::new(); steps.len()];
+    // Per buffer: the sends so far by source offset (end, step), and the longest one.
+    let mut sent: [BTreeMap<u64, Vec<(u64, u32)>>; 3] = Default::default();
+    let mut longest = [0u64; 3];
+    for (i, s) in steps.iter().enumerate() {
         match s.kind {
-            StepKind::Send { src, .. } => {
-                let set = &written[src.buf as usize];
-                let end = src.offset + src.len;
-                private[i] = src.len > 0 && set.range(..end).next_back().is_some_and(|(_, &e)| e > src.offset);
+            StepKind::Send { src, .. } if src.len > 0 => {
+                let b = src.buf as usize;
+                sent[b].entry(src.offset).or_default().push((src.offset + src.len, i as u32));
+                longest[b] = longest[b].max(src.len);
             }
-            StepKind::Recv { dst, .. } | StepKind::Copy { dst, .. } | StepKind::Reduce { dst, .. } => {
-                if dst.len == 0 {
-                    continue;
+            StepKind::Recv { dst, .. } | StepKind::Copy { dst, .. } | StepKind::Reduce { dst, .. } if dst.len > 0 => {
+                let b = dst.buf as usize;
+                let (lo, hi) = (dst.offset, dst.offset + dst.len);
+                // A send overlaps [lo, hi) iff it starts before hi and ends after lo.
+                for (_, v) in sent[b].range(lo.saturating_sub(longest[b])..hi) {
+                    out[i].extend(v.iter().filter(|&&(end, _)| end > lo).map(|&(_, j)| j));
                 }
-                let set = &mut written[dst.buf as usize];
-                let (mut lo, mut hi) = (dst.offset, dst.offset + dst.len);
-                // Absorb every range that overlaps or touches [lo, hi).
-                while let Some((&a, &b)) = set.range(..=hi).next_back() {
-                    if b < lo {
-                        break;
-                    }
-                    set.remove(&a);
-                    lo = lo.min(a);
-                    hi = hi.max(b);
-                }
-                set.insert(lo, hi);
+                out[i].sort_unstable();
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Per step: a send whose bytes a receive from the same peer overwrites. Those go out of a
+/// private copy from the start: in an exchange (recursive doubling, a tree's way down) each
+/// side's receive would otherwise wait for the other side's receipt, which waits for it.
+fn sends_copied_at_once(sched: &RankSchedule, blockers: &[Vec<u32>]) -> Vec<bool> {
+    let steps = sched.steps();
+    let mut eager = vec![false; steps.len()];
+    for (w, bs) in blockers.iter().enumerate() {
+        let StepKind::Recv { peer: from, .. } = steps[w].kind else { continue };
+        for &j in bs {
+            if matches!(steps[j as usize].kind, StepKind::Send { peer, .. } if peer == from) {
+                eager[j as usize] = true;
             }
         }
+    }
+    eager
+}
+
+/// Per step: a send that some later step overwrites (it needs room for a private copy).
+fn private_sends(blockers: &[Vec<u32>]) -> Vec<bool> {
+    let mut private = vec![false; blockers.len()];
+    for &j in blockers.iter().flatten() {
+        private[j as usize] = true;
     }
     private
 }
@@ -1523,6 +1650,34 @@ mod tests {
             .collect()
     }
 
+    /// By brute force: for each writing step, the earlier sends of overlapping bytes.
+    fn reference_blockers(sched: &RankSchedule) -> Vec<Vec<u32>> {
+        let steps = sched.steps();
+        (0..steps.len())
+            .map(|w| {
+                let d = match steps[w].kind {
+                    StepKind::Recv { dst, .. } | StepKind::Copy { dst, .. } | StepKind::Reduce { dst, .. } => dst,
+                    StepKind::Send { .. } => return Vec::new(),
+                };
+                let mut v: Vec<u32> = (0..w)
+                    .filter(|&j| match steps[j].kind {
+                        StepKind::Send { src, .. } => {
+                            src.len > 0
+                                && d.len > 0
+                                && d.buf == src.buf
+                                && d.offset < src.offset + src.len
+                                && src.offset < d.offset + d.len
+                        }
+                        _ => false,
+                    })
+                    .map(|j| j as u32)
+                    .collect();
+                v.sort_unstable();
+                v
+            })
+            .collect()
+    }
+
     #[test]
     fn private_copies_are_exactly_the_sends_a_later_step_overwrites() {
         let layout = Layout::uniform(4, 1, 2).unwrap();
@@ -1540,8 +1695,10 @@ mod tests {
         for req in cases {
             for r in 0..4 {
                 let sched = build_rank_schedule(&fabric, &req, Rank(r)).unwrap();
-                let got = sends_needing_a_copy(&sched);
+                let blockers = overwritten_sends(&sched);
+                let got = private_sends(&blockers);
                 assert_eq!(got, reference(&sched), "{req:?} rank {r}");
+                assert_eq!(blockers, reference_blockers(&sched), "{req:?} rank {r}");
                 let sends = sched.steps().iter().filter(|s| matches!(s.kind, StepKind::Send { .. })).count();
                 saved += sends - got.iter().filter(|&&p| p).count();
             }
