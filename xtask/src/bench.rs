@@ -59,6 +59,8 @@ const FAULT_NODE: u32 = 1;
 const FAULT_NIC: u32 = 0;
 /// The per-message latency the communicator's planner assumes, us (`LOOPBACK_ALPHA_S`).
 const LIBRARY_ALPHA_US: &str = "20";
+/// The r2ccl curve of the `loopback` part that its ratios and targets use.
+const R2CCL_TARGET_CURVE: &str = "r2ccl -R 1 in place";
 /// The forced strategies of the `strategies` part (`auto` = the library's own choice).
 const STRATEGIES: [&str; 5] = ["auto", "single_backup", "balance", "r2ccl_allreduce", "four_stage"];
 
@@ -729,6 +731,7 @@ struct PerfRow {
     bytes: u64,
     time_us: f64,
     busbw: f64,
+    time_in_place_us: f64,
     busbw_in_place: f64,
     wrong: u64,
 }
@@ -743,6 +746,7 @@ fn parse_perf_json(text: &str) -> Result<(Vec<PerfRow>, Vec<String>)> {
             bytes: r["bytes"].as_u64().unwrap_or(0),
             time_us: f(&r["out_of_place"]["time_us"]),
             busbw: f(&r["out_of_place"]["busbw"]),
+            time_in_place_us: f(&r["in_place"]["time_us"]),
             busbw_in_place: f(&r["in_place"]["busbw"]),
             wrong: r["out_of_place"]["wrong"].as_u64().unwrap_or(0) + r["in_place"]["wrong"].as_u64().unwrap_or(0),
         })
@@ -1646,27 +1650,47 @@ fn part_loopback(ctx: &Ctx) -> Result<PartResult> {
     let mut curves: Vec<(String, Vec<PeerRow>)> = Vec::new();
     let mut notes = Vec::new();
 
-    // r2ccl
-    let json_path = logs.join("r2ccl.json");
-    let _ = std::fs::remove_file(&json_path);
-    let mut cmd = Command::new(&ctx.perf);
-    cmd.args(["launch", "-n", "4", "--nics", &ctx.loopback_nics.to_string(), "all_reduce"]).args(&sweep);
-    cmd.arg("--json").arg(&json_path);
-    clean_env(&mut cmd);
-    println!("bench: loopback: r2ccl-perf launch -n 4 --nics {} all_reduce {}", ctx.loopback_nics, sweep.join(" "));
-    match run_to_end(cmd, "r2ccl", &logs, limit) {
-        Ok(_) => {}
-        Err(err) => res.problems.push(format!("r2ccl: {err:#}")),
-    }
-    match parse_perf_json(&read(&json_path)) {
-        Ok((rows, _)) => {
-            let rows: Vec<PeerRow> = rows
-                .iter()
-                .map(|r| PeerRow { size: r.bytes, time_us: r.time_us, busbw: r.busbw, wrong: r.wrong })
-                .collect();
-            curves.push((format!("r2ccl ({} NIC)", ctx.loopback_nics), rows));
+    // r2ccl: the caller's buffers (copied into the library's registered workspace and out), and
+    // buffers registered with the communicator (`-R 1`, read and written in place), whose
+    // in-place run is the figure the targets compare (Gloo runs in place too).
+    let nics = ctx.loopback_nics;
+    for (tag, registered) in [("r2ccl", false), ("r2ccl-registered", true)] {
+        let json_path = logs.join(format!("{tag}.json"));
+        let _ = std::fs::remove_file(&json_path);
+        let mut cmd = Command::new(&ctx.perf);
+        cmd.args(["launch", "-n", "4", "--nics", &nics.to_string(), "all_reduce"]).args(&sweep);
+        if registered {
+            cmd.args(["-R", "1"]);
         }
-        Err(err) => res.problems.push(format!("r2ccl: no results: {err:#}")),
+        cmd.arg("--json").arg(&json_path);
+        clean_env(&mut cmd);
+        println!(
+            "bench: loopback: r2ccl-perf launch -n 4 --nics {nics} all_reduce {}{}",
+            sweep.join(" "),
+            if registered { " -R 1" } else { "" }
+        );
+        if let Err(err) = run_to_end(cmd, tag, &logs, limit) {
+            res.problems.push(format!("{tag}: {err:#}"));
+        }
+        match parse_perf_json(&read(&json_path)) {
+            Ok((rows, _)) => {
+                let oop =
+                    rows.iter().map(|r| PeerRow { size: r.bytes, time_us: r.time_us, busbw: r.busbw, wrong: r.wrong });
+                if registered {
+                    curves.push((format!("r2ccl -R 1 out of place ({nics} NIC)"), oop.collect()));
+                    let inp = rows.iter().map(|r| PeerRow {
+                        size: r.bytes,
+                        time_us: r.time_in_place_us,
+                        busbw: r.busbw_in_place,
+                        wrong: r.wrong,
+                    });
+                    curves.push((format!("{R2CCL_TARGET_CURVE} ({nics} NIC)"), inp.collect()));
+                } else {
+                    curves.push((format!("r2ccl out of place ({nics} NIC)"), oop.collect()));
+                }
+            }
+            Err(err) => res.problems.push(format!("{tag}: no results: {err:#}")),
+        }
     }
 
     // OpenMPI, default algorithm and ring, over TCP on loopback.
@@ -1754,7 +1778,7 @@ fn part_loopback(ctx: &Ctx) -> Result<PartResult> {
 
     // Table and targets.
     let at = |rows: &[PeerRow], size: u64| rows.iter().find(|r| r.size == size).cloned();
-    let r2 = curves.iter().find(|(n, _)| n.starts_with("r2ccl")).map(|(_, r)| r.clone()).unwrap_or_default();
+    let r2 = curves.iter().find(|(n, _)| n.starts_with(R2CCL_TARGET_CURVE)).map(|(_, r)| r.clone()).unwrap_or_default();
     let peers: Vec<&(String, Vec<PeerRow>)> = curves.iter().filter(|(n, _)| !n.starts_with("r2ccl")).collect();
     let mut table = String::from("| size |");
     for (n, _) in &curves {
@@ -1791,18 +1815,21 @@ fn part_loopback(ctx: &Ctx) -> Result<PartResult> {
     let small_ratio = at(&r2, small).zip(bt_small).map(|(m, t)| m.time_us / t);
     let mut t = unmeasured(part, "");
     t[0].value = big_ratio;
-    t[0].detail =
-        format!("r2ccl {} GB/s vs best peer {} GB/s at 64 MiB", opt(at(&r2, big).map(|r| r.busbw), 4), opt(bb, 4));
+    t[0].detail = format!(
+        "r2ccl -R 1 in place {} GB/s vs best peer {} GB/s at 64 MiB",
+        opt(at(&r2, big).map(|r| r.busbw), 4),
+        opt(bb, 4)
+    );
     t[1].value = small_ratio;
     t[1].detail = format!(
-        "at {} B: r2ccl {} us vs best peer {} us (lower is better)",
+        "at {} B: r2ccl -R 1 in place {} us vs best peer {} us (lower is better)",
         small,
         opt(at(&r2, small).map(|r| r.time_us), 1),
         opt(bt_small, 1)
     );
     res.targets = t;
     res.md = format!(
-        "4 ranks on this host, no shaping, float32 sum, sizes {b}..{e} (x{f}), {iters} iters + {warm} warm-up; r2ccl: `r2ccl-perf launch -n 4 --nics {}` (UCX TCP on lo, out-of-place); OpenMPI: `mpirun --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo` (default algorithm, and ring = coll_tuned algorithm 4); Gloo: AllreduceRingChunked, TCP on 127.0.0.1, file store. Time is the slowest rank's average.\n\n{}{table}",
+        "4 ranks on this host, no shaping, float32 sum, sizes {b}..{e} (x{f}), {iters} iters + {warm} warm-up; r2ccl: `r2ccl-perf launch -n 4 --nics {}` (UCX TCP on lo) on the caller's buffers (out of place: copied into the library's registered workspace and back) and with `-R 1` on buffers registered with the communicator (read and written in place, out of place and in place); the ratio columns and targets use `-R 1` in place (Gloo runs in place on its own buffer, OpenMPI out of place); OpenMPI: `mpirun --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo` (default algorithm, and ring = coll_tuned algorithm 4); Gloo: AllreduceRingChunked, TCP on 127.0.0.1, file store. Time is the slowest rank's average.\n\n{}{table}",
         ctx.loopback_nics,
         notes.iter().map(|n| format!("- **{n}**\n")).collect::<String>()
     );
@@ -2285,7 +2312,9 @@ mod tests {
             "out_of_place":{"time_us":10.0,"algbw":0.1,"busbw":0.15,"wrong":0},"in_place":{"time_us":11.0,"algbw":0.09,"busbw":0.14,"wrong":2}}],
             "wrong":2,"avg_busbw":0.145,"events":["12 ms failover x"]}"#;
         let (rows, ev) = parse_perf_json(j).unwrap();
-        assert_eq!(rows, vec![PerfRow { bytes: 1024, time_us: 10.0, busbw: 0.15, busbw_in_place: 0.14, wrong: 2 }]);
+        let want =
+            PerfRow { bytes: 1024, time_us: 10.0, busbw: 0.15, time_in_place_us: 11.0, busbw_in_place: 0.14, wrong: 2 };
+        assert_eq!(rows, vec![want]);
         assert_eq!(ev, vec!["12 ms failover x".to_owned()]);
         assert!(parse_perf_json("{}").is_err());
     }

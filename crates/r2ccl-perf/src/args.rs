@@ -121,6 +121,9 @@ pub struct PerfArgs {
     pub warmup: u32,
     /// `-c`: check results (count wrong elements).
     pub check: bool,
+    /// `-R`: 1 = buffers registered with the communicator (`Communicator::alloc`), read and
+    /// written in place with no copy in or out (nccl-tests' `-R`, local registration).
+    pub registered: bool,
     /// `-o`: reduce ops (`all` = every op).
     pub ops: Vec<ReduceOp>,
     /// `-d`: data types (`all` = every type).
@@ -145,6 +148,7 @@ impl Default for PerfArgs {
             iters: 20,
             warmup: 5,
             check: true,
+            registered: false,
             ops: vec![ReduceOp::Sum],
             dtypes: vec![DType::F32],
             root: 0,
@@ -211,6 +215,13 @@ impl PerfArgs {
                 "-n" | "--iters" => a.iters = number(f, value(&mut it, f)?, "an integer >= 1")?,
                 "-w" | "--warmup_iters" => a.warmup = number(f, value(&mut it, f)?, "an integer >= 0")?,
                 "-c" | "--check" => a.check = number::<u32>(f, value(&mut it, f)?, "0 or 1")? != 0,
+                "-R" | "--local_register" => {
+                    a.registered = match value(&mut it, f)?.as_str() {
+                        "0" => false,
+                        "1" => true,
+                        v => return Err(bad(f, v, "0 or 1")),
+                    };
+                }
                 "-o" | "--op" => {
                     let v = value(&mut it, f)?;
                     a.ops = if v == "all" {
@@ -295,6 +306,9 @@ mod tests {
     #[test]
     fn flags_and_errors() {
         let a = args("-o all -d bfloat16 -n 3 -w 1 -c 0 -r 2 -N 0 -T 5 --json out.json").unwrap();
+        assert!(!a.registered);
+        assert!(args("-R 1").unwrap().registered);
+        assert!(args("-R 2").is_err());
         assert_eq!(a.ops.len(), 5);
         assert_eq!(a.dtypes, vec![DType::Bf16]);
         assert_eq!((a.iters, a.warmup, a.check, a.root, a.cycles, a.timeout_s), (3, 1, false, 2, 0, 5));

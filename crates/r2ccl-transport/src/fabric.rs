@@ -519,6 +519,27 @@ impl Transport for FabricPort<'_> {
         }
     }
 
+    fn region_pair(&mut self, src: MemHandle, dst: MemHandle) -> Result<(&[u8], &mut [u8]), TransportError> {
+        if src == dst {
+            return Err(TransportError::NoRegionPair { src, dst });
+        }
+        self.fabric.region_of(self.rank, src)?;
+        self.fabric.region_of(self.rank, dst)?;
+        // One pass of iter_mut lends disjoint entries.
+        let (mut a, mut b) = (None, None);
+        for (h, (_, bytes)) in &mut self.fabric.regions {
+            if *h == src {
+                a = Some(&*bytes);
+            } else if *h == dst {
+                b = Some(bytes);
+            }
+        }
+        match (a, b) {
+            (Some(a), Some(b)) => Ok((a.as_slice(), b.as_mut_slice())),
+            _ => Err(TransportError::NoRegionPair { src, dst }),
+        }
+    }
+
     fn post_send(
         &mut self,
         now: Duration,

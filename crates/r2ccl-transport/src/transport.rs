@@ -164,6 +164,14 @@ pub enum TransportError {
         /// Length of the range.
         len: usize,
     },
+    /// [`Transport::region_pair`] was given one region twice, or the backend cannot lend two.
+    #[error("regions {src:?} and {dst:?} cannot be lent at once")]
+    NoRegionPair {
+        /// The region to read.
+        src: MemHandle,
+        /// The region to write.
+        dst: MemHandle,
+    },
 }
 
 /// One rank's access to its node's NICs.
@@ -189,6 +197,13 @@ pub trait Transport {
 
     /// The bytes of a registered region, writable.
     fn region_mut(&mut self, handle: MemHandle) -> Result<&mut [u8], TransportError>;
+
+    /// The bytes of two different regions at once, `src` to read and `dst` to write (a copy or
+    /// a reduction from one into the other without a bounce buffer). The default lends none
+    /// ([`TransportError::NoRegionPair`]); callers then copy through a buffer.
+    fn region_pair(&mut self, src: MemHandle, dst: MemHandle) -> Result<(&[u8], &mut [u8]), TransportError> {
+        Err(TransportError::NoRegionPair { src, dst })
+    }
 
     /// Posts a send on `path` of `header` followed by `len` bytes at `offset` of `src`. The
     /// region's bytes must stay unchanged until the send completes: a backend may read them from

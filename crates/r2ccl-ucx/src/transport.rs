@@ -356,6 +356,12 @@ fn rail_u16(i: usize) -> u16 {
 }
 
 impl UcxTransport {
+    /// The registered region behind `handle`, shared: it stays mapped (and registered with the
+    /// NICs' contexts) as long as this `Arc` lives, even after [`Transport::deregister`].
+    pub fn region_arc(&self, handle: MemHandle) -> Option<Arc<MemRegion>> {
+        self.regions.get(&handle).cloned()
+    }
+
     /// Open one rail per configured NIC and start the link monitor.
     pub fn open(cfg: UcxTransportConfig) -> Result<Self, UcxTransportError> {
         if cfg.nics.is_empty() {
@@ -1212,6 +1218,18 @@ impl Transport for UcxTransport {
         // lives and no UCX call runs until it is gone. Ranges a request in flight uses are the
         // session's to leave alone (the Transport contract).
         Ok(unsafe { r.as_mut_slice_unchecked() })
+    }
+
+    fn region_pair(&mut self, src: MemHandle, dst: MemHandle) -> Result<(&[u8], &mut [u8]), TransportError> {
+        if src == dst {
+            return Err(TransportError::NoRegionPair { src, dst });
+        }
+        let a = self.regions.get(&src).ok_or(TransportError::UnknownHandle(src))?;
+        let b = self.regions.get(&dst).ok_or(TransportError::UnknownHandle(dst))?;
+        // SAFETY: two different regions are two separate mappings, so the slices do not overlap;
+        // both borrow `self` mutably, which excludes any other slice and every UCX call while
+        // they live (as in `region_mut`).
+        Ok(unsafe { (a.as_slice(), b.as_mut_slice_unchecked()) })
     }
 
     fn post_send(

@@ -23,7 +23,7 @@ use r2ccl_algo::{
 };
 use r2ccl_config::Config;
 use r2ccl_core::{subsys, DType, HealthView, NicId, NodeId, Rank};
-use r2ccl_transport::{SessionConfig, Topology};
+use r2ccl_transport::{MemHandle, SessionConfig, Topology, Transport as _};
 use r2ccl_ucx::{ContextConfig, UcxTransport, UcxTransportConfig};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
@@ -187,6 +187,16 @@ enum Bufs {
         buf: *mut u8,
         len: usize,
     },
+    /// Registered regions ([`CommBuf`]), read and written where they are: (region, length).
+    Registered {
+        input: (MemHandle, usize),
+        output: (MemHandle, usize),
+    },
+    /// One registered region for both, with [`Bufs::InPlace`]'s convention.
+    RegisteredInPlace {
+        buf: MemHandle,
+        len: usize,
+    },
 }
 
 // SAFETY: a `Borrowed` pair is only created by `Communicator::run`, which blocks without a
@@ -210,15 +220,9 @@ impl Bufs {
                     unsafe { (std::slice::from_raw_parts(*input, *il), std::slice::from_raw_parts(*output, *ol)) };
                 (i, o, Some((*output, *ol)))
             }),
+            Bufs::Registered { .. } | Bufs::RegisteredInPlace { .. } => None,
             Bufs::InPlace { buf, len } => {
-                let rank = rank as usize;
-                let (i_at, o_at) = if in_len < out_len {
-                    (rank * in_len, 0)
-                } else if out_len < in_len {
-                    (0, rank * out_len)
-                } else {
-                    (0, 0)
-                };
+                let (i_at, o_at) = in_place_offsets(in_len, out_len, rank);
                 if *len != in_len.max(out_len) || i_at + in_len > *len || o_at + out_len > *len {
                     return None;
                 }
@@ -234,6 +238,68 @@ impl Bufs {
                 Some((i, o, Some((unsafe { buf.add(o_at) }, out_len))))
             }
         }
+    }
+}
+
+/// Where the input and the output start in one in-place buffer (NCCL's convention: AllGather's
+/// input is this rank's block of the output, ReduceScatter's output this rank's block of the
+/// input; otherwise both at 0).
+fn in_place_offsets(in_len: usize, out_len: usize, rank: u32) -> (usize, usize) {
+    let rank = rank as usize;
+    if in_len < out_len {
+        (rank * in_len, 0)
+    } else if out_len < in_len {
+        (0, rank * out_len)
+    } else {
+        (0, 0)
+    }
+}
+
+/// Memory registered with every NIC of this rank ([`Communicator::alloc`], NCCL's
+/// `ncclMemAlloc` with its buffer registration): collectives on it
+/// ([`Communicator::run_registered`], [`Communicator::run_registered_in_place`]) read and
+/// write it where it is, with no copy into the library's workspace or out of it. It derefs to
+/// its bytes (zeroed at first) and is freed when dropped.
+pub struct CommBuf<'c> {
+    handle: MemHandle,
+    ptr: *mut u8,
+    len: usize,
+    /// Keeps the mapping alive whatever the progress thread does.
+    _region: Arc<r2ccl_ucx::MemRegion>,
+    /// Which communicator registered it.
+    owner: Arc<Shared>,
+    tx: Sender<Req>,
+    waker: Waker,
+    _comm: std::marker::PhantomData<&'c Communicator>,
+}
+
+impl std::fmt::Debug for CommBuf<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommBuf").field("handle", &self.handle).field("len", &self.len).finish()
+    }
+}
+
+impl std::ops::Deref for CommBuf<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `_region` keeps the `len` bytes at `ptr` mapped; the library touches them only
+        // during a collective call, which borrows this buffer for its whole duration.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for CommBuf<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for CommBuf<'_> {
+    fn drop(&mut self) {
+        // The region leaves the transport; its memory goes with the last `Arc`.
+        let _ = self.tx.send(Req::Free(self.handle));
+        self.waker.wake();
     }
 }
 
@@ -286,8 +352,24 @@ pub enum P2p<'a> {
     },
 }
 
+/// A region registered for a caller: its handle, first byte and mapping.
+type Registered = (MemHandle, usize, Arc<r2ccl_ucx::MemRegion>);
+
 enum Req {
-    Coll { work: Work, dtype: DType, count: u64, bufs: Bufs, reply: Sender<Result<(Vec<u8>, CollReport), CommError>> },
+    Coll {
+        work: Work,
+        dtype: DType,
+        count: u64,
+        bufs: Bufs,
+        reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
+    },
+    /// Register a region of this many bytes for a [`CommBuf`].
+    Alloc {
+        len: usize,
+        reply: Sender<Result<Registered, CommError>>,
+    },
+    /// A [`CommBuf`] was dropped.
+    Free(MemHandle),
     Abort(String),
     Shutdown,
 }
@@ -565,6 +647,66 @@ impl Communicator {
         Ok(report)
     }
 
+    /// Register `len` zeroed bytes with every NIC of this rank, for collectives that read and
+    /// write them in place ([`Communicator::run_registered`]).
+    pub fn alloc(&self, len: usize) -> Result<CommBuf<'_>, CommError> {
+        let (reply, rx) = crossbeam_channel::bounded(1);
+        self.tx
+            .send(Req::Alloc { len, reply })
+            .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
+        self.waker.wake();
+        let (handle, ptr, region) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|_| CommError::Aborted("the progress thread did not answer an allocation".into()))??;
+        Ok(CommBuf {
+            handle,
+            ptr: ptr as *mut u8,
+            len,
+            _region: region,
+            owner: self.shared.clone(),
+            tx: self.tx.clone(),
+            waker: self.waker.clone(),
+            _comm: std::marker::PhantomData,
+        })
+    }
+
+    /// Run a collective on registered memory and wait for it: it reads the first bytes of
+    /// `input` and writes the first bytes of `output` where they are (each at least as long as
+    /// the collective's buffer), with no copy in or out.
+    pub fn run_registered(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        input: &CommBuf<'_>,
+        output: &mut CommBuf<'_>,
+    ) -> Result<CollReport, CommError> {
+        self.check_owner(input)?;
+        self.check_owner(output)?;
+        let bufs = Bufs::Registered { input: (input.handle, input.len), output: (output.handle, output.len) };
+        self.run_borrowed(coll, dtype, count, bufs)
+    }
+
+    /// As [`Communicator::run_in_place`], on registered memory read and written where it is.
+    pub fn run_registered_in_place(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        buf: &mut CommBuf<'_>,
+    ) -> Result<CollReport, CommError> {
+        self.check_owner(buf)?;
+        self.run_borrowed(coll, dtype, count, Bufs::RegisteredInPlace { buf: buf.handle, len: buf.len })
+    }
+
+    fn check_owner(&self, buf: &CommBuf<'_>) -> Result<(), CommError> {
+        if Arc::ptr_eq(&buf.owner, &self.shared) {
+            Ok(())
+        } else {
+            Err(CommError::Invalid("a registered buffer of another communicator".into()))
+        }
+    }
+
     /// Run a collective in place and wait for it (NCCL's convention: AllGather reads this
     /// rank's block of `buf`, ReduceScatter writes its result to this rank's block; the others
     /// read and write all of it). `buf` holds the larger of the input and the output.
@@ -673,6 +815,8 @@ struct Current {
     reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
     /// The caller's output buffer of a blocking call (written here, never after the reply).
     borrowed: Option<(*mut u8, usize)>,
+    /// The collective ran on registered memory: its result is in place already.
+    registered: bool,
     out_len: usize,
     strategy: &'static str,
     epoch: u64,
@@ -1215,6 +1359,12 @@ impl Progress {
                     self.set_broken(e.clone());
                     self.fail(&mut current, e);
                 }
+                Ok(Req::Alloc { len, reply }) => {
+                    let _ = reply.send(self.register_for_caller(len));
+                }
+                Ok(Req::Free(h)) => {
+                    let _ = self.transport.deregister(h);
+                }
                 Ok(req) => queue.push_back((Instant::now(), req)),
                 Err(crossbeam_channel::TryRecvError::Empty) => {}
             }
@@ -1255,6 +1405,7 @@ impl Progress {
                 if self.engine.take_finished() == Some(c.seq) {
                     if let Some(c) = current.take() {
                         let out = match c.borrowed {
+                            _ if c.registered => Ok(Vec::new()),
                             Some((ptr, len)) => {
                                 // SAFETY: the caller is blocked in `run` until the reply below.
                                 let dst = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
@@ -1467,11 +1618,36 @@ impl Progress {
             }
         };
         let out_len = sched.output_len as usize;
-        let Some((input, output, borrowed)) = bufs.split(sched.input_len as usize, out_len, self.rank) else {
+        let in_len = sched.input_len as usize;
+        let registered = match bufs {
+            Bufs::Registered { input, output } => Some(((input.0, 0), input.1, (output.0, 0), output.1)),
+            Bufs::RegisteredInPlace { buf, len } => {
+                let (i_at, o_at) = in_place_offsets(in_len, out_len, self.rank);
+                Some(((buf, i_at), len.saturating_sub(i_at), (buf, o_at), len.saturating_sub(o_at)))
+            }
+            _ => None,
+        };
+        if let Some((input, in_room, output, out_room)) = registered {
+            if in_room < in_len || out_room < out_len {
+                let _ = reply.send(Err(CommError::Invalid(format!(
+                    "{} needs a {in_len}-byte input and a {out_len}-byte output (in place: one buffer of the larger), got registered buffers of {in_room} and {out_room} bytes",
+                    work.name(),
+                ))));
+                return None;
+            }
+            let now = self.now();
+            if let Err(e) = self.engine.start_registered(now, &mut self.transport, seq, sched, input, output) {
+                let _ = reply.send(Err(CommError::Failed { seq, why: e.to_string() }));
+                return None;
+            }
+            return Some(self.current(seq, reply, None, true, out_len, strategy));
+        }
+        let Some((input, output, borrowed)) = bufs.split(in_len, out_len, self.rank) else {
             let got = match &bufs {
                 Bufs::Owned { input, output } => format!("got {} and {}", input.len(), output.len()),
                 Bufs::Borrowed { in_len, out_len, .. } => format!("got {in_len} and {out_len}"),
                 Bufs::InPlace { len, .. } => format!("got one in-place buffer of {len}"),
+                Bufs::Registered { .. } | Bufs::RegisteredInPlace { .. } => String::new(),
             };
             let _ = reply.send(Err(CommError::Invalid(format!(
                 "{} needs a {}-byte input and a {}-byte output (in place: one buffer of the larger), {got}",
@@ -1486,17 +1662,40 @@ impl Progress {
             let _ = reply.send(Err(CommError::Failed { seq, why: e.to_string() }));
             return None;
         }
+        Some(self.current(seq, reply, borrowed, false, out_len, strategy))
+    }
+
+    /// The record of collective `seq`, started now.
+    fn current(
+        &self,
+        seq: u64,
+        reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
+        borrowed: Option<(*mut u8, usize)>,
+        registered: bool,
+        out_len: usize,
+        strategy: &'static str,
+    ) -> Current {
         let started = Instant::now();
-        Some(Current {
+        Current {
             seq,
             reply,
             borrowed,
+            registered,
             out_len,
             strategy,
             epoch: self.agreed.epoch().0,
             started,
             deadline: started + self.coll_deadline(),
-        })
+        }
+    }
+
+    /// Register a region for a [`CommBuf`]: its handle, first byte and mapping.
+    fn register_for_caller(&mut self, len: usize) -> Result<Registered, CommError> {
+        let failed = |e: String| CommError::Invalid(format!("registering {len} bytes: {e}"));
+        let h = self.transport.register(len.max(1)).map_err(|e| failed(e.to_string()))?;
+        let ptr = self.transport.region_mut(h).map_err(|e| failed(e.to_string()))?.as_mut_ptr() as usize;
+        let region = self.transport.region_arc(h).ok_or_else(|| failed("no mapping".into()))?;
+        Ok((h, ptr, region))
     }
 
     /// This rank's schedule for a collective: the planner's choice when the layout is one the

@@ -209,7 +209,7 @@ enum StepState {
 struct Exec {
     seq: u64,
     sched: RankSchedule,
-    base: [u64; 3],
+    base: Places,
     /// Per step: for a send whose source region a later step writes, the workspace offset
     /// reserved for a private copy of its bytes (see [`private_sends`]). The copy is
     /// made only if a write it blocks has waited [`PRIVATE_COPY_AFTER`] for the receipt.
@@ -279,7 +279,8 @@ pub struct Engine {
     down_nics: BTreeSet<NicId>,
     health_changed: bool,
     local_nics: usize,
-    last_output_base: usize,
+    /// Where the output of the collective that finished last lies: (region, offset).
+    last_output: Option<(MemHandle, usize)>,
     /// Path health, localization and recovery.
     detector: Detector,
     /// Peers whose same-rail paths the detector watches (added as collectives use them).
@@ -311,8 +312,68 @@ const fn from_detect(p: r2ccl_detect::PathId) -> PathId {
     PathId { local: p.local, peer: p.peer, remote: p.remote }
 }
 
-fn region_abs(base: &[u64; 3], r: &Region) -> u64 {
-    base[r.buf as usize] + r.offset
+/// Where each buffer of a schedule lies, by [`Buf`]: (region, offset of its first byte).
+type Places = [(MemHandle, u64); 3];
+
+/// The region and byte offset of `r`.
+fn place(base: &Places, r: &Region) -> (MemHandle, usize) {
+    let (h, at) = base[r.buf as usize];
+    (h, (at + r.offset) as usize)
+}
+
+/// `to.copy_from_slice(from)`, as a [`move_bytes`] combiner.
+fn copy_into(to: &mut [u8], from: &[u8]) -> Result<(), EngineError> {
+    to.copy_from_slice(from);
+    Ok(())
+}
+
+/// Apply `combine(dst bytes, src bytes)` to `len` bytes at `src` and `dst` (region, offset),
+/// within one region or across two. A copy onto itself does nothing; an overlapping reduce
+/// reads a copy of its source. `what` names the step's source in errors.
+fn move_bytes<T: Transport + ?Sized>(
+    t: &mut T,
+    src: (MemHandle, usize),
+    dst: (MemHandle, usize),
+    len: usize,
+    reduce: bool,
+    what: Region,
+    combine: impl Fn(&mut [u8], &[u8]) -> Result<(), EngineError>,
+) -> Result<(), EngineError> {
+    let ((hs, s), (hd, d)) = (src, dst);
+    let bad = || EngineError::BadRegion(what);
+    if hs == hd {
+        let ws = t.region_mut(hs)?;
+        if s.checked_add(len).is_none_or(|e| e > ws.len()) || d.checked_add(len).is_none_or(|e| e > ws.len()) {
+            return Err(bad());
+        }
+        if s == d && !reduce {
+            return Ok(());
+        }
+        if !reduce {
+            ws.copy_within(s..s + len, d);
+        } else if s >= d + len {
+            let (a, b) = ws.split_at_mut(s);
+            combine(&mut a[d..d + len], &b[..len])?;
+        } else if d >= s + len {
+            let (a, b) = ws.split_at_mut(d);
+            combine(&mut b[..len], &a[s..s + len])?;
+        } else {
+            let from = ws[s..s + len].to_vec();
+            combine(&mut ws[d..d + len], &from)?;
+        }
+        return Ok(());
+    }
+    match t.region_pair(hs, hd) {
+        Ok((a, b)) => {
+            let from = a.get(s..s + len).ok_or_else(bad)?;
+            combine(b.get_mut(d..d + len).ok_or_else(bad)?, from)
+        }
+        Err(r2ccl_transport::TransportError::NoRegionPair { .. }) => {
+            let from = t.region(hs)?.get(s..s + len).ok_or_else(bad)?.to_vec();
+            combine(t.region_mut(hd)?.get_mut(d..d + len).ok_or_else(bad)?, &from)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// How long a write waits for the receipts of the sends whose bytes it overwrites before
@@ -364,7 +425,7 @@ impl Engine {
             down_nics: BTreeSet::new(),
             health_changed: false,
             local_nics,
-            last_output_base: 0,
+            last_output: None,
             detector,
             watched: BTreeSet::new(),
             detect_reqs: BTreeMap::new(),
@@ -496,6 +557,8 @@ impl Engine {
 
     /// Start collective `seq` with this rank's schedule: `input` is the send buffer,
     /// `output` the receive buffer's current contents (kept where the collective does not write).
+    /// Both are copied into (and the result out of, [`Engine::output_into`]) the engine's
+    /// workspace; [`Engine::start_registered`] works on registered regions instead.
     pub fn start<T: Transport + ?Sized>(
         &mut self,
         now: Duration,
@@ -514,24 +577,9 @@ impl Engine {
         if output.len() as u64 != sched.output_len {
             return Err(EngineError::BufferSize { got: output.len(), want: sched.output_len });
         }
-        let base = [0, sched.input_len, sched.input_len + sched.output_len];
-        let mut end = base[2] + sched.scratch_len;
-        let n = sched.steps().len();
-        let mut staging = vec![None; n];
-        // Sends from regions that later steps overwrite keep their bytes until the receiver
-        // confirms them: the writes wait (parked). Each gets room for a private copy, made
-        // only when a parked write waits too long (a receipt held up by a failure), so a
-        // replay still finds the bytes that were first sent.
-        let blockers = overwritten_sends(&sched);
-        let copy_at_send = sends_copied_at_once(&sched, &blockers);
-        for (i, private) in private_sends(&blockers).into_iter().enumerate() {
-            if let (true, StepKind::Send { src, .. }) = (private, sched.steps()[i].kind) {
-                staging[i] = Some(end);
-                end += src.len;
-            }
-        }
-        let len = usize::try_from(end).map_err(|_| EngineError::BufferSize { got: usize::MAX, want: end })?;
-        let h = self.ensure_workspace(t, len)?;
+        let scratch_at = sched.input_len + sched.output_len;
+        let (h, staging) = self.workspace_for(t, &sched, scratch_at)?;
+        let base = [(h, 0), (h, sched.input_len), (h, scratch_at)];
         // Copies out of the input that wait for nothing run now, straight from the caller's
         // bytes (a ring AllReduce starts with input -> output); the input goes into the
         // workspace only if another step reads it. That saves one pass over the buffer.
@@ -555,11 +603,92 @@ impl Engine {
             }
             for (i, _) in direct.iter().enumerate().filter(|(_, &d)| d) {
                 let StepKind::Copy { src, dst } = sched.steps()[i].kind else { continue };
-                let (s, d, l) = (src.offset as usize, region_abs(&base, &dst) as usize, src.len as usize);
+                let (s, (_, d), l) = (src.offset as usize, place(&base, &dst), src.len as usize);
                 let from = input.get(s..s + l).ok_or(EngineError::BadRegion(src))?;
                 ws.get_mut(d..d + l).ok_or(EngineError::BadRegion(dst))?.copy_from_slice(from);
             }
         }
+        self.begin(now, t, seq, sched, base, staging, &direct)
+    }
+
+    /// As [`Engine::start`], but the input and the output are registered regions, given as
+    /// (region, offset of the buffer's first byte): the collective reads and writes them in
+    /// place (no copy in or out; in place when both are the same bytes). The workspace holds
+    /// only scratch space and the sends' private copies.
+    pub fn start_registered<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        seq: u64,
+        sched: RankSchedule,
+        input: (MemHandle, usize),
+        output: (MemHandle, usize),
+    ) -> Result<(), EngineError> {
+        if let Some(x) = &self.exec {
+            return Err(EngineError::Busy(x.seq));
+        }
+        for ((h, at), want) in [(input, sched.input_len), (output, sched.output_len)] {
+            let size = t.region(h)?.len();
+            if (at as u64).saturating_add(want) > size as u64 {
+                return Err(EngineError::BufferSize { got: size.saturating_sub(at), want });
+            }
+        }
+        let (i_at, o_at) = (input.1 as u64, output.1 as u64);
+        let overlap = input.0 == output.0 && i_at < o_at + sched.output_len && o_at < i_at + sched.input_len;
+        // A schedule that reads its input after writing over it gets a copy of the input.
+        let copy_input = overlap && !runs_in_place(&sched, i_at, o_at);
+        let scratch_at = if copy_input { sched.input_len } else { 0 };
+        let (h, staging) = self.workspace_for(t, &sched, scratch_at)?;
+        let mut base = [(input.0, i_at), (output.0, o_at), (h, scratch_at)];
+        if copy_input {
+            let what = Region { buf: Buf::Input, offset: 0, len: sched.input_len };
+            move_bytes(t, input, (h, 0), sched.input_len as usize, false, what, copy_into)?;
+            base[Buf::Input as usize] = (h, 0);
+        }
+        self.begin(now, t, seq, sched, base, staging, &[])
+    }
+
+    /// The workspace for `sched` with its scratch space at `scratch_at`, followed by room for
+    /// the private copy of every send whose bytes a later step overwrites; and those offsets.
+    fn workspace_for<T: Transport + ?Sized>(
+        &mut self,
+        t: &mut T,
+        sched: &RankSchedule,
+        scratch_at: u64,
+    ) -> Result<(MemHandle, Vec<Option<u64>>), EngineError> {
+        let mut end = scratch_at + sched.scratch_len;
+        let mut staging = vec![None; sched.steps().len()];
+        for (i, private) in private_sends(&overwritten_sends(sched)).into_iter().enumerate() {
+            if let (true, StepKind::Send { src, .. }) = (private, sched.steps()[i].kind) {
+                staging[i] = Some(end);
+                end += src.len;
+            }
+        }
+        let len = usize::try_from(end).map_err(|_| EngineError::BufferSize { got: usize::MAX, want: end })?;
+        Ok((self.ensure_workspace(t, len)?, staging))
+    }
+
+    /// Set up and start a collective whose buffers lie at `base`; `direct` marks steps that
+    /// already ran (copies out of the caller's input; empty: none).
+    #[allow(clippy::too_many_arguments, reason = "the two start paths hand over what they set up")]
+    fn begin<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+        seq: u64,
+        sched: RankSchedule,
+        base: Places,
+        staging: Vec<Option<u64>>,
+        direct: &[bool],
+    ) -> Result<(), EngineError> {
+        let n = sched.steps().len();
+        let is_direct = |i: usize| direct.get(i).copied().unwrap_or(false);
+        // Sends from regions that later steps overwrite keep their bytes until the receiver
+        // confirms them: the writes wait (parked). Each has room for a private copy, made only
+        // when a parked write waits too long (a receipt held up by a failure), so a replay
+        // still finds the bytes that were first sent.
+        let blockers = overwritten_sends(&sched);
+        let copy_at_send = sends_copied_at_once(&sched, &blockers);
         // Dense per-pair message numbers: both ends sort the same tag set the same way.
         let mut send_tags: BTreeMap<Rank, Vec<(u64, usize)>> = BTreeMap::new();
         let mut recv_tags: BTreeMap<Rank, Vec<(u64, usize)>> = BTreeMap::new();
@@ -599,7 +728,7 @@ impl Engine {
                 by_recv.insert(key, i);
             }
         }
-        let ready: VecDeque<usize> = (0..n).filter(|&i| remaining[i] == 0 && !direct[i]).collect();
+        let ready: VecDeque<usize> = (0..n).filter(|&i| remaining[i] == 0 && !is_direct(i)).collect();
         self.early_receipts.retain(|k| k.seq >= seq);
         self.exec = Some(Exec {
             seq,
@@ -622,7 +751,7 @@ impl Engine {
             done: 0,
             unacked: BTreeSet::new(),
         });
-        for (i, _) in direct.iter().enumerate().filter(|(_, &d)| d) {
+        for i in (0..n).filter(|&i| is_direct(i)) {
             self.complete_step(i);
         }
         tracing::debug!(target: subsys::COLL, rank = %self.rank, seq, steps = n, "collective started");
@@ -654,18 +783,18 @@ impl Engine {
 
     /// The output buffer of the collective that finished last.
     pub fn output<T: Transport + ?Sized>(&self, t: &T, len: usize) -> Result<Vec<u8>, EngineError> {
-        let (h, _) = self.work.ok_or(EngineError::BufferSize { got: 0, want: len as u64 })?;
+        let (h, at) = self.last_output.ok_or(EngineError::BufferSize { got: 0, want: len as u64 })?;
         let ws = t.region(h)?;
-        Ok(ws.get(self.last_output_base..self.last_output_base + len).map(<[u8]>::to_vec).unwrap_or_default())
+        Ok(ws.get(at..at + len).map(<[u8]>::to_vec).unwrap_or_default())
     }
 
     /// Copy the output buffer of the collective that finished last into `dst`.
     pub fn output_into<T: Transport + ?Sized>(&self, t: &T, dst: &mut [u8]) -> Result<(), EngineError> {
-        let (h, _) = self.work.ok_or(EngineError::BufferSize { got: 0, want: dst.len() as u64 })?;
+        let (h, at) = self.last_output.ok_or(EngineError::BufferSize { got: 0, want: dst.len() as u64 })?;
         let ws = t.region(h)?;
         let src = ws
-            .get(self.last_output_base..self.last_output_base + dst.len())
-            .ok_or(EngineError::BufferSize { got: ws.len(), want: (self.last_output_base + dst.len()) as u64 })?;
+            .get(at..at + dst.len())
+            .ok_or(EngineError::BufferSize { got: ws.len(), want: (at + dst.len()) as u64 })?;
         dst.copy_from_slice(src);
         Ok(())
     }
@@ -701,44 +830,22 @@ impl Engine {
         }
     }
 
-    fn local_op<T: Transport + ?Sized>(
-        t: &mut T,
-        h: MemHandle,
-        base: &[u64; 3],
-        x: &Exec,
-        i: usize,
-    ) -> Result<(), EngineError> {
+    fn local_op<T: Transport + ?Sized>(t: &mut T, x: &Exec, i: usize) -> Result<(), EngineError> {
         let (src, dst, reduce) = match x.sched.steps()[i].kind {
             StepKind::Copy { src, dst } => (src, dst, false),
             StepKind::Reduce { src, dst } => (src, dst, true),
             _ => return Ok(()),
         };
-        let ws = t.region_mut(h)?;
-        let (s, d) = (region_abs(base, &src) as usize, region_abs(base, &dst) as usize);
-        let len = src.len as usize;
-        if s + len > ws.len() || d + len > ws.len() {
-            return Err(EngineError::BadRegion(src));
-        }
-        if !reduce {
-            ws.copy_within(s..s + len, d);
-            return Ok(());
-        }
-        Self::reduce_in(ws, x, s, d, len)
-    }
-
-    fn reduce_in(ws: &mut [u8], x: &Exec, s: usize, d: usize, len: usize) -> Result<(), EngineError> {
         let (dtype, op) = (x.sched.dtype, x.sched.op);
-        if s >= d + len {
-            let (a, b) = ws.split_at_mut(s);
-            reduce_bytes(dtype, op, &mut a[d..d + len], &b[..len])?;
-        } else if d >= s + len {
-            let (a, b) = ws.split_at_mut(d);
-            reduce_bytes(dtype, op, &mut b[..len], &a[s..s + len])?;
-        } else {
-            let src = ws[s..s + len].to_vec();
-            reduce_bytes(dtype, op, &mut ws[d..d + len], &src)?;
-        }
-        Ok(())
+        let combine = |to: &mut [u8], from: &[u8]| -> Result<(), EngineError> {
+            if reduce {
+                reduce_bytes(dtype, op, to, from)?;
+            } else {
+                to.copy_from_slice(from);
+            }
+            Ok(())
+        };
+        move_bytes(t, place(&x.base, &src), place(&x.base, &dst), src.len as usize, reduce, src, combine)
     }
 
     /// Parked writes whose blockers are resolved become ready. A blocker whose chunks have all
@@ -765,12 +872,8 @@ impl Engine {
                     continue;
                 }
                 let StepKind::Send { src, .. } = x.sched.steps()[j].kind else { continue };
-                let (from, len, stage) = (region_abs(&x.base, &src) as usize, src.len as usize, stage as usize);
-                let ws = t.region_mut(h)?;
-                if from + len > ws.len() || stage + len > ws.len() {
-                    return Err(EngineError::BadRegion(src));
-                }
-                ws.copy_within(from..from + len, stage);
+                let stage = stage as usize;
+                move_bytes(t, place(&x.base, &src), (h, stage), src.len as usize, false, src, copy_into)?;
                 self.session.rebase_send(t, key, Buffer { region: h, offset: stage, len: src.len })?;
                 x.rebased[j] = true;
                 self.moved_sends += 1;
@@ -803,7 +906,7 @@ impl Engine {
             let base = x.base;
             match x.sched.steps()[i].kind {
                 StepKind::Copy { .. } | StepKind::Reduce { .. } => {
-                    Self::local_op(t, h, &base, x, i)?;
+                    Self::local_op(t, x, i)?;
                     self.complete_step(i);
                 }
                 StepKind::Send { peer: _, src, split, .. } => {
@@ -824,15 +927,14 @@ impl Engine {
                     if weights.iter().all(|&w| w == 0) {
                         weights.iter_mut().for_each(|w| *w = 1);
                     }
-                    let mut offset = region_abs(&base, &src) as usize;
+                    let (mut region, mut offset) = place(&base, &src);
                     if let (true, Some(stage)) = (x.copy_at_send[i], x.staging[i]) {
-                        let ws = t.region_mut(h)?;
                         let stage = stage as usize;
-                        ws.copy_within(offset..offset + src.len as usize, stage);
-                        offset = stage;
+                        move_bytes(t, (region, offset), (h, stage), src.len as usize, false, src, copy_into)?;
+                        (region, offset) = (h, stage);
                         x.rebased[i] = true;
                     }
-                    let buf = Buffer { region: h, offset, len: src.len };
+                    let buf = Buffer { region, offset, len: src.len };
                     match self.session.start_send(now, t, key, buf, &weights) {
                         Ok(_) => {
                             // A receipt can beat its send here (an empty transfer completes at
@@ -860,7 +962,8 @@ impl Engine {
                 }
                 StepKind::Recv { dst, reduce, .. } => {
                     let key = x.keys[i].ok_or(EngineError::BadRegion(dst))?;
-                    let buf = Buffer { region: h, offset: region_abs(&base, &dst) as usize, len: dst.len };
+                    let (region, offset) = place(&base, &dst);
+                    let buf = Buffer { region, offset, len: dst.len };
                     if reduce {
                         // Each chunk is reduced into place as it arrives (exactly once): no
                         // staging copy, and the chunk is still in cache.
@@ -877,11 +980,13 @@ impl Engine {
         if finished {
             if let Some(x) = self.exec.take() {
                 if let Some((r, n)) = x.sched.finalize {
-                    let ws = t.region_mut(h)?;
-                    let a = region_abs(&x.base, &r) as usize;
-                    finalize_avg_bytes(x.sched.dtype, &mut ws[a..a + r.len as usize], n)?;
+                    let (region, a) = place(&x.base, &r);
+                    let bytes =
+                        t.region_mut(region)?.get_mut(a..a + r.len as usize).ok_or(EngineError::BadRegion(r))?;
+                    finalize_avg_bytes(x.sched.dtype, bytes, n)?;
                 }
-                self.last_output_base = x.base[Buf::Output as usize] as usize;
+                let (region, at) = x.base[Buf::Output as usize];
+                self.last_output = Some((region, at as usize));
                 self.finished = Some(x.seq);
                 tracing::debug!(target: subsys::COLL, rank = %self.rank, seq = x.seq, "collective finished");
             }
@@ -1516,6 +1621,17 @@ fn copies_from_input_now(sched: &RankSchedule) -> Vec<bool> {
         .collect()
 }
 
+/// Whether `sched` stays correct when its input and output are the same memory, the input at
+/// byte `in_at` and the output at `out_at` of one region (NCCL's in-place call): every step
+/// that touches the input is a copy that waits for nothing onto the very same bytes.
+fn runs_in_place(sched: &RankSchedule, in_at: u64, out_at: u64) -> bool {
+    sched.steps().iter().enumerate().filter(|(_, s)| touches_input(s)).all(|(i, s)| {
+        matches!(s.kind, StepKind::Copy { src, dst }
+            if src.buf == Buf::Input && dst.buf == Buf::Output && in_at + src.offset == out_at + dst.offset)
+            && sched.deps(i).is_empty()
+    })
+}
+
 /// Whether a step reads or writes the input buffer.
 fn touches_input(s: &Step) -> bool {
     match s.kind {
@@ -1525,15 +1641,12 @@ fn touches_input(s: &Step) -> bool {
     }
 }
 
-/// Per step of `sched`: whether it is a send whose source bytes a later step may overwrite
-/// (a receive, copy or reduce into an overlapping region). Such a send must go out of a
-/// private copy: the engine counts a send done once posted, and a replay after a failure
-/// must find the bytes first sent. Every other send can go straight from its region, which
-/// keeps its bytes to the end of the collective. Schedules list steps in a valid program order
-/// and order every write after the reads before it, so a writer that may run after a send
-/// comes later in the list. One backward sweep with a merged interval set per buffer.
 /// For each step that writes (receive, copy, reduce), the earlier sends whose source bytes it
-/// overwrites; empty for every other step.
+/// overwrites; empty for every other step. The engine counts a send done once posted, and a
+/// replay after a failure must find the bytes first sent, so such a write waits until the send
+/// is confirmed or has moved to a private copy. Schedules list steps in a valid program order
+/// and order every write after the reads before it, so a writer that may run after a send
+/// comes later in the list. One forward sweep with the sends so far indexed by offset.
 fn overwritten_sends(sched: &RankSchedule) -> Vec<Vec<u32>> {
     let steps = sched.steps();
     let mut out = vec![Vec::new(); steps.len()];

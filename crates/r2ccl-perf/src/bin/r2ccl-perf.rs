@@ -3,7 +3,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr, reason = "a command-line tool reports on the terminal")]
 
 use anyhow::{anyhow, bail, Context, Result};
-use r2ccl::comm::{CommOptions, Communicator, P2p};
+use r2ccl::comm::{CommBuf, CommOptions, Communicator, P2p};
 use r2ccl_algo::Collective;
 use r2ccl_core::kernels::{finalize_avg_bytes, reduce_bytes};
 use r2ccl_core::{DType, Rank, ReduceOp};
@@ -18,6 +18,7 @@ const USAGE: &str = "usage:
                                                   start N ranks on this host over loopback (K NICs each)
 collectives: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv
 flags (as nccl-tests): -b MIN -e MAX -f FACTOR -i STEP -n ITERS -w WARMUP -c CHECK -o OP -d TYPE -r ROOT
+                       -R 1 (buffers registered with the communicator, read and written in place; not sendrecv)
                        -N CYCLES (0 = timeline: run until --duration, print bus bandwidth every second) -T TIMEOUT --json FILE
 --fail SPEC is an R2CCL_FAULT spec, e.g. 'rank=1,nic=0,after_ms=1500,kind=down'
 drills: --kill-rank R:N (rank R exits before its N-th collective), --skew-rank R (rank R passes a different count)";
@@ -295,21 +296,55 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                         let out_init = if in_place { in_place_init(&c, rank) } else { vec![0u8; c.out_len] };
                         // In place: the receive buffer starts as the send buffer and is passed as both.
                         let mut last = out_init.clone();
+                        // -R 1: the same buffers, registered with the communicator.
+                        let mut reg = if args.registered && !c.ring_p2p {
+                            Some(Registered::new(&comm, &c, in_place, &out_init)?)
+                        } else {
+                            None
+                        };
                         for _ in 0..args.warmup {
                             drill(&extra, rank, &mut calls);
-                            last.copy_from_slice(&out_init);
-                            run_once(&comm, &c, dtype, in_place, &mut last)?;
+                            match &mut reg {
+                                Some(r) => {
+                                    r.output[..out_init.len()].copy_from_slice(&out_init);
+                                    r.run(&comm, &c, dtype)?;
+                                }
+                                None => {
+                                    last.copy_from_slice(&out_init);
+                                    run_once(&comm, &c, dtype, in_place, &mut last)?;
+                                }
+                            }
                         }
-                        // Only the collectives are timed, not the reset of the in-place buffer.
+                        // As nccl-tests: the timed collectives run back to back (in place, each
+                        // on the previous one's result); in place, one more run from the reset
+                        // buffer, untimed, gives the result that is checked. A reset between
+                        // timed runs would take the CPU from the other ranks' collectives.
                         let mut spent = Duration::ZERO;
                         for _ in 0..args.iters {
                             drill(&extra, rank, &mut calls);
-                            if in_place {
-                                last.copy_from_slice(&out_init);
-                            }
                             let t = Instant::now();
-                            run_once(&comm, &c, dtype, in_place, &mut last)?;
+                            match &mut reg {
+                                Some(r) => r.run(&comm, &c, dtype)?,
+                                None => run_once(&comm, &c, dtype, in_place, &mut last)?,
+                            }
                             spent += t.elapsed();
+                        }
+                        if in_place {
+                            drill(&extra, rank, &mut calls);
+                            match &mut reg {
+                                Some(r) => {
+                                    r.output[..out_init.len()].copy_from_slice(&out_init);
+                                    r.run(&comm, &c, dtype)?;
+                                }
+                                None => {
+                                    last.copy_from_slice(&out_init);
+                                    run_once(&comm, &c, dtype, in_place, &mut last)?;
+                                }
+                            }
+                        }
+                        if let Some(r) = &reg {
+                            let n = last.len();
+                            last.copy_from_slice(&r.output[..n]);
                         }
                         let secs = spent.as_secs_f64() / f64::from(args.iters);
                         let result = if in_place { in_place_result(&c, rank, &last) } else { &last[..] };
@@ -351,6 +386,36 @@ fn rank_main(argv: &[String]) -> Result<bool> {
 
 /// One blocking collective; in place, the output buffer is also the input.
 /// One collective; in place, `out` is the single buffer NCCL's in-place convention uses.
+/// The buffers of one case under `-R 1`, registered with the communicator: the input (none in
+/// place) and the output (in place: the one buffer, holding the larger of the two).
+struct Registered<'c> {
+    input: Option<CommBuf<'c>>,
+    output: CommBuf<'c>,
+}
+
+impl<'c> Registered<'c> {
+    fn new(comm: &'c Communicator, c: &Case, in_place: bool, out_init: &[u8]) -> Result<Self> {
+        let mut output = comm.alloc(out_init.len())?;
+        output.copy_from_slice(out_init);
+        let input = if in_place {
+            None
+        } else {
+            let mut input = comm.alloc(c.input.len())?;
+            input.copy_from_slice(&c.input);
+            Some(input)
+        };
+        Ok(Self { input, output })
+    }
+
+    fn run(&mut self, comm: &Communicator, c: &Case, dtype: DType) -> Result<()> {
+        match &self.input {
+            Some(input) => comm.run_registered(c.coll, dtype, c.count, input, &mut self.output)?,
+            None => comm.run_registered_in_place(c.coll, dtype, c.count, &mut self.output)?,
+        };
+        Ok(())
+    }
+}
+
 fn run_once(comm: &Communicator, c: &Case, dtype: DType, in_place: bool, out: &mut [u8]) -> Result<()> {
     if c.ring_p2p {
         // In place, the send buffer is the receive buffer: send what it holds before the call.
