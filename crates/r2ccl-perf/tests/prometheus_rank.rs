@@ -77,13 +77,14 @@ fn prometheus_scrapes_a_running_rank() {
     )
     .unwrap();
     let web = format!("127.0.0.1:{}", free_port());
+    let prom_log = dir.join("prometheus.log");
     kids.0.push(
         Command::new(prom)
             .arg(format!("--config.file={}", config.display()))
             .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
             .arg(format!("--web.listen-address={web}"))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&prom_log).unwrap())
             .spawn()
             .unwrap(),
     );
@@ -103,6 +104,13 @@ fn prometheus_scrapes_a_running_rank() {
         }
     }
     drop(kids);
+    // What Prometheus said (the last lines), for a failure that is Prometheus's own.
+    let log = std::fs::read_to_string(&prom_log).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(8).collect();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(ok, "Prometheus did not see the rank's series within 60 s; names: {names}; nic_up==0: {down}");
+    assert!(
+        ok,
+        "Prometheus did not see the rank's series within 60 s; names: {names}; nic_up==0: {down}; its log ends: {:?}",
+        tail.into_iter().rev().collect::<Vec<_>>()
+    );
 }

@@ -205,6 +205,14 @@ pub trait Transport {
         Err(TransportError::NoRegionPair { src, dst })
     }
 
+    /// Whether a send this backend still runs (posted, or given up but not ended, as UCX 1.13
+    /// sends cannot be stopped) may read bytes `offset..offset + len` of `handle`. The default
+    /// says no: a backend that copies a send's bytes when it is posted never reads them later.
+    fn reads_region(&self, handle: MemHandle, offset: usize, len: usize) -> bool {
+        let _ = (handle, offset, len);
+        false
+    }
+
     /// Posts a send on `path` of `header` followed by `len` bytes at `offset` of `src`. The
     /// region's bytes must stay unchanged until the send completes: a backend may read them from
     /// the region while the send is in flight (UCX does, for large ranges). It may send the

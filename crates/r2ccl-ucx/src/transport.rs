@@ -1220,6 +1220,21 @@ impl Transport for UcxTransport {
         Ok(unsafe { r.as_mut_slice_unchecked() })
     }
 
+    fn reads_region(&self, handle: MemHandle, offset: usize, len: usize) -> bool {
+        let Some(region) = self.regions.get(&handle) else { return false };
+        let end = offset.saturating_add(len);
+        let hit = |slice: &RegionSlice| {
+            let r = slice.range();
+            Arc::ptr_eq(slice.region(), region) && !slice.is_alias() && r.start < end && offset < r.end
+        };
+        let in_buf = |b: Option<&DataBuf>| matches!(b, Some(DataBuf::Region(s)) if hit(s));
+        self.out.values().any(|o| match &o.state {
+            State::Live(r) => o.kind == Kind::SplitSend && in_buf(r.buffer()),
+            State::Held(Held::Split(_, s)) => hit(s),
+            _ => false,
+        }) || self.detached_data.iter().any(|r| in_buf(r.buffer()))
+    }
+
     fn region_pair(&mut self, src: MemHandle, dst: MemHandle) -> Result<(&[u8], &mut [u8]), TransportError> {
         if src == dst {
             return Err(TransportError::NoRegionPair { src, dst });

@@ -857,23 +857,31 @@ impl Engine {
         if x.parked.is_empty() {
             return Ok(());
         }
-        let waiting: Vec<usize> = x.parked.iter().map(|&(i, _)| i).collect();
+        // Receipts normally beat PRIVATE_COPY_AFTER: only writes parked that long look further.
+        let waiting: Vec<usize> =
+            x.parked.iter().filter(|(_, at)| now >= *at + PRIVATE_COPY_AFTER).map(|&(i, _)| i).collect();
         for w in waiting {
             for j in x.blockers[w].clone() {
                 let j = j as usize;
                 let (Some(key), Some(stage)) = (x.keys[j], x.staging[j]) else { continue };
+                let StepKind::Send { src, .. } = x.sched.steps()[j].kind else { continue };
                 if x.rebased[j] || !x.unacked.contains(&key) {
                     continue;
                 }
-                if x.drained_at[j].is_none() && self.session.is_send_drained(key) {
-                    x.drained_at[j] = Some(now);
-                }
-                if x.drained_at[j].is_none_or(|at| now < at + PRIVATE_COPY_AFTER) {
+                // Every chunk gone, by the session's count and the backend's (UCX may still read
+                // for a send it was told to give up), and since PRIVATE_COPY_AFTER: a replay after
+                // a failure puts chunks in flight again, and the wait starts over.
+                let (region, at) = place(&x.base, &src);
+                if !self.session.is_send_drained(key) || t.reads_region(region, at, src.len as usize) {
+                    x.drained_at[j] = None;
                     continue;
                 }
-                let StepKind::Send { src, .. } = x.sched.steps()[j].kind else { continue };
+                let since = *x.drained_at[j].get_or_insert(now);
+                if now < since + PRIVATE_COPY_AFTER {
+                    continue;
+                }
                 let stage = stage as usize;
-                move_bytes(t, place(&x.base, &src), (h, stage), src.len as usize, false, src, copy_into)?;
+                move_bytes(t, (region, at), (h, stage), src.len as usize, false, src, copy_into)?;
                 self.session.rebase_send(t, key, Buffer { region: h, offset: stage, len: src.len })?;
                 x.rebased[j] = true;
                 self.moved_sends += 1;

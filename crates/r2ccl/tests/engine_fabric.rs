@@ -280,7 +280,7 @@ fn late_receipts_move_sends_to_their_private_copies_and_results_stay_exact() {
         // Receipts take longer than a write waits for them past the send's last chunk.
         c.ctrl_delay = r2ccl::engine::PRIVATE_COPY_AFTER * 4;
         if fail {
-            c.fabric.schedule(Duration::from_millis(2), FaultAction::NicDown(NicId::new(2, 1)));
+            c.fabric.schedule(Duration::from_micros(500), FaultAction::NicDown(NicId::new(2, 1)));
         }
         for seq in 1..=2u64 {
             let count = 1 << 18;
