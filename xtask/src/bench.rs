@@ -60,7 +60,7 @@ const FAULT_NIC: u32 = 0;
 /// The per-message latency the communicator's planner assumes, us (`LOOPBACK_ALPHA_S`).
 const LIBRARY_ALPHA_US: &str = "20";
 /// The r2ccl curve of the `loopback` part that its ratios and targets use.
-const R2CCL_TARGET_CURVE: &str = "r2ccl -R 1 in place";
+const LOOPBACK_TARGET_CURVE: &str = "r2ccl -R 1 in place";
 /// The forced strategies of the `strategies` part (`auto` = the library's own choice).
 const STRATEGIES: [&str; 5] = ["auto", "single_backup", "balance", "r2ccl_allreduce", "four_stage"];
 
@@ -1684,7 +1684,7 @@ fn part_loopback(ctx: &Ctx) -> Result<PartResult> {
                         busbw: r.busbw_in_place,
                         wrong: r.wrong,
                     });
-                    curves.push((format!("{R2CCL_TARGET_CURVE} ({nics} NIC)"), inp.collect()));
+                    curves.push((format!("{LOOPBACK_TARGET_CURVE} ({nics} NIC)"), inp.collect()));
                 } else {
                     curves.push((format!("r2ccl out of place ({nics} NIC)"), oop.collect()));
                 }
@@ -1778,7 +1778,7 @@ fn part_loopback(ctx: &Ctx) -> Result<PartResult> {
 
     // Table and targets.
     let at = |rows: &[PeerRow], size: u64| rows.iter().find(|r| r.size == size).cloned();
-    let r2 = curves.iter().find(|(n, _)| n.starts_with(R2CCL_TARGET_CURVE)).map(|(_, r)| r.clone()).unwrap_or_default();
+    let r2 = curves.iter().find(|(n, _)| n.starts_with(LOOPBACK_TARGET_CURVE)).map(|(_, r)| r.clone()).unwrap_or_default();
     let peers: Vec<&(String, Vec<PeerRow>)> = curves.iter().filter(|(n, _)| !n.starts_with("r2ccl")).collect();
     let mut table = String::from("| size |");
     for (n, _) in &curves {

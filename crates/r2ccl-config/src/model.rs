@@ -75,11 +75,20 @@ pub struct TransportConfig {
     /// (100000 where the driver reports none). Set it where the driver's figure is not the
     /// real rate (shaped or virtual links).
     pub nic_speed_mbps: u64,
+    /// Receive segment of UCX's TCP transport, bytes (`UCX_TCP_RX_SEG_SIZE`): the largest
+    /// active message, so a rendezvous payload arrives in pieces of this size.
+    pub tcp_rx_segment_bytes: u64,
 }
 
 impl Default for TransportConfig {
     fn default() -> Self {
-        Self { nics: Vec::new(), chunk_bytes: 1 << 20, max_inflight_chunks: 8, nic_speed_mbps: 0 }
+        Self {
+            nics: Vec::new(),
+            chunk_bytes: 1 << 20,
+            max_inflight_chunks: 8,
+            nic_speed_mbps: 0,
+            tcp_rx_segment_bytes: 1 << 20,
+        }
     }
 }
 
@@ -217,6 +226,7 @@ impl Config {
             });
         }
         range("transport.max_inflight_chunks", t.max_inflight_chunks, 1, 1024, "")?;
+        range("transport.tcp_rx_segment_bytes", t.tcp_rx_segment_bytes, 8192, 1 << 26, " bytes")?;
         if t.nic_speed_mbps != 0 {
             range("transport.nic_speed_mbps", t.nic_speed_mbps, 1, 100_000_000, " Mbit/s (or 0: from sysfs)")?;
         }

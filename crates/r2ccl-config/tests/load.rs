@@ -85,6 +85,10 @@ fn out_of_range_names_key_value_and_range() {
     assert!(msg.contains("detect.good_probes") && msg.contains("value 0") && msg.contains("1..=1000"), "{msg}");
     let msg = load_from(env(&[("R2CCL_TRANSPORT__CHUNK_BYTES", "3000000")])).unwrap_err().to_string();
     assert!(msg.contains("transport.chunk_bytes") && msg.contains("power of two"), "{msg}");
+    let msg = load_from(env(&[("R2CCL_TRANSPORT__TCP_RX_SEGMENT_BYTES", "4096")])).unwrap_err().to_string();
+    assert!(msg.contains("transport.tcp_rx_segment_bytes") && msg.contains("8192..=67108864"), "{msg}");
+    let cfg = load_from(env(&[("R2CCL_TRANSPORT__TCP_RX_SEGMENT_BYTES", "262144")])).unwrap();
+    assert_eq!(cfg.transport.tcp_rx_segment_bytes, 262_144);
     let msg = load_from(env(&[("R2CCL_DEBUG", "LOUD")])).unwrap_err().to_string();
     assert!(msg.contains("log.level") && msg.contains("LOUD") && msg.contains("TRACE"), "{msg}");
     let msg = load_from(env(&[("R2CCL_POLICY__STRATEGY", "magic")])).unwrap_err().to_string();

@@ -59,7 +59,7 @@ mod request;
 mod transport;
 mod worker;
 
-pub use context::{Context, ContextConfig, KeepAlive};
+pub use context::{Context, ContextConfig, KeepAlive, DEFAULT_RX_SEGMENT};
 pub use endpoint::Endpoint;
 pub use error::{Status, UcxError};
 pub use fault::{parse_faults, FaultKind, FaultParseError, FaultSpec};

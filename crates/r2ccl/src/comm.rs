@@ -895,7 +895,14 @@ impl Progress {
         let mut ucfg = UcxTransportConfig {
             rank: Rank(opts.rank),
             node,
-            nics: opts.nics.iter().map(|d| ContextConfig::tcp(d.clone())).collect(),
+            nics: opts
+                .nics
+                .iter()
+                .map(|d| ContextConfig {
+                    rx_segment: usize::try_from(cfg.transport.tcp_rx_segment_bytes).ok(),
+                    ..ContextConfig::tcp(d.clone())
+                })
+                .collect(),
             faults: Vec::new(),
             link_monitor: true,
         };
