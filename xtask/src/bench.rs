@@ -1778,7 +1778,8 @@ fn part_loopback(ctx: &Ctx) -> Result<PartResult> {
 
     // Table and targets.
     let at = |rows: &[PeerRow], size: u64| rows.iter().find(|r| r.size == size).cloned();
-    let r2 = curves.iter().find(|(n, _)| n.starts_with(LOOPBACK_TARGET_CURVE)).map(|(_, r)| r.clone()).unwrap_or_default();
+    let r2 =
+        curves.iter().find(|(n, _)| n.starts_with(LOOPBACK_TARGET_CURVE)).map(|(_, r)| r.clone()).unwrap_or_default();
     let peers: Vec<&(String, Vec<PeerRow>)> = curves.iter().filter(|(n, _)| !n.starts_with("r2ccl")).collect();
     let mut table = String::from("| size |");
     for (n, _) in &curves {

@@ -315,6 +315,13 @@ const fn from_detect(p: r2ccl_detect::PathId) -> PathId {
 /// Where each buffer of a schedule lies, by [`Buf`]: (region, offset of its first byte).
 type Places = [(MemHandle, u64); 3];
 
+/// A collective's room for private copies: per step, the workspace offset of a send's copy
+/// ([`private_sends`]), and per writing step the sends it overwrites ([`overwritten_sends`]).
+struct Staging {
+    offsets: Vec<Option<u64>>,
+    blockers: Vec<Vec<u32>>,
+}
+
 /// The region and byte offset of `r`.
 fn place(base: &Places, r: &Region) -> (MemHandle, usize) {
     let (h, at) = base[r.buf as usize];
@@ -655,17 +662,18 @@ impl Engine {
         t: &mut T,
         sched: &RankSchedule,
         scratch_at: u64,
-    ) -> Result<(MemHandle, Vec<Option<u64>>), EngineError> {
+    ) -> Result<(MemHandle, Staging), EngineError> {
+        let blockers = overwritten_sends(sched);
         let mut end = scratch_at + sched.scratch_len;
         let mut staging = vec![None; sched.steps().len()];
-        for (i, private) in private_sends(&overwritten_sends(sched)).into_iter().enumerate() {
+        for (i, private) in private_sends(&blockers).into_iter().enumerate() {
             if let (true, StepKind::Send { src, .. }) = (private, sched.steps()[i].kind) {
                 staging[i] = Some(end);
                 end += src.len;
             }
         }
         let len = usize::try_from(end).map_err(|_| EngineError::BufferSize { got: usize::MAX, want: end })?;
-        Ok((self.ensure_workspace(t, len)?, staging))
+        Ok((self.ensure_workspace(t, len)?, Staging { offsets: staging, blockers }))
     }
 
     /// Set up and start a collective whose buffers lie at `base`; `direct` marks steps that
@@ -678,7 +686,7 @@ impl Engine {
         seq: u64,
         sched: RankSchedule,
         base: Places,
-        staging: Vec<Option<u64>>,
+        staging: Staging,
         direct: &[bool],
     ) -> Result<(), EngineError> {
         let n = sched.steps().len();
@@ -687,7 +695,7 @@ impl Engine {
         // confirms them: the writes wait (parked). Each has room for a private copy, made only
         // when a parked write waits too long (a receipt held up by a failure), so a replay
         // still finds the bytes that were first sent.
-        let blockers = overwritten_sends(&sched);
+        let Staging { offsets: staging, blockers } = staging;
         let copy_at_send = sends_copied_at_once(&sched, &blockers);
         // Dense per-pair message numbers: both ends sort the same tag set the same way.
         let mut send_tags: BTreeMap<Rank, Vec<(u64, usize)>> = BTreeMap::new();
