@@ -134,8 +134,19 @@ impl Cluster {
             let mut port = self.fabric.port(Rank(r as u32)).unwrap();
             self.engines[r].start(self.now, &mut port, seq, sched, &inputs[r], &out).unwrap();
         }
+        self.finish(seq);
+        (0..world)
+            .map(|r| {
+                let port = self.fabric.port(Rank(r as u32)).unwrap();
+                self.engines[r].output(&port, out_lens[r]).unwrap()
+            })
+            .collect()
+    }
+
+    /// Step until every rank finished collective `seq` (10 s of fabric time at most).
+    fn finish(&mut self, seq: u64) {
         let deadline = self.now + Duration::from_secs(10);
-        let mut finished = vec![false; world];
+        let mut finished = vec![false; self.engines.len()];
         while !finished.iter().all(|f| *f) {
             assert!(
                 self.now < deadline,
@@ -149,12 +160,6 @@ impl Cluster {
                 }
             }
         }
-        (0..world)
-            .map(|r| {
-                let port = self.fabric.port(Rank(r as u32)).unwrap();
-                self.engines[r].output(&port, out_lens[r]).unwrap()
-            })
-            .collect()
     }
 
     /// As [`Cluster::run_with`], on registered regions the engines read and write in place:
@@ -188,17 +193,7 @@ impl Cluster {
             self.engines[r].start_registered(self.now, &mut port, seq, sched, input, output).unwrap();
             outs.push((output, ol));
         }
-        let deadline = self.now + Duration::from_secs(10);
-        let mut finished = vec![false; world];
-        while !finished.iter().all(|f| *f) {
-            assert!(self.now < deadline, "collective {seq} did not finish");
-            self.step();
-            for (r, f) in finished.iter_mut().enumerate() {
-                if self.engines[r].take_finished() == Some(seq) {
-                    *f = true;
-                }
-            }
-        }
+        self.finish(seq);
         (0..world)
             .map(|r| {
                 let ((h, at), len) = outs[r];
@@ -473,10 +468,11 @@ fn coll_strategy() -> impl Strategy<Value = (Collective, u32)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(ProptestConfig::with_cases(36))]
     /// Every collective, with a NIC failure at a random time, matches the reference executor,
     /// with an instant control plane or one whose receipts come late (sends then move to their
-    /// private copies while a replay may still need their bytes).
+    /// private copies while a replay may still need their bytes), on the caller's buffers or on
+    /// registered regions read and written where they are (`buffers` 1: out of place, 2: in place).
     #[test]
     fn collectives_under_a_random_failure_match_the_reference(
         (coll, _root) in coll_strategy(),
@@ -486,6 +482,7 @@ proptest! {
         fail_nic in 0u16..2,
         seed in 0u64..1000,
         slow_ctrl in any::<bool>(),
+        buffers in 0u8..3,
     ) {
         let mut c = Cluster::new(4, 1, 2, seed);
         if slow_ctrl {
@@ -500,48 +497,14 @@ proptest! {
         }).collect();
         let want = r2ccl_algo::execute(&scheds, &inputs, r2ccl_algo::ExecOrder::Program).unwrap();
         c.fabric.schedule(Duration::from_micros(fail_at_us), FaultAction::NicDown(NicId::new(fail_node, fail_nic)));
-        let got = c.run(1, coll, DType::I32, count, &inputs);
+        let got = match buffers {
+            0 => c.run(1, coll, DType::I32, count, &inputs),
+            b => c.run_registered(1, req, &inputs, b == 2),
+        };
         for r in 0..4 {
             let defined = !matches!(coll, Collective::Reduce { root, .. } if root.0 != r as u32);
             if defined {
-                prop_assert!(got[r] == want[r], "rank {} differs for {:?}", r, coll);
-            }
-        }
-    }
-
-    /// The same on registered regions read and written in place (no copy in or out), in place
-    /// (input and output one buffer) or not.
-    #[test]
-    fn collectives_on_registered_regions_match_the_reference(
-        (coll, _root) in coll_strategy(),
-        count in 1u64..20_000,
-        fail_at_us in 0u64..4000,
-        fail_node in 0u32..4,
-        fail_nic in 0u16..2,
-        seed in 0u64..1000,
-        in_place in any::<bool>(),
-        slow_ctrl in any::<bool>(),
-    ) {
-        let mut c = Cluster::new(4, 1, 2, seed);
-        if slow_ctrl {
-            c.ctrl_delay = r2ccl::engine::PRIVATE_COPY_AFTER * 4;
-        }
-        let layout = Layout::uniform(4, 1, 2).unwrap();
-        let af = AlgoFabric::new(layout, HealthView::uniform(4, 2, 100_000)).unwrap();
-        let req = ScheduleRequest::new(coll, DType::I32, count);
-        let scheds: Vec<_> = (0..4).map(|r| build_rank_schedule(&af, &req, Rank(r)).unwrap()).collect();
-        let inputs: Vec<Vec<u8>> = scheds.iter().enumerate().map(|(r, s)| {
-            (0..s.input_len / 4).flat_map(|i| ((i as i32 * 17 + r as i32 * 89) % 1000 - 400).to_le_bytes()).collect()
-        }).collect();
-        let want = r2ccl_algo::execute(&scheds, &inputs, r2ccl_algo::ExecOrder::Program).unwrap();
-        c.fabric.schedule(Duration::from_micros(fail_at_us), FaultAction::NicDown(NicId::new(fail_node, fail_nic)));
-        let got = c.run_registered(1, req, &inputs, in_place);
-        for r in 0..4 {
-            let defined = !matches!(coll, Collective::Reduce { root, .. } if root.0 != r as u32);
-            // In place, bytes the collective does not write keep the input's (Reduce away from
-            // the root, as NCCL leaves them); out of place they start zeroed as in the reference.
-            if defined {
-                prop_assert!(got[r] == want[r], "rank {} differs for {:?} (in place {})", r, coll, in_place);
+                prop_assert!(got[r] == want[r], "rank {} differs for {:?} (buffers {})", r, coll, buffers);
             }
         }
     }

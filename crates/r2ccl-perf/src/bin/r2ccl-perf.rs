@@ -302,18 +302,22 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                         } else {
                             None
                         };
-                        for _ in 0..args.warmup {
-                            drill(&extra, rank, &mut calls);
-                            match &mut reg {
+                        // One run from the initial buffer (every warm-up run, and the checked one).
+                        let fresh_run = |reg: &mut Option<Registered<'_>>, last: &mut Vec<u8>| -> Result<()> {
+                            match reg {
                                 Some(r) => {
                                     r.output[..out_init.len()].copy_from_slice(&out_init);
-                                    r.run(&comm, &c, dtype)?;
+                                    r.run(&comm, &c, dtype)
                                 }
                                 None => {
                                     last.copy_from_slice(&out_init);
-                                    run_once(&comm, &c, dtype, in_place, &mut last)?;
+                                    run_once(&comm, &c, dtype, in_place, last)
                                 }
                             }
+                        };
+                        for _ in 0..args.warmup {
+                            drill(&extra, rank, &mut calls);
+                            fresh_run(&mut reg, &mut last)?;
                         }
                         // As nccl-tests: the timed collectives run back to back (in place, each
                         // on the previous one's result); in place, one more run from the reset
@@ -331,16 +335,7 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                         }
                         if in_place {
                             drill(&extra, rank, &mut calls);
-                            match &mut reg {
-                                Some(r) => {
-                                    r.output[..out_init.len()].copy_from_slice(&out_init);
-                                    r.run(&comm, &c, dtype)?;
-                                }
-                                None => {
-                                    last.copy_from_slice(&out_init);
-                                    run_once(&comm, &c, dtype, in_place, &mut last)?;
-                                }
-                            }
+                            fresh_run(&mut reg, &mut last)?;
                         }
                         if let Some(r) = &reg {
                             let n = last.len();
