@@ -773,9 +773,7 @@ impl Session {
     /// send the session no longer holds): from then on only a replay after a failure reads its
     /// source again, so the source may move ([`Session::rebase_send`]).
     pub fn is_send_drained(&self, key: TransferKey) -> bool {
-        let Some(s) = self.sends.get(&key) else { return true };
-        s.lanes.iter().all(|l| l.next >= l.end)
-            && !self.requests.values().any(|p| matches!(p, Pending::Send { lane, .. } if lane.transfer == key))
+        self.sends.get(&key).is_none_or(|s| s.lanes.iter().all(|l| l.next >= l.end && l.in_flight.is_empty()))
     }
 
     /// Moves the source of send `key` to `src`, which must hold the same bytes (the caller's
@@ -787,20 +785,16 @@ impl Session {
         key: TransferKey,
         src: Buffer,
     ) -> Result<(), SessionError> {
-        if !self.sends.contains_key(&key) {
-            return Ok(());
-        }
-        if !self.is_send_drained(key) {
-            return Err(SessionError::SendBusy(key));
-        }
         let Buffer { region, offset, len } = src;
+        match self.sends.get(&key) {
+            None => return Ok(()),
+            Some(s) if s.len != len => return Err(SessionError::RebaseLength { key, len, want: s.len }),
+            Some(_) if !self.is_send_drained(key) => return Err(SessionError::SendBusy(key)),
+            Some(_) => {}
+        }
         self.check_transfer(t, key, key.dst, region, offset, len)?;
         if let Some(s) = self.sends.get_mut(&key) {
-            if s.len != len {
-                return Err(SessionError::RebaseLength { key, len, want: s.len });
-            }
-            s.src = region;
-            s.offset = offset;
+            (s.src, s.offset) = (region, offset);
         }
         Ok(())
     }

@@ -27,7 +27,7 @@
 use crate::ctrl::Ctrl;
 use r2ccl_algo::{Buf, RankSchedule, Region, Step, StepKind};
 use r2ccl_core::kernels::{finalize_avg_bytes, reduce_bytes};
-use r2ccl_core::{subsys, NicId, NodeId, Rank};
+use r2ccl_core::{subsys, DType, NicId, NodeId, Rank, ReduceOp};
 use r2ccl_detect::{
     Command as DetectCommand, ConnId, DetectConfig, DetectEvent, Detector, Member, Method, PathPair, ProbeId,
     ProbeResult, Verdict,
@@ -328,36 +328,35 @@ fn place(base: &Places, r: &Region) -> (MemHandle, usize) {
     (h, (at + r.offset) as usize)
 }
 
-/// `to.copy_from_slice(from)`, as a [`move_bytes`] combiner.
-fn copy_into(to: &mut [u8], from: &[u8]) -> Result<(), EngineError> {
-    to.copy_from_slice(from);
-    Ok(())
-}
-
-/// Apply `combine(dst bytes, src bytes)` to `len` bytes at `src` and `dst` (region, offset),
-/// within one region or across two. A copy onto itself does nothing; an overlapping reduce
-/// reads a copy of its source. `what` names the step's source in errors.
+/// Copy `len` bytes from `src` to `dst` (region, offset), or with `reduce` reduce them into
+/// `dst` (`dst = dst op src`), within one region or across two. A copy onto itself does
+/// nothing; an overlapping reduce reads a copy of its source. `what` names the bytes in errors.
 fn move_bytes<T: Transport + ?Sized>(
     t: &mut T,
     src: (MemHandle, usize),
     dst: (MemHandle, usize),
     len: usize,
-    reduce: bool,
+    reduce: Option<(DType, ReduceOp)>,
     what: Region,
-    combine: impl Fn(&mut [u8], &[u8]) -> Result<(), EngineError>,
 ) -> Result<(), EngineError> {
     let ((hs, s), (hd, d)) = (src, dst);
     let bad = || EngineError::BadRegion(what);
+    let combine = |to: &mut [u8], from: &[u8]| -> Result<(), EngineError> {
+        match reduce {
+            Some((dtype, op)) => reduce_bytes(dtype, op, to, from)?,
+            None => to.copy_from_slice(from),
+        }
+        Ok(())
+    };
     if hs == hd {
         let ws = t.region_mut(hs)?;
         if s.checked_add(len).is_none_or(|e| e > ws.len()) || d.checked_add(len).is_none_or(|e| e > ws.len()) {
             return Err(bad());
         }
-        if s == d && !reduce {
-            return Ok(());
-        }
-        if !reduce {
-            ws.copy_within(s..s + len, d);
+        if reduce.is_none() {
+            if s != d {
+                ws.copy_within(s..s + len, d);
+            }
         } else if s >= d + len {
             let (a, b) = ws.split_at_mut(s);
             combine(&mut a[d..d + len], &b[..len])?;
@@ -649,7 +648,7 @@ impl Engine {
         let mut base = [(input.0, i_at), (output.0, o_at), (h, scratch_at)];
         if copy_input {
             let what = Region { buf: Buf::Input, offset: 0, len: sched.input_len };
-            move_bytes(t, input, (h, 0), sched.input_len as usize, false, what, copy_into)?;
+            move_bytes(t, input, (h, 0), sched.input_len as usize, None, what)?;
             base[Buf::Input as usize] = (h, 0);
         }
         self.begin(now, t, seq, sched, base, staging, &[])
@@ -840,20 +839,11 @@ impl Engine {
 
     fn local_op<T: Transport + ?Sized>(t: &mut T, x: &Exec, i: usize) -> Result<(), EngineError> {
         let (src, dst, reduce) = match x.sched.steps()[i].kind {
-            StepKind::Copy { src, dst } => (src, dst, false),
-            StepKind::Reduce { src, dst } => (src, dst, true),
+            StepKind::Copy { src, dst } => (src, dst, None),
+            StepKind::Reduce { src, dst } => (src, dst, Some((x.sched.dtype, x.sched.op))),
             _ => return Ok(()),
         };
-        let (dtype, op) = (x.sched.dtype, x.sched.op);
-        let combine = |to: &mut [u8], from: &[u8]| -> Result<(), EngineError> {
-            if reduce {
-                reduce_bytes(dtype, op, to, from)?;
-            } else {
-                to.copy_from_slice(from);
-            }
-            Ok(())
-        };
-        move_bytes(t, place(&x.base, &src), place(&x.base, &dst), src.len as usize, reduce, src, combine)
+        move_bytes(t, place(&x.base, &src), place(&x.base, &dst), src.len as usize, reduce, src)
     }
 
     /// Parked writes whose blockers are resolved become ready. A blocker whose chunks have all
@@ -889,7 +879,7 @@ impl Engine {
                     continue;
                 }
                 let stage = stage as usize;
-                move_bytes(t, (region, at), (h, stage), src.len as usize, false, src, copy_into)?;
+                move_bytes(t, (region, at), (h, stage), src.len as usize, None, src)?;
                 self.session.rebase_send(t, key, Buffer { region: h, offset: stage, len: src.len })?;
                 x.rebased[j] = true;
                 self.moved_sends += 1;
@@ -946,7 +936,7 @@ impl Engine {
                     let (mut region, mut offset) = place(&base, &src);
                     if let (true, Some(stage)) = (x.copy_at_send[i], x.staging[i]) {
                         let stage = stage as usize;
-                        move_bytes(t, (region, offset), (h, stage), src.len as usize, false, src, copy_into)?;
+                        move_bytes(t, (region, offset), (h, stage), src.len as usize, None, src)?;
                         (region, offset) = (h, stage);
                         x.rebased[i] = true;
                     }
