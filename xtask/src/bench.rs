@@ -112,6 +112,7 @@ parts: faultfree strategies pause loopback timeline (default: all); every part b
 --loopback-nics K  NICs (lo) per r2ccl rank in the loopback part (default 1, like the peers' one TCP path)
 --strategies-size SIZE  AllReduce size per rank in the strategies part (default 16M, 2M with --quick)
 --strategies S[,S...]   run only these strategies there (auto single_backup balance r2ccl_allreduce four_stage)
+--rank-env KEY=VALUE    set KEY in every testbed rank's environment (repeatable; after the bench's own)
 writes target/bench/report.json, report.md, *.png; logs in target/bench/logs/";
 
 /// Command-line options.
@@ -124,6 +125,8 @@ struct Opts {
     loopback_nics: u32,
     strategies_size: Option<String>,
     strategies: Vec<String>,
+    /// `--rank-env`: extra variables for every testbed rank.
+    rank_env: Vec<(String, String)>,
     micro: bool,
 }
 
@@ -137,6 +140,7 @@ impl Opts {
             loopback_nics: 1,
             strategies_size: None,
             strategies: Vec::new(),
+            rank_env: Vec::new(),
             micro: false,
         };
         let mut it = args.iter();
@@ -189,6 +193,14 @@ impl Opts {
                         }
                         o.strategies.push(name.to_owned());
                     }
+                }
+                "--rank-env" => {
+                    let v = value("--rank-env")?;
+                    let (k, val) = v
+                        .split_once('=')
+                        .filter(|(k, _)| !k.is_empty() && !k.contains(char::is_whitespace))
+                        .with_context(|| format!("--rank-env `{v}`: expected KEY=VALUE"))?;
+                    o.rank_env.push((k.to_owned(), val.to_owned()));
                 }
                 "-h" | "--help" => bail!("{USAGE}"),
                 other => bail!("bench: unknown argument `{other}`\n{USAGE}"),
@@ -385,6 +397,8 @@ struct Ctx {
     loopback_nics: u32,
     strategies_size: Option<String>,
     strategies: Vec<String>,
+    /// `--rank-env`: extra variables for every testbed rank.
+    rank_env: Vec<(String, String)>,
     next_port: Cell<u16>,
     /// Why plots cannot be drawn (no font), if so.
     no_plots: Option<String>,
@@ -513,7 +527,7 @@ fn run_job(ctx: &Ctx, spec: &Spec, job: &Job, logs: &Path) -> Result<JobOut> {
         if let Some(bps) = spec.rate.as_deref().and_then(|r| rate_bps(r).ok()) {
             cmd.env("R2CCL_TRANSPORT__NIC_SPEED_MBPS", ((bps / 1e6).round() as u64).max(1).to_string());
         }
-        for (k, v) in &job.env {
+        for (k, v) in job.env.iter().chain(&ctx.rank_env) {
             cmd.env(k, v);
         }
         procs.push(Proc::spawn(cmd, &format!("{}.rank{i}", job.name), logs)?);
@@ -2163,8 +2177,10 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let root_dir = crate::workspace_root();
     let out = root_dir.join("target/bench");
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let _ = std::fs::remove_dir_all(out.join("logs"));
     let root = is_root();
+    // Another bench would tear this one's testbed down (and its logs share target/bench).
+    let _lock = if root { Some(testbed::PrefixLock::take(PREFIX)?) } else { None };
+    let _ = std::fs::remove_dir_all(out.join("logs"));
     if opts.parts.iter().any(|p| root || !p.needs_root()) {
         crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-perf", "--bin", "r2ccl-perf"])?;
         crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-policy", "--bin", "r2ccl-plan"])?;
@@ -2179,6 +2195,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         loopback_nics: opts.loopback_nics,
         strategies_size: opts.strategies_size.clone(),
         strategies: opts.strategies.clone(),
+        rank_env: opts.rank_env.clone(),
         next_port: Cell::new(PORT_BASE),
         no_plots: register_font().err(),
     };

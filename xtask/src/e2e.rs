@@ -662,6 +662,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         println!("******** e2e SKIPPED (not root): e2e needs network namespaces ********");
         return Ok(());
     }
+    let _lock = testbed::PrefixLock::take(PREFIX)?;
     crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-perf"])?;
     let exe = root.join("target/release/r2ccl-perf");
     let (mut passed, mut failed) = (0u32, 0u32);

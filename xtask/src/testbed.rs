@@ -151,6 +151,53 @@ pub(crate) fn up(spec: &Spec) -> Result<()> {
 }
 
 /// Delete every namespace with the prefix (and with it every veth, bridge and qdisc). Idempotent.
+/// Exclusive use of a testbed prefix by one xtask process: `/run/r2ccl-testbed-<prefix>.lock`
+/// holds its pid. A second `bench` or `e2e` would tear down the first one's namespaces (both
+/// start with `down` to clean up after crashes), so it stops with a clear error instead. A lock
+/// whose pid is gone (a crashed run) is taken over. Released on drop.
+pub(crate) struct PrefixLock {
+    path: std::path::PathBuf,
+}
+
+impl PrefixLock {
+    /// Take the lock of `prefix`, or say which process holds it.
+    pub(crate) fn take(prefix: &str) -> Result<Self> {
+        let dir = if std::path::Path::new("/run").is_dir() { "/run" } else { "/tmp" };
+        let path = std::path::PathBuf::from(format!("{dir}/r2ccl-testbed-{prefix}.lock"));
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(mut f) => {
+                    use std::io::Write as _;
+                    f.write_all(std::process::id().to_string().as_bytes())
+                        .with_context(|| format!("writing {}", path.display()))?;
+                    return Ok(Self { path });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                    let pid = holder.trim();
+                    if !pid.is_empty() && std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                        bail!(
+                            "testbed `{prefix}` is in use by process {pid} (another `cargo xtask bench` or `e2e`); \
+                             wait for it, or kill it and run `cargo xtask testbed down --prefix {prefix}` (lock {})",
+                            path.display()
+                        );
+                    }
+                    // A crashed run's lock: take it over.
+                    let _ = std::fs::remove_file(&path);
+                }
+                Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+            }
+        }
+        bail!("testbed `{prefix}`: could not take {} (another run raced for it)", path.display())
+    }
+}
+
+impl Drop for PrefixLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 pub(crate) fn down(prefix: &str) -> Result<()> {
     for ns in namespaces(prefix) {
         run(&["ip", "netns", "del", &ns])?;
