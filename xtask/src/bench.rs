@@ -490,18 +490,6 @@ struct JobOut {
     secs: f64,
 }
 
-fn fault_name(f: &Fault) -> String {
-    match f {
-        Fault::Down => "down".into(),
-        Fault::Up => "up".into(),
-        Fault::Blackhole => "blackhole".into(),
-        Fault::Restore => "restore".into(),
-        Fault::Drop => "drop".into(),
-        Fault::Undrop => "undrop".into(),
-        Fault::Rate(r) => format!("rate={r}"),
-    }
-}
-
 /// Start one rank per node in its namespace, apply the fault timeline from the moment rank 0
 /// prints its timeline or table header, wait to the deadline, judge.
 fn run_job(ctx: &Ctx, spec: &Spec, job: &Job, logs: &Path) -> Result<JobOut> {
@@ -550,7 +538,7 @@ fn run_job(ctx: &Ctx, spec: &Spec, job: &Job, logs: &Path) -> Result<JobOut> {
     let mut applied_unix = Vec::new();
     for step in &job.faults {
         let at = t0 + Duration::from_secs_f64(step.at_s);
-        let text = format!("node {} nic {} {}", step.node, step.nic, fault_name(&step.fault));
+        let text = format!("node {} nic {} {}", step.node, step.nic, step.fault.name());
         if at > deadline {
             problems.push(format!("fault `{text}` at {:.2} s falls after the deadline", step.at_s));
             continue;

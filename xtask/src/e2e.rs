@@ -19,7 +19,8 @@
 //! deadline_s = 20                # from launch; ranks still running then are a hang
 //! expect = "success"             # success: every rank exits 0 and rank 0 prints
 //!                                #   `# Out of bounds values : 0 OK`
-//!                                # failure: every rank exits non-zero before the deadline
+//!                                # failure: every rank exits non-zero before the deadline,
+//!                                #   with an exit code (a signal is a crash, not a clean error)
 //! expect_error = "text"          # failure only: stderr of every survivor (a rank on a node
 //!                                #   no fault touches) contains this text
 //! env = ["R2CCL_BOOTSTRAP__PEER_TIMEOUT_MS=2000"]   # optional: extra environment of every rank
@@ -27,7 +28,8 @@
 //!                                #   (each rank enters its node's namespace, takes its rank from
 //!                                #   OMPI_COMM_WORLD_RANK); default "direct": one process per node
 //! faults = ["2.0 1 0 down"]      # "AT_S NODE NIC KIND": AT_S seconds after rank 0's timeline
-//!                                #   starts; KIND: down up blackhole restore drop undrop rate=RATE
+//!                                #   starts; KIND: down up blackhole restore drop undrop
+//!                                #   remove (hot-unplug, no undo) rate=RATE
 //! ```
 //!
 //! `--retries N` runs a failed scenario again up to N times and says so loudly (`RETRY`, `FLAKY`);
@@ -146,16 +148,8 @@ fn parse_fault(text: &str) -> Result<Step> {
     let [at, node, nic, kind] = f[..] else {
         bail!("fault `{text}`: expected \"AT_S NODE NIC KIND\"");
     };
-    let fault = match kind {
-        "down" => Fault::Down,
-        "up" => Fault::Up,
-        "blackhole" => Fault::Blackhole,
-        "restore" => Fault::Restore,
-        "drop" => Fault::Drop,
-        "undrop" => Fault::Undrop,
-        k if k.starts_with("rate=") => Fault::Rate(k["rate=".len()..].to_owned()),
-        k => bail!("fault `{text}`: unknown kind `{k}` (down up blackhole restore drop undrop rate=RATE)"),
-    };
+    let fault =
+        Fault::parse(kind).with_context(|| format!("fault `{text}`: unknown kind `{kind}` ({})", Fault::KINDS))?;
     let at_s: f64 = at.parse().with_context(|| format!("fault `{text}`: AT_S `{at}` is not a number"))?;
     if !(0.0..=600.0).contains(&at_s) {
         bail!("fault `{text}`: AT_S must be 0..=600 seconds");
@@ -572,8 +566,13 @@ fn judge(sc: &Scenario, o: &Outcome) -> Vec<String> {
             }
         }
         Expect::Failure => {
-            for (r, _) in exited.filter(|(_, s)| s.success()) {
-                bad.push(format!("rank {r} exited 0 but the job was expected to fail"));
+            for (r, s) in exited {
+                if s.success() {
+                    bad.push(format!("rank {r} exited 0 but the job was expected to fail"));
+                } else if s.code().is_none() {
+                    // A signal (SIGSEGV, SIGABRT) is a crash, not the clean error the job owes its caller.
+                    bad.push(format!("rank {r} was killed by a signal ({s}){}", last_error(&o.errs[r])));
+                }
             }
             if let Some(text) = &sc.expect_error {
                 let faulted: Vec<u32> = sc.faults.iter().map(|s| s.node).collect();
@@ -771,12 +770,21 @@ mod tests {
     fn scenarios_parse() {
         let all = load_all(&crate::workspace_root().join("tests/scenarios")).expect("scenarios parse");
         let names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
-        for want in ["all-nics-down", "blackhole", "flap", "nic-down"] {
+        for want in ["all-nics-down", "all-nics-removed", "blackhole", "flap", "nic-down", "nic-remove"] {
             assert!(names.contains(&want), "scenario {want} exists");
         }
         let flap = all.iter().find(|s| s.name == "flap").expect("flap");
         assert_eq!((flap.spec.nodes, flap.spec.nics, flap.faults.len()), (2, 2, 2));
         assert_eq!(flap.faults[1].fault, Fault::Up);
+        let removed = all.iter().find(|s| s.name == "nic-remove").expect("nic-remove");
+        assert_eq!(removed.faults[0].fault, Fault::Remove);
+        for kind in ["down", "up", "blackhole", "restore", "drop", "undrop", "remove", "rate=10mbit"] {
+            assert_eq!(Fault::parse(kind).map(|f| f.name()).as_deref(), Some(kind));
+        }
+        assert_eq!(Fault::parse("rate="), None);
+        assert_eq!(Fault::parse("unplug"), None);
+        assert!(parse("x", "nodes = 2\nargs = \"a\"\nfaults = [\"1 0 0 unplug\"]")
+            .is_err_and(|e| format!("{e:#}").contains("unknown kind `unplug`")));
         assert!(parse("x", "nodes = 2\nbogus = 1\nargs = \"a\"").is_err());
         assert!(parse("x", "nodes = 2\nargs = \"a\"\nfaults = [\"1 5 0 down\"]").is_err());
         assert!(parse("x", "nodes = 2 # two\nargs = \"a # b\"").is_ok_and(|s| s.args == ["a", "#", "b"]));

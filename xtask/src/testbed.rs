@@ -245,6 +245,42 @@ pub(crate) enum Fault {
     Undrop,
     /// Change the NIC speed in both directions.
     Rate(String),
+    /// Hot-unplug: the NIC's netdevice disappears (`ip link del`, which takes the switch port with it),
+    /// as on a driver reset or a PCIe surprise removal. It has no undo; `testbed down` cleans up.
+    Remove,
+}
+
+impl Fault {
+    /// The fault kinds a timeline may name, for error messages.
+    pub(crate) const KINDS: &'static str = "down up blackhole restore drop undrop remove rate=RATE";
+
+    /// Parse a fault kind as timelines and `testbed fault` write it.
+    pub(crate) fn parse(kind: &str) -> Option<Self> {
+        Some(match kind {
+            "down" => Self::Down,
+            "up" => Self::Up,
+            "blackhole" => Self::Blackhole,
+            "restore" => Self::Restore,
+            "drop" => Self::Drop,
+            "undrop" => Self::Undrop,
+            "remove" => Self::Remove,
+            k => Self::Rate(k.strip_prefix("rate=").filter(|r| !r.is_empty())?.to_owned()),
+        })
+    }
+
+    /// The kind as [`Fault::parse`] reads it.
+    pub(crate) fn name(&self) -> String {
+        match self {
+            Self::Down => "down".into(),
+            Self::Up => "up".into(),
+            Self::Blackhole => "blackhole".into(),
+            Self::Restore => "restore".into(),
+            Self::Drop => "drop".into(),
+            Self::Undrop => "undrop".into(),
+            Self::Remove => "remove".into(),
+            Self::Rate(r) => format!("rate={r}"),
+        }
+    }
 }
 
 /// Apply `fault` to NIC `nic` of node `node`.
@@ -274,6 +310,7 @@ pub(crate) fn fault(spec: &Spec, node: u32, nic: u32, fault: &Fault) -> Result<(
             shape(&ns, &dev, &r)?;
             shape(&sw, &port, &r)
         }
+        Fault::Remove => ip_in(&ns, &["link", "del", &dev]).map(drop),
     }
 }
 
@@ -352,18 +389,9 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         }
         Some("fault") => {
             let [node, nic, kind] = rest[..] else {
-                bail!("usage: testbed fault NODE NIC down|up|blackhole|restore|drop|undrop|rate=RATE");
+                bail!("usage: testbed fault NODE NIC KIND ({})", Fault::KINDS);
             };
-            let f = match kind {
-                "down" => Fault::Down,
-                "up" => Fault::Up,
-                "blackhole" => Fault::Blackhole,
-                "restore" => Fault::Restore,
-                "drop" => Fault::Drop,
-                "undrop" => Fault::Undrop,
-                k if k.starts_with("rate=") => Fault::Rate(k["rate=".len()..].to_owned()),
-                k => bail!("unknown fault `{k}`; allowed: down up blackhole restore drop undrop rate=RATE"),
-            };
+            let f = Fault::parse(kind).with_context(|| format!("unknown fault `{kind}`; allowed: {}", Fault::KINDS))?;
             fault(&spec, node.parse().context("NODE")?, nic.parse().context("NIC")?, &f)
         }
         _ => bail!(

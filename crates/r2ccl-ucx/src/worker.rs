@@ -43,6 +43,9 @@ pub(crate) struct WorkerState {
     pub(crate) orphans: Vec<Orphan>,
 }
 
+/// How long a worker being destroyed keeps progressing to let its orphaned requests finish.
+const ORPHAN_DRAIN: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// The worker handle plus its lock; shared by the [`Worker`], its endpoints and its requests.
 pub(crate) struct WorkerShared {
     handle: sys::ucp_worker_h,
@@ -87,8 +90,22 @@ impl WorkerShared {
 
 impl Drop for WorkerShared {
     fn drop(&mut self) {
-        // Endpoints and requests hold an Arc to this, so none is alive. Orphans may still be in flight:
-        // destroying the worker releases them inside UCX, and only then may their buffers be freed.
+        // Endpoints and requests hold an Arc to this, so none is alive. Orphans may still be in flight
+        // (typically forced endpoint closes on a dead path that outlived their wait): give them a bounded
+        // time to finish under progress first, so that the worker is destroyed with as little UCX work in
+        // flight as possible. Whatever is left is released by the destroy, and only then may its buffers
+        // be freed.
+        let drain_start = std::time::Instant::now();
+        loop {
+            let mut locked = self.lock();
+            if locked.state.orphans.is_empty() || drain_start.elapsed() >= ORPHAN_DRAIN {
+                break;
+            }
+            if locked.progress() == 0 {
+                drop(locked);
+                std::thread::yield_now();
+            }
+        }
         let orphans = std::mem::take(&mut self.state.get_mut().unwrap_or_else(PoisonError::into_inner).orphans);
         for o in &orphans {
             // SAFETY: the worker is still live and no other reference to it exists (we are in its drop);
