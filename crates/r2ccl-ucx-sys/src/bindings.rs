@@ -69,6 +69,13 @@ pub struct sockaddr {
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
+pub struct sockaddr_storage {
+    pub ss_family: sa_family_t,
+    pub __ss_padding: [::std::os::raw::c_char; 118usize],
+    pub __ss_align: ::std::os::raw::c_ulong,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
 pub struct ucs_sock_addr {
     pub addr: *const sockaddr,
     pub addrlen: socklen_t,
@@ -115,6 +122,12 @@ pub struct ucp_mem {
 }
 pub type ucp_mem_h = *mut ucp_mem;
 #[repr(C)]
+#[derive(Debug)]
+pub struct ucp_listener {
+    _unused: [u8; 0],
+}
+pub type ucp_listener_h = *mut ucp_listener;
+#[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct ucp_mem_attr {
     pub field_mask: u64,
@@ -155,6 +168,17 @@ pub struct ucp_err_handler {
     pub arg: *mut ::std::os::raw::c_void,
 }
 pub type ucp_err_handler_t = ucp_err_handler;
+pub type ucp_listener_accept_callback_t =
+    ::std::option::Option<unsafe extern "C" fn(ep: ucp_ep_h, arg: *mut ::std::os::raw::c_void)>;
+pub type ucp_listener_conn_callback_t =
+    ::std::option::Option<unsafe extern "C" fn(conn_request: ucp_conn_request_h, arg: *mut ::std::os::raw::c_void)>;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_listener_conn_handler {
+    pub cb: ucp_listener_conn_callback_t,
+    pub arg: *mut ::std::os::raw::c_void,
+}
+pub type ucp_listener_conn_handler_t = ucp_listener_conn_handler;
 pub type ucp_stream_recv_nbx_callback_t = ::std::option::Option<
     unsafe extern "C" fn(
         request: *mut ::std::os::raw::c_void,
@@ -194,6 +218,13 @@ pub struct ucp_ep_params {
     pub local_sockaddr: ucs_sock_addr_t,
 }
 pub type ucp_ep_params_t = ucp_ep_params;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_listener_accept_handler {
+    pub cb: ucp_listener_accept_callback_t,
+    pub arg: *mut ::std::os::raw::c_void,
+}
+pub type ucp_listener_accept_handler_t = ucp_listener_accept_handler;
 pub const UCS_THREAD_MODE_SINGLE: ucs_thread_mode_t = 0;
 pub const UCS_THREAD_MODE_SERIALIZED: ucs_thread_mode_t = 1;
 pub const UCS_THREAD_MODE_MULTI: ucs_thread_mode_t = 2;
@@ -233,6 +264,10 @@ pub const UCP_WORKER_PARAM_FIELD_NAME: ucp_worker_params_field = 64;
 pub const UCP_WORKER_PARAM_FIELD_AM_ALIGNMENT: ucp_worker_params_field = 128;
 pub const UCP_WORKER_PARAM_FIELD_CLIENT_ID: ucp_worker_params_field = 256;
 pub type ucp_worker_params_field = ::std::os::raw::c_uint;
+pub const UCP_LISTENER_PARAM_FIELD_SOCK_ADDR: ucp_listener_params_field = 1;
+pub const UCP_LISTENER_PARAM_FIELD_ACCEPT_HANDLER: ucp_listener_params_field = 2;
+pub const UCP_LISTENER_PARAM_FIELD_CONN_HANDLER: ucp_listener_params_field = 4;
+pub type ucp_listener_params_field = ::std::os::raw::c_uint;
 pub const UCP_EP_PARAM_FIELD_REMOTE_ADDRESS: ucp_ep_params_field = 1;
 pub const UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE: ucp_ep_params_field = 2;
 pub const UCP_EP_PARAM_FIELD_ERR_HANDLER: ucp_ep_params_field = 4;
@@ -262,6 +297,8 @@ pub const UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER: ucp_worker_attr_field = 8;
 pub const UCP_WORKER_ATTR_FIELD_NAME: ucp_worker_attr_field = 16;
 pub const UCP_WORKER_ATTR_FIELD_MAX_INFO_STRING: ucp_worker_attr_field = 32;
 pub type ucp_worker_attr_field = ::std::os::raw::c_uint;
+pub const UCP_LISTENER_ATTR_FIELD_SOCKADDR: ucp_listener_attr_field = 1;
+pub type ucp_listener_attr_field = ::std::os::raw::c_uint;
 pub const UCP_OP_ATTR_FIELD_REQUEST: ucp_op_attr_t = 1;
 pub const UCP_OP_ATTR_FIELD_CALLBACK: ucp_op_attr_t = 2;
 pub const UCP_OP_ATTR_FIELD_USER_DATA: ucp_op_attr_t = 4;
@@ -319,6 +356,22 @@ pub struct ucp_worker_params {
     pub client_id: u64,
 }
 pub type ucp_worker_params_t = ucp_worker_params;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_listener_attr {
+    pub field_mask: u64,
+    pub sockaddr: sockaddr_storage,
+}
+pub type ucp_listener_attr_t = ucp_listener_attr;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_listener_params {
+    pub field_mask: u64,
+    pub sockaddr: ucs_sock_addr_t,
+    pub accept_handler: ucp_listener_accept_handler_t,
+    pub conn_handler: ucp_listener_conn_handler_t,
+}
+pub type ucp_listener_params_t = ucp_listener_params;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct ucp_mem_map_params {
@@ -439,10 +492,26 @@ unsafe extern "C" {
     pub fn ucp_worker_signal(worker: ucp_worker_h) -> ucs_status_t;
 }
 unsafe extern "C" {
+    pub fn ucp_listener_create(
+        worker: ucp_worker_h,
+        params: *const ucp_listener_params_t,
+        listener_p: *mut ucp_listener_h,
+    ) -> ucs_status_t;
+}
+unsafe extern "C" {
+    pub fn ucp_listener_destroy(listener: ucp_listener_h);
+}
+unsafe extern "C" {
+    pub fn ucp_listener_query(listener: ucp_listener_h, attr: *mut ucp_listener_attr_t) -> ucs_status_t;
+}
+unsafe extern "C" {
     pub fn ucp_ep_create(worker: ucp_worker_h, params: *const ucp_ep_params_t, ep_p: *mut ucp_ep_h) -> ucs_status_t;
 }
 unsafe extern "C" {
     pub fn ucp_ep_close_nbx(ep: ucp_ep_h, param: *const ucp_request_param_t) -> ucs_status_ptr_t;
+}
+unsafe extern "C" {
+    pub fn ucp_listener_reject(listener: ucp_listener_h, conn_request: ucp_conn_request_h) -> ucs_status_t;
 }
 unsafe extern "C" {
     pub fn ucp_ep_flush_nbx(ep: ucp_ep_h, param: *const ucp_request_param_t) -> ucs_status_ptr_t;

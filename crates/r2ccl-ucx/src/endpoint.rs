@@ -3,6 +3,7 @@
 
 use crate::error::{Status, UcxError};
 use crate::request::{wait_raw, Request, SendBuf};
+use crate::sockaddr::RawSockaddr;
 use crate::worker::{WorkerAddress, WorkerShared};
 use r2ccl_ucx_sys as sys;
 use std::ffi::c_void;
@@ -20,9 +21,21 @@ pub(crate) struct EpState {
     label: String,
     /// `UCS_OK` (0) while healthy; the first error status UCX reported otherwise.
     failed: AtomicI8,
+    /// Whether a failure is logged as a warning (not for accepted endpoints: their failure is the peer
+    /// closing its side, which it logs itself).
+    warn: bool,
 }
 
 impl EpState {
+    pub(crate) fn new(label: String, warn: bool) -> Self {
+        Self { label, failed: AtomicI8::new(0), warn }
+    }
+
+    /// The error handler to register for an endpoint that keeps this state alive while open.
+    pub(crate) fn err_handler(self: &Arc<Self>) -> sys::ucp_err_handler {
+        sys::ucp_err_handler { cb: Some(on_endpoint_error), arg: Arc::as_ptr(self).cast_mut().cast() }
+    }
+
     /// The recorded failure, if any.
     pub(crate) fn failure(&self) -> Option<Status> {
         match self.failed.load(Ordering::Acquire) {
@@ -45,7 +58,7 @@ unsafe extern "C" fn on_endpoint_error(arg: *mut c_void, _ep: sys::ucp_ep_h, sta
     // the UCX endpoint is closed, and UCX calls this only for open endpoints.
     let state = unsafe { &*arg.cast_const().cast::<EpState>() };
     let status = if status == sys::UCS_OK { sys::UCS_ERR_IO_ERROR } else { status };
-    if state.failed.compare_exchange(0, status, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+    if state.failed.compare_exchange(0, status, Ordering::AcqRel, Ordering::Acquire).is_ok() && state.warn {
         tracing::warn!(
             target: r2ccl_core::subsys::NET,
             path = %state.label,
@@ -78,31 +91,33 @@ impl fmt::Debug for Endpoint {
 
 impl Endpoint {
     pub(crate) fn connect(worker: Arc<WorkerShared>, address: &WorkerAddress, label: String) -> Result<Self, UcxError> {
-        let state = Arc::new(EpState { label, failed: AtomicI8::new(0) });
+        let peer = address.socket_addr()?;
+        let state = Arc::new(EpState::new(label, true));
+        let remote = RawSockaddr::new(peer);
         // SAFETY: ucp_ep_params_t is a plain C struct; all-zero means "no fields set".
         let mut params: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
         params.field_mask = u64::from(
-            sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
+            sys::UCP_EP_PARAM_FIELD_FLAGS
+                | sys::UCP_EP_PARAM_FIELD_SOCK_ADDR
                 | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
                 | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER,
         );
-        params.address = address.as_bytes().as_ptr().cast();
+        params.flags = sys::UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+        params.sockaddr = remote.as_ucs();
         params.err_mode = sys::UCP_ERR_HANDLING_MODE_PEER;
-        params.err_handler =
-            sys::ucp_err_handler { cb: Some(on_endpoint_error), arg: Arc::as_ptr(&state).cast_mut().cast() };
+        params.err_handler = state.err_handler();
         let mut handle: sys::ucp_ep_h = std::ptr::null_mut();
         let status = {
             let locked = worker.lock();
-            // SAFETY: live worker, lock held; `params.address` points at the packed address bytes, which
-            // outlive the call (UCX unpacks them during it); the callback argument stays valid as long as
-            // the endpoint is open (we keep `state`).
+            // SAFETY: live worker, lock held; `remote` outlives the call (UCX copies the address); the
+            // callback argument stays valid as long as the endpoint is open (we keep `state`).
             Status(unsafe { sys::ucp_ep_create(locked.handle, &params, &mut handle) })
         };
         if !status.is_ok() {
             return Err(UcxError::Status {
                 op: "ucp_ep_create",
                 status,
-                message: format!("{} (path {})", status.message(), state.label),
+                message: format!("{} (path {}, peer {peer})", status.message(), state.label),
             });
         }
         Ok(Self { worker, handle, state })
@@ -190,6 +205,24 @@ impl Endpoint {
                 tracing::debug!(target: r2ccl_core::subsys::NET, path = %self.state.label, status = %s, "forced endpoint close");
             }
         }
+    }
+}
+
+/// Close `ep` by force without waiting: a close still in progress finishes inside later progress and
+/// releases its request itself.
+///
+/// # Safety
+/// The caller holds the lock of `ep`'s live worker; `ep` is live and never used again.
+pub(crate) unsafe fn close_force_nowait(ep: sys::ucp_ep_h) {
+    let mut param = zeroed_param();
+    param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = sys::UCP_EP_CLOSE_FLAG_FORCE;
+    // SAFETY: the caller guarantees a live endpoint under the worker lock.
+    let ptr = unsafe { sys::ucp_ep_close_nbx(ep, &param) };
+    if sys::ucs_ptr_is_ptr(ptr) {
+        // SAFETY: a request UCX returned; freeing it before completion is allowed (no callback is set,
+        // UCX releases it when the close finishes).
+        unsafe { sys::ucp_request_free(ptr) };
     }
 }
 

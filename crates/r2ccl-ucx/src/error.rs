@@ -110,6 +110,22 @@ pub enum UcxError {
         /// How many there are.
         len: usize,
     },
+    /// A NIC has no IP address to listen on for peers' connections.
+    #[error("NIC {device} cannot take connections: {why}")]
+    NoDeviceAddress {
+        /// The network interface.
+        device: String,
+        /// What is missing.
+        why: String,
+    },
+    /// A peer's packed worker address is malformed.
+    #[error("worker address ({len} bytes) is malformed: {why}")]
+    BadAddress {
+        /// Its length.
+        len: usize,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// A received message was longer than the receive buffer (`UCS_ERR_MESSAGE_TRUNCATED`).
     #[error("received message of {got} bytes did not fit the {capacity}-byte buffer")]
     Truncated {
@@ -131,7 +147,11 @@ impl UcxError {
         match self {
             Self::Status { status, .. } | Self::EndpointFailed { status, .. } => Some(*status),
             Self::Truncated { .. } => Some(Status::MESSAGE_TRUNCATED),
-            Self::Timeout { .. } | Self::InvalidConfig { .. } | Self::OutOfRange { .. } => None,
+            Self::Timeout { .. }
+            | Self::InvalidConfig { .. }
+            | Self::OutOfRange { .. }
+            | Self::NoDeviceAddress { .. }
+            | Self::BadAddress { .. } => None,
         }
     }
 

@@ -3,8 +3,9 @@
 //! What it does:
 //! - [`Context`]: one UCP context per NIC, restricted to it (`NET_DEVICES`), TCP only (keepalive tunable, UCX defaults by default)
 //!   through `ucp_config_modify` (never the process environment), with the TAG and WAKEUP features.
-//! - [`Worker`]: progress, address export, tagged receives; every UCX call on a worker is serialized by its
-//!   lock. [`Endpoint`]: to a peer worker, `UCP_ERR_HANDLING_MODE_PEER`, with an error callback that records
+//! - [`Worker`]: progress, a listener on its NIC's IP address (its [`WorkerAddress`]; progress accepts
+//!   peers' connections), tagged receives; every UCX call on a worker is serialized by its lock.
+//!   [`Endpoint`]: to a peer worker's listener (one point-to-point TCP socket), `UCP_ERR_HANDLING_MODE_PEER`, with an error callback that records
 //!   the failure for the owning path.
 //! - [`Request`]: tagged send/receive (`*_nbx`) owning its buffer until UCX releases it; completion, cancel,
 //!   and waits with deadlines ([`Request::wait`], [`wait_all`]) — TCP never reports local drops, so every wait
@@ -56,6 +57,7 @@ mod memory;
 mod netlink;
 mod rail;
 mod request;
+mod sockaddr;
 mod transport;
 mod worker;
 

@@ -72,9 +72,9 @@ impl Rail {
         Ok(())
     }
 
-    /// Replace only those endpoints to `peer` that are missing or failed, leaving healthy ones alone:
-    /// closing a healthy endpoint resets its connection, which fails the peer's endpoint paired with it
-    /// (and its reconnect would then fail ours, and so on). Returns whether anything was replaced.
+    /// Replace only those endpoints to `peer` that are missing or failed, leaving healthy ones alone
+    /// (replacing a healthy one would cut the chunks in flight on it). Returns whether anything was
+    /// replaced.
     pub fn reconnect(&mut self, peer: Rank, address: &WorkerAddress) -> Result<bool, UcxError> {
         let Some(eps) = self.peers.get(&peer) else {
             self.connect(peer, address)?;

@@ -1,21 +1,25 @@
-//! A UCP worker on one NIC's context: progress, address export, receives, and the lock that serializes
-//! every call on it.
+//! A UCP worker on one NIC's context: progress, its listener for peers' connections, receives, and the
+//! lock that serializes every call on it.
 
 use crate::context::Context;
-use crate::endpoint::Endpoint;
+use crate::endpoint::{close_force_nowait, Endpoint, EpState};
 use crate::error::{Status, UcxError};
 use crate::request::{Orphan, RecvBuf, Request};
+use crate::sockaddr::{self, RawSockaddr};
 use r2ccl_ucx_sys as sys;
+use std::ffi::c_void;
 use std::fmt;
+use std::net::SocketAddr;
 use std::ptr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-/// A worker's address as `ucp_worker_get_address` packs it: opaque bytes to hand to a peer out of band.
+/// Where peers connect to a worker: its listener's IP address and port, packed (opaque bytes to hand to
+/// a peer out of band).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct WorkerAddress(Vec<u8>);
 
 impl WorkerAddress {
-    /// Wrap address bytes received from a peer.
+    /// Wrap address bytes received from a peer (checked when connecting).
     pub fn from_bytes(bytes: Vec<u8>) -> Self {
         Self(bytes)
     }
@@ -29,18 +33,65 @@ impl WorkerAddress {
     pub fn into_bytes(self) -> Vec<u8> {
         self.0
     }
+
+    /// The listener's socket address, or why the bytes are not one.
+    pub fn socket_addr(&self) -> Result<SocketAddr, UcxError> {
+        sockaddr::unpack(&self.0).map_err(|why| UcxError::BadAddress { len: self.0.len(), why })
+    }
+
+    fn from_socket_addr(addr: SocketAddr) -> Self {
+        Self(sockaddr::pack(addr))
+    }
 }
 
 impl fmt::Debug for WorkerAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "WorkerAddress({} bytes)", self.0.len())
+        match sockaddr::unpack(&self.0) {
+            Ok(a) => write!(f, "WorkerAddress({a})"),
+            Err(_) => write!(f, "WorkerAddress({} bytes, malformed)", self.0.len()),
+        }
     }
+}
+
+/// A connection request the listener received, to accept at the next progress.
+struct ConnRequest(sys::ucp_conn_request_h);
+
+// SAFETY: a connection request handle is only used under the worker lock (accepted in progress).
+unsafe impl Send for ConnRequest {}
+
+/// An endpoint created from a peer's connection request: it carries the peer's sends to us. Nothing is
+/// sent on it; it is closed once it fails (the peer closed its side) or with the worker.
+struct Accepted {
+    handle: sys::ucp_ep_h,
+    state: Arc<EpState>,
+}
+
+/// The worker's listener and the address it publishes.
+struct Listener {
+    handle: sys::ucp_listener_h,
+    address: WorkerAddress,
+}
+
+/// UCX's connection callback (`ucp_listener_conn_callback_t`): queue the request; the next progress
+/// accepts it (UCX's own tests accept outside the callback, too).
+unsafe extern "C" fn on_conn_request(request: sys::ucp_conn_request_h, arg: *mut c_void) {
+    if arg.is_null() {
+        return;
+    }
+    // SAFETY: `arg` is the `incoming` queue of the WorkerShared that owns the listener; the listener is
+    // destroyed before that WorkerShared is freed.
+    let incoming = unsafe { &*arg.cast_const().cast::<Mutex<Vec<ConnRequest>>>() };
+    incoming.lock().unwrap_or_else(PoisonError::into_inner).push(ConnRequest(request));
 }
 
 /// State behind the worker lock.
 pub(crate) struct WorkerState {
     /// Requests dropped while UCX still owned their buffers; reaped by progress, released at destroy.
     pub(crate) orphans: Vec<Orphan>,
+    /// The listener, created by the first [`Worker::address`].
+    listener: Option<Listener>,
+    /// Endpoints accepted from peers' connection requests.
+    accepted: Vec<Accepted>,
 }
 
 /// How long a worker being destroyed keeps progressing to let its orphaned requests finish.
@@ -51,6 +102,9 @@ pub(crate) struct WorkerShared {
     handle: sys::ucp_worker_h,
     state: Mutex<WorkerState>,
     context: Arc<Context>,
+    /// Connection requests queued by the listener's callback (which runs inside progress, with `state`
+    /// locked, hence a lock of its own).
+    incoming: Mutex<Vec<ConnRequest>>,
 }
 
 // SAFETY: the worker is created with UCS_THREAD_MODE_SERIALIZED and every UCX call that takes this
@@ -63,24 +117,68 @@ unsafe impl Sync for WorkerShared {}
 pub(crate) struct Locked<'a> {
     pub(crate) state: MutexGuard<'a, WorkerState>,
     pub(crate) handle: sys::ucp_worker_h,
+    incoming: &'a Mutex<Vec<ConnRequest>>,
 }
 
 impl Locked<'_> {
-    /// One `ucp_worker_progress` call, then reap finished orphans. Returns UCX's event count.
+    /// One `ucp_worker_progress` call, then accept queued connection requests, close accepted endpoints
+    /// that failed, and reap finished orphans. Returns UCX's event count.
     pub(crate) fn progress(&mut self) -> u32 {
         // SAFETY: the handle is a live worker and the lock is held.
         let events = unsafe { sys::ucp_worker_progress(self.handle) };
+        self.accept_incoming();
+        if self.state.accepted.iter().any(|a| a.state.failure().is_some()) {
+            self.state.accepted.retain(|a| {
+                if a.state.failure().is_none() {
+                    return true;
+                }
+                // SAFETY: a live endpoint of this worker, lock held; never used again.
+                unsafe { close_force_nowait(a.handle) };
+                false
+            });
+        }
         if !self.state.orphans.is_empty() {
             // SAFETY: orphan requests belong to this worker and the lock is held.
             self.state.orphans.retain_mut(|o| unsafe { !o.try_release() });
         }
         events
     }
+
+    /// Create an endpoint for every queued connection request.
+    fn accept_incoming(&mut self) {
+        let requests = std::mem::take(&mut *self.incoming.lock().unwrap_or_else(PoisonError::into_inner));
+        for ConnRequest(request) in requests {
+            let state = Arc::new(EpState::new("accepted peer endpoint".into(), false));
+            // SAFETY: ucp_ep_params_t is a plain C struct; all-zero means "no fields set".
+            let mut params: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
+            params.field_mask = u64::from(
+                sys::UCP_EP_PARAM_FIELD_CONN_REQUEST
+                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER,
+            );
+            params.conn_request = request;
+            params.err_mode = sys::UCP_ERR_HANDLING_MODE_PEER;
+            params.err_handler = state.err_handler();
+            let mut handle: sys::ucp_ep_h = ptr::null_mut();
+            // SAFETY: live worker, lock held; the request came from this worker's listener and is used
+            // once; the error callback's argument lives as long as the endpoint (kept in `accepted`).
+            let status = Status(unsafe { sys::ucp_ep_create(self.handle, &params, &mut handle) });
+            if status.is_ok() {
+                self.state.accepted.push(Accepted { handle, state });
+            } else {
+                tracing::debug!(target: r2ccl_core::subsys::NET, %status, "could not accept a peer's connection");
+            }
+        }
+    }
 }
 
 impl WorkerShared {
     pub(crate) fn lock(&self) -> Locked<'_> {
-        Locked { state: self.state.lock().unwrap_or_else(PoisonError::into_inner), handle: self.handle }
+        Locked {
+            state: self.state.lock().unwrap_or_else(PoisonError::into_inner),
+            handle: self.handle,
+            incoming: &self.incoming,
+        }
     }
 
     pub(crate) fn context(&self) -> &Arc<Context> {
@@ -94,7 +192,23 @@ impl Drop for WorkerShared {
         // (typically forced endpoint closes on a dead path that outlived their wait): give them a bounded
         // time to finish under progress first, so that the worker is destroyed with as little UCX work in
         // flight as possible. Whatever is left is released by the destroy, and only then may its buffers
-        // be freed.
+        // be freed. The listener goes first (no new connections), then the accepted endpoints.
+        {
+            let mut locked = self.lock();
+            if let Some(l) = locked.state.listener.take() {
+                let pending = std::mem::take(&mut *self.incoming.lock().unwrap_or_else(PoisonError::into_inner));
+                for ConnRequest(r) in pending {
+                    // SAFETY: live listener and a request it delivered, lock held.
+                    unsafe { sys::ucp_listener_reject(l.handle, r) };
+                }
+                // SAFETY: the listener came from ucp_listener_create on this worker and is destroyed once.
+                unsafe { sys::ucp_listener_destroy(l.handle) };
+            }
+            for a in std::mem::take(&mut locked.state.accepted) {
+                // SAFETY: a live endpoint of this worker, lock held; never used again.
+                unsafe { close_force_nowait(a.handle) };
+            }
+        }
         let drain_start = std::time::Instant::now();
         loop {
             let mut locked = self.lock();
@@ -150,7 +264,12 @@ impl Worker {
         let status = Status(unsafe { sys::ucp_worker_create(context.raw(), &params, &mut handle) });
         status.check("ucp_worker_create")?;
         Ok(Self {
-            shared: Arc::new(WorkerShared { handle, state: Mutex::new(WorkerState { orphans: Vec::new() }), context }),
+            shared: Arc::new(WorkerShared {
+                handle,
+                state: Mutex::new(WorkerState { orphans: Vec::new(), listener: None, accepted: Vec::new() }),
+                context,
+                incoming: Mutex::new(Vec::new()),
+            }),
         })
     }
 
@@ -164,19 +283,52 @@ impl Worker {
         self.shared.context.device()
     }
 
-    /// This worker's address, for peers to connect to.
+    /// This worker's address, for peers to connect to: the first call starts a listener on the NIC's IP
+    /// address (an ephemeral port); peers' connections are accepted by progress.
     pub fn address(&self) -> Result<WorkerAddress, UcxError> {
-        let locked = self.shared.lock();
-        let mut addr: *mut sys::ucp_address_t = ptr::null_mut();
-        let mut len: usize = 0;
-        // SAFETY: live worker, lock held, valid out pointers.
-        let status = Status(unsafe { sys::ucp_worker_get_address(locked.handle, &mut addr, &mut len) });
-        status.check("ucp_worker_get_address")?;
-        // SAFETY: on success UCX returns `len` readable bytes at `addr`, valid until released below.
-        let bytes = unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) }.to_vec();
-        // SAFETY: `addr` came from ucp_worker_get_address on this worker and is released once.
-        unsafe { sys::ucp_worker_release_address(locked.handle, addr) };
-        Ok(WorkerAddress(bytes))
+        let mut locked = self.shared.lock();
+        if let Some(l) = &locked.state.listener {
+            return Ok(l.address.clone());
+        }
+        let ip = sockaddr::device_ip(self.device())?;
+        let bind = RawSockaddr::new(SocketAddr::new(ip, 0));
+        // SAFETY: ucp_listener_params_t is a plain C struct; all-zero means "no fields set".
+        let mut params: sys::ucp_listener_params_t = unsafe { std::mem::zeroed() };
+        params.field_mask =
+            u64::from(sys::UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | sys::UCP_LISTENER_PARAM_FIELD_CONN_HANDLER);
+        params.sockaddr = bind.as_ucs();
+        params.conn_handler = sys::ucp_listener_conn_handler {
+            cb: Some(on_conn_request),
+            arg: (&raw const self.shared.incoming).cast_mut().cast(),
+        };
+        let mut handle: sys::ucp_listener_h = ptr::null_mut();
+        // SAFETY: live worker, lock held; `bind` outlives the call; the callback argument (our queue)
+        // outlives the listener, which the worker's drop destroys first.
+        let status = Status(unsafe { sys::ucp_listener_create(locked.handle, &params, &mut handle) });
+        status.check("ucp_listener_create")?;
+        // SAFETY: ucp_listener_attr_t is a plain C struct; all-zero is valid before the query fills it.
+        let mut attr: sys::ucp_listener_attr_t = unsafe { std::mem::zeroed() };
+        attr.field_mask = u64::from(sys::UCP_LISTENER_ATTR_FIELD_SOCKADDR);
+        // SAFETY: live listener, lock held, valid out pointer.
+        let status = Status(unsafe { sys::ucp_listener_query(handle, &mut attr) });
+        let port = if status.is_ok() { sockaddr::port_of(&attr.sockaddr) } else { None };
+        let Some(port) = port else {
+            // SAFETY: created above, destroyed once.
+            unsafe { sys::ucp_listener_destroy(handle) };
+            status.check("ucp_listener_query")?;
+            return Err(UcxError::NoDeviceAddress {
+                device: self.device().to_owned(),
+                why: "its listener reports no IPv4 or IPv6 port".into(),
+            });
+        };
+        let address = WorkerAddress::from_socket_addr(SocketAddr::new(ip, port));
+        locked.state.listener = Some(Listener { handle, address: address.clone() });
+        Ok(address)
+    }
+
+    /// How many endpoints accepted from peers' connections are open.
+    pub fn accepted_count(&self) -> usize {
+        self.shared.lock().state.accepted.len()
     }
 
     /// Make progress once (`ucp_worker_progress`); returns the number of events UCX processed.
@@ -213,8 +365,9 @@ impl Worker {
         self.shared.lock().state.orphans.len()
     }
 
-    /// Connect an endpoint to the worker at `address`, with peer error handling. `label` names the path in
-    /// errors and logs (e.g. `rank 3 rail 1`).
+    /// Connect an endpoint to the worker at `address` (its listener), with peer error handling. The
+    /// connection completes in the background: sends posted before then wait for it. `label` names the
+    /// path in errors and logs (e.g. `rank 3 rail 1`).
     pub fn connect(&self, address: &WorkerAddress, label: impl Into<String>) -> Result<Endpoint, UcxError> {
         Endpoint::connect(self.shared.clone(), address, label.into())
     }
