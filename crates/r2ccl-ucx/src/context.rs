@@ -81,6 +81,11 @@ impl ContextConfig {
         if let Some(b) = self.rx_segment {
             out.push(("RX_SEG_SIZE".into(), b.to_string()));
         }
+        // No TCP RMA lane: on point-to-point endpoints UCX 1.13 would send rendezvous payloads as TCP
+        // PUT zcopy, which made the fault-free 16 MiB AllReduce on the 4 x 2 testbed 8% slower (1189-1200
+        // ms against 1065 ms with PUT off, `cargo xtask bench --part strategies`, 2026-12-04); without it
+        // they go as active messages of `rx_segment` bytes.
+        out.push(("PUT_ENABLE".into(), "n".into()));
         out.extend(self.extra.iter().cloned());
         out
     }
@@ -217,6 +222,7 @@ mod tests {
             ("KEEPINTVL", "1s"),
             ("KEEPCNT", "5"),
             ("RX_SEG_SIZE", "1048576"),
+            ("PUT_ENABLE", "n"),
             ("RNDV_THRESH", "64k"),
         ]
         .iter()
@@ -225,6 +231,6 @@ mod tests {
         assert_eq!(s, expect);
         c.keepalive = None;
         c.rx_segment = None;
-        assert_eq!(c.settings().len(), 3);
+        assert_eq!(c.settings().len(), 4);
     }
 }
