@@ -23,6 +23,8 @@
 //!                                #   with an exit code (a signal is a crash, not a clean error)
 //! expect_error = "text"          # failure only: stderr of every survivor (a rank on a node
 //!                                #   no fault touches) contains this text
+//! expect_recovery = 0.8         # success only: the bus bandwidth after the last failover is at
+//!                                #   least this fraction of the one before the first (fail-back)
 //! env = ["R2CCL_BOOTSTRAP__PEER_TIMEOUT_MS=2000"]   # optional: extra environment of every rank
 //! launcher = "mpirun"            # optional: start the ranks with OpenMPI's `mpirun -np NODES`
 //!                                #   (each rank enters its node's namespace, takes its rank from
@@ -83,6 +85,8 @@ struct Scenario {
     deadline: Duration,
     expect: Expect,
     expect_error: Option<String>,
+    /// Bus bandwidth after the last failover, as a fraction of the one before the first, at least.
+    expect_recovery: Option<f64>,
     faults: Vec<Step>,
     /// Extra `KEY=VALUE` environment of every rank (e.g. a shorter peer timeout).
     env: Vec<(String, String)>,
@@ -172,6 +176,7 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
         deadline: Duration::from_secs(20),
         expect: Expect::Success,
         expect_error: None,
+        expect_recovery: None,
         env: Vec::new(),
         launcher: Launcher::Direct,
         faults: Vec::new(),
@@ -213,6 +218,16 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
                 }
             }
             "expect_error" => sc.expect_error = Some(string(value)?),
+            "expect_recovery" => {
+                let f = match &value {
+                    Value::Bare(b) => b.parse::<f64>().ok(),
+                    _ => None,
+                };
+                match f {
+                    Some(f) if f > 0.0 && f <= 1.0 => sc.expect_recovery = Some(f),
+                    _ => bail!("{}: `expect_recovery` must be a bare number in (0, 1]", at()),
+                }
+            }
             "launcher" => {
                 sc.launcher = match string(value)?.as_str() {
                     "direct" => Launcher::Direct,
@@ -463,6 +478,14 @@ fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome>
 }
 
 /// Starts every rank of `sc` with one `mpirun -np NODES` (OpenMPI). Each rank runs a small shell
+/// `(before, during, after)` from r2ccl-perf's `# bus bandwidth before the failure B GB/s, during D
+/// GB/s, after A GB/s` line.
+fn bandwidth_phases(out: &str) -> Option<(f64, f64, f64)> {
+    let line = out.lines().find_map(|l| l.strip_prefix("# bus bandwidth before the failure "))?;
+    let mut nums = line.split_whitespace().filter_map(|w| w.trim_end_matches(',').parse::<f64>().ok());
+    Some((nums.next()?, nums.next()?, nums.next()?))
+}
+
 /// wrapper that enters namespace `<prefix>-n$OMPI_COMM_WORLD_RANK`, names its node after its
 /// rank, and records its pid and exit status in `logs/rank<R>.{pid,rc}` (its output goes to
 /// `rank<R>.{out,err}` as with the direct launcher). The rank and world size come from
@@ -563,6 +586,16 @@ fn judge(sc: &Scenario, o: &Outcome) -> Vec<String> {
             }
             if !o.rank0_out.contains("# Out of bounds values : 0 OK") {
                 bad.push("rank 0 did not print `# Out of bounds values : 0 OK`".into());
+            }
+            if let Some(want) = sc.expect_recovery {
+                match bandwidth_phases(&o.rank0_out) {
+                    Some((before, _, after)) if before > 0.0 && after >= want * before => {}
+                    Some((before, _, after)) => bad.push(format!(
+                        "bus bandwidth after the last failover {after:.3} GB/s is under {want} x the {before:.3} GB/s \
+                         before the first (no fail-back?)"
+                    )),
+                    None => bad.push("rank 0 printed no `# bus bandwidth before the failure` line".into()),
+                }
             }
         }
         Expect::Failure => {
@@ -788,6 +821,17 @@ mod tests {
         assert!(parse("x", "nodes = 2\nbogus = 1\nargs = \"a\"").is_err());
         assert!(parse("x", "nodes = 2\nargs = \"a\"\nfaults = [\"1 5 0 down\"]").is_err());
         assert!(parse("x", "nodes = 2 # two\nargs = \"a # b\"").is_ok_and(|s| s.args == ["a", "#", "b"]));
+        assert_eq!(flap.expect_recovery, Some(0.8));
+        assert!(parse("x", "nodes = 2\nargs = \"a\"\nexpect_recovery = 1.5").is_err());
+        assert!(parse("x", "nodes = 2\nargs = \"a\"\nexpect_recovery = \"0.5\"").is_err());
+    }
+
+    /// The before/during/after bus bandwidths come out of r2ccl-perf's summary line.
+    #[test]
+    fn bandwidth_phases_parse() {
+        let out = "#  time(s)\n# bus bandwidth before the failure 0.187 GB/s, during 0.085 GB/s, after 0.188 GB/s (strategy x)\n";
+        assert_eq!(bandwidth_phases(out), Some((0.187, 0.085, 0.188)));
+        assert_eq!(bandwidth_phases("# bus bandwidth 0.2 GB/s, no failover"), None);
     }
 
     /// Seeded jitter moves faults by less than half a second and keeps their order.

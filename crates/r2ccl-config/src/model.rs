@@ -122,6 +122,9 @@ pub struct DetectConfig {
     pub holddown_max_ms: u64,
     /// Window over which failures count as flaps, ms.
     pub flap_window_ms: u64,
+    /// How long a transfer may wait for a usable path (every path to its peer failed, e.g. a
+    /// silent black hole on the last common rail) before its collective fails, ms.
+    pub no_path_timeout_ms: u64,
 }
 
 impl Default for DetectConfig {
@@ -140,6 +143,7 @@ impl Default for DetectConfig {
             holddown_base_ms: 200,
             holddown_max_ms: 5_000,
             flap_window_ms: 10_000,
+            no_path_timeout_ms: 8_000,
         }
     }
 }
@@ -253,6 +257,7 @@ impl Config {
         range("detect.holddown_base_ms", d.holddown_base_ms, 1, 3_600_000, " ms")?;
         range("detect.holddown_max_ms", d.holddown_max_ms, d.holddown_base_ms, 86_400_000, " ms")?;
         range("detect.flap_window_ms", d.flap_window_ms, 1, 86_400_000, " ms")?;
+        range("detect.no_path_timeout_ms", d.no_path_timeout_ms, 1, 3_600_000, " ms")?;
         if !STRATEGIES.contains(&self.policy.strategy.as_str()) {
             return Err(ConfigError::OutOfRange {
                 key: "policy.strategy".into(),

@@ -323,6 +323,10 @@ pub struct UcxTransport {
     peers: BTreeMap<Rank, Peer>,
     /// Peers that left the communicator: their endpoints are closed and never reconnected.
     forgotten: std::collections::BTreeSet<Rank>,
+    /// `(rail, peer)` pairs whose same-rail path went down: their TCP connections may have spent the
+    /// outage in retransmission backoff (the next retry up to seconds after the link is back), so
+    /// the first data send after the path comes back replaces both endpoints with fresh ones.
+    stale: std::collections::BTreeSet<(usize, Rank)>,
     events: VecDeque<TransportEvent>,
     next_req: u64,
     next_handle: u64,
@@ -433,6 +437,7 @@ impl UcxTransport {
             node: cfg.node,
             peers: BTreeMap::new(),
             forgotten: std::collections::BTreeSet::new(),
+            stale: std::collections::BTreeSet::new(),
             events: VecDeque::new(),
             next_req: 1,
             next_handle: 1,
@@ -604,6 +609,29 @@ impl UcxTransport {
         }
     }
 
+    /// Replace the endpoints to `peer` on `rail` with fresh ones (new TCP connections): the first
+    /// data send on a path that was down. The old ones are closed by force; whatever was still on
+    /// them belonged to the failed path and was given up with it.
+    fn refresh_endpoints(&mut self, rail: usize, peer: Rank) {
+        if self.forgotten.contains(&peer) {
+            return;
+        }
+        let Some(addr) = self.peers.get(&peer).and_then(|p| p.addrs.get(rail)).cloned() else { return };
+        if addr.as_bytes().is_empty() {
+            return;
+        }
+        let Some(r) = self.set.rail_mut(rail) else { return };
+        match r.connect(peer, &addr) {
+            Ok(()) => {
+                if let Some(n) = self.nics.get_mut(rail) {
+                    n.reported_eps.remove(&peer);
+                }
+                tracing::info!(target: NET, rail, %peer, "path back in use: endpoints replaced by fresh connections");
+            }
+            Err(e) => tracing::warn!(target: NET, rail, %peer, error = %e, "reconnect failed"),
+        }
+    }
+
     /// Post `held` on its path now (the NIC is healthy and not a black hole).
     fn launch(&mut self, path: PathId, held: Held) -> State {
         // A post may finish at once (UCX completes small sends inline).
@@ -685,7 +713,9 @@ impl UcxTransport {
         } else if nic.blackhole {
             State::Held(held)
         } else {
-            if matches!(kind, Kind::Send | Kind::SplitSend | Kind::Probe) {
+            if matches!(kind, Kind::Send | Kind::SplitSend) && self.stale.remove(&(rail, path.peer)) {
+                self.refresh_endpoints(rail, path.peer);
+            } else if matches!(kind, Kind::Send | Kind::SplitSend | Kind::Probe) {
                 self.heal_endpoints(rail, path.peer, kind != Kind::Probe);
             }
             self.launch(path, held)
@@ -1330,6 +1360,9 @@ impl Transport for UcxTransport {
     }
 
     fn cancel_path(&mut self, _now: Duration, path: PathId) -> usize {
+        if path.local.rail == path.remote.rail && path.local.node == self.node {
+            self.stale.insert((path.local.rail.index(), path.peer));
+        }
         let ids: Vec<RequestId> =
             self.out.iter().filter(|(_, o)| o.path == path && o.kind != Kind::Probe).map(|(id, _)| *id).collect();
         ids.into_iter().filter(|&id| self.cancel_one(id, true)).count()

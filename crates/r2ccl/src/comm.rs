@@ -975,6 +975,7 @@ impl Progress {
             // UcxTransport connects rail r to the peers' rail r only.
             rail_only: true,
             detect: detect_config(&cfg.detect),
+            no_path_timeout: Duration::from_millis(cfg.detect.no_path_timeout_ms),
         };
         let mut engine =
             Engine::new(Rank(opts.rank), opts.world, ecfg, topo).map_err(|e| CommError::Transport(e.to_string()))?;
@@ -1327,9 +1328,19 @@ impl Progress {
         self.nic_bytes_seen = now;
     }
 
+    /// This rank's view for the next agreement: the agreed one with every NIC the engine knows
+    /// to be down failed, and every failed NIC it no longer knows to be down healthy again (its
+    /// link came back, or a blamed NIC answers probes), so a recovered NIC is planned with again
+    /// once every rank has seen it come back (the merge is a union of failures).
     fn local_view(&self) -> HealthView {
         let mut v = self.agreed.clone();
-        for nic in self.engine.down_nics() {
+        let down = self.engine.down_nics();
+        for nic in v.failed_nics() {
+            if !down.contains(&nic) {
+                let _ = v.set_healthy(nic);
+            }
+        }
+        for nic in down {
             let _ = v.set_failed(*nic);
         }
         v

@@ -65,6 +65,9 @@ pub struct EngineConfig {
     /// The failure detector's timing and hysteresis (localization, heartbeats on idle paths,
     /// hold-down of flapping paths, good probes before a recovery).
     pub detect: DetectConfig,
+    /// How long a lane or a send may wait for a usable path before the collective fails
+    /// ([`EngineError::NoPathLeft`]): a black hole on the last common rail is an error, not a hang.
+    pub no_path_timeout: Duration,
 }
 
 impl Default for EngineConfig {
@@ -78,6 +81,7 @@ impl Default for EngineConfig {
             migrate_retry: Duration::from_millis(50),
             rail_only: false,
             detect: DetectConfig::default(),
+            no_path_timeout: Duration::from_secs(8),
         }
     }
 }
@@ -114,6 +118,18 @@ pub enum EngineError {
     /// Every NIC of a node is down: its ranks cannot communicate.
     #[error("node {0} has no usable NIC left (every NIC reported down)")]
     NodeIsolated(u32),
+    /// A transfer found no usable path to its peer for longer than the no-path timeout (every
+    /// path failed without its NICs being reported down, e.g. a silent black hole on the last
+    /// common rail).
+    #[error("no usable path for {what} for {waited_ms} ms (every path to rank {peer} failed); giving up")]
+    NoPathLeft {
+        /// The lane or send that waited.
+        what: String,
+        /// The peer rank.
+        peer: u32,
+        /// How long it waited.
+        waited_ms: u64,
+    },
     /// On a rail-only fabric, two nodes that must talk have no healthy rail in common.
     #[error("nodes {a} and {b} have no healthy rail in common (rail-only fabric); a transfer between them cannot be repaired")]
     NoCommonRail {
@@ -238,6 +254,8 @@ struct Exec {
     ready: VecDeque<usize>,
     /// Sends that found no usable path (every path to the peer marked down); retried.
     deferred: Vec<usize>,
+    /// When each deferred send first found no path (bounded by the no-path timeout).
+    deferred_since: BTreeMap<usize, Duration>,
     done: usize,
     unacked: BTreeSet<TransferKey>,
 }
@@ -755,6 +773,7 @@ impl Engine {
             by_recv,
             ready,
             deferred: Vec::new(),
+            deferred_since: BTreeMap::new(),
             done: 0,
             unacked: BTreeSet::new(),
         });
@@ -943,6 +962,7 @@ impl Engine {
                     let buf = Buffer { region, offset, len: src.len };
                     match self.session.start_send(now, t, key, buf, &weights) {
                         Ok(_) => {
+                            x.deferred_since.remove(&i);
                             // A receipt can beat its send here (an empty transfer completes at
                             // the receiver at once): then the send is acknowledged already.
                             if self.early_receipts.remove(&key) {
@@ -957,6 +977,15 @@ impl Engine {
                             let topo = self.session.topology();
                             if let (Some(a), Some(b)) = (topo.node_of(self.rank), topo.node_of(key.dst)) {
                                 reachable(topo, &self.down_nics, self.cfg.rail_only, a, b)?;
+                            }
+                            let since = *x.deferred_since.entry(i).or_insert(now);
+                            let waited = now.saturating_sub(since);
+                            if waited > self.cfg.no_path_timeout {
+                                return Err(EngineError::NoPathLeft {
+                                    what: format!("send {key}"),
+                                    peer: key.dst.0,
+                                    waited_ms: waited.as_millis() as u64,
+                                });
                             }
                             x.deferred.push(i);
                             continue;
@@ -1079,6 +1108,14 @@ impl Engine {
         }
         for (req, stopped_at) in std::mem::take(&mut self.no_path) {
             self.check_reachable(req.from.local.node, req.from.remote.node)?;
+            let waited = now.saturating_sub(stopped_at);
+            if waited > self.cfg.no_path_timeout {
+                return Err(EngineError::NoPathLeft {
+                    what: format!("lane {}", req.lane),
+                    peer: req.lane.transfer.dst.0,
+                    waited_ms: waited.as_millis() as u64,
+                });
+            }
             self.begin_migration(now, req, stopped_at);
         }
         if let Some(x) = &mut self.exec {
@@ -1332,7 +1369,15 @@ impl Engine {
             .min();
         let probe = self.probes.values().chain(self.suspects.values()).copied().min();
         let retry = self.migrations.values().map(|m| m.sent_at + self.cfg.migrate_retry).min();
-        [stall, probe, retry, self.detector.poll_timeout()].into_iter().flatten().min()
+        // Just past the no-path deadline of the longest-waiting lane or send.
+        let give_up = self
+            .no_path
+            .iter()
+            .map(|(_, since)| *since)
+            .chain(self.exec.iter().flat_map(|x| x.deferred_since.values().copied()))
+            .min()
+            .map(|since| since + self.cfg.no_path_timeout + Duration::from_millis(1));
+        [stall, probe, retry, give_up, self.detector.poll_timeout()].into_iter().flatten().min()
     }
 
     fn begin_migration(&mut self, now: Duration, req: MigrationRequest, stopped_at: Duration) {
