@@ -112,6 +112,19 @@ impl Rail {
         })
     }
 
+    /// Replace the data endpoint to `peer` with a fresh one (a new connection), keeping its probe
+    /// endpoint (probes in flight on it stay valid); connects both if `peer` has none yet.
+    pub fn replace_data(&mut self, peer: Rank, address: &WorkerAddress) -> Result<(), UcxError> {
+        if !self.peers.contains_key(&peer) {
+            return self.connect(peer, address);
+        }
+        let data = self.worker.connect(address, format!("rank {} rail {} data", peer.0, self.id.0))?;
+        if let Some(eps) = self.peers.get_mut(&peer) {
+            eps.data = Some(data);
+        }
+        Ok(())
+    }
+
     /// Drop the endpoints to `peer` (forced close). Returns whether there were any.
     pub fn disconnect(&mut self, peer: Rank) -> bool {
         self.peers.remove(&peer).is_some()

@@ -323,9 +323,9 @@ pub struct UcxTransport {
     peers: BTreeMap<Rank, Peer>,
     /// Peers that left the communicator: their endpoints are closed and never reconnected.
     forgotten: std::collections::BTreeSet<Rank>,
-    /// `(rail, peer)` pairs whose same-rail path went down: their TCP connections may have spent the
+    /// `(rail, peer)` pairs whose same-rail path went down: the data connection may have spent the
     /// outage in retransmission backoff (the next retry up to seconds after the link is back), so
-    /// the first data send after the path comes back replaces both endpoints with fresh ones.
+    /// the first data send after the path comes back replaces the data endpoint with a fresh one.
     stale: std::collections::BTreeSet<(usize, Rank)>,
     events: VecDeque<TransportEvent>,
     next_req: u64,
@@ -609,9 +609,10 @@ impl UcxTransport {
         }
     }
 
-    /// Replace the endpoints to `peer` on `rail` with fresh ones (new TCP connections): the first
-    /// data send on a path that was down. The old ones are closed by force; whatever was still on
-    /// them belonged to the failed path and was given up with it.
+    /// Replace the data endpoint to `peer` on `rail` with a fresh one (a new TCP connection): the
+    /// first data send on a path that was down. The old one is closed by force; whatever was still
+    /// on it belonged to the failed path and was given up with it. The probe endpoint stays (closing
+    /// it would cancel the detector's probes in flight, which it counts as unanswered).
     fn refresh_endpoints(&mut self, rail: usize, peer: Rank) {
         if self.forgotten.contains(&peer) {
             return;
@@ -621,12 +622,14 @@ impl UcxTransport {
             return;
         }
         let Some(r) = self.set.rail_mut(rail) else { return };
-        match r.connect(peer, &addr) {
+        match r.replace_data(peer, &addr) {
             Ok(()) => {
-                if let Some(n) = self.nics.get_mut(rail) {
+                // A failure of the new endpoint must be reported again (unless the probe one failed).
+                let probe_ok = r.peer(peer).is_ok_and(|e| e.probe.failure().is_none());
+                if let (true, Some(n)) = (probe_ok, self.nics.get_mut(rail)) {
                     n.reported_eps.remove(&peer);
                 }
-                tracing::info!(target: NET, rail, %peer, "path back in use: endpoints replaced by fresh connections");
+                tracing::info!(target: NET, rail, %peer, "path back in use: data endpoint replaced by a fresh connection");
             }
             Err(e) => tracing::warn!(target: NET, rail, %peer, error = %e, "reconnect failed"),
         }

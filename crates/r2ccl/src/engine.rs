@@ -1047,7 +1047,23 @@ impl Engine {
             .map(|a| a.path)
             .filter(|p| !self.suspects.contains_key(p) && self.quiet.get(p).is_none_or(|&q| now >= q))
             .collect();
+        // A path whose sends make no progress at all for much longer, although its probes are
+        // answered, has lost something (the peer gave the path up without telling us, say): it
+        // is declared failed all the same, so that its lanes replay elsewhere instead of waiting
+        // forever.
+        let hard = self.hard_stall_limit();
+        let lost: Vec<PathId> =
+            self.session.path_activity().into_iter().filter(|a| now >= a.since + hard).map(|a| a.path).collect();
+        for p in lost {
+            tracing::warn!(target: subsys::DETECT, rank = %self.rank, path = %p, limit = ?hard, "sends made no progress although probes were answered: path declared failed");
+            self.suspects.remove(&p);
+            self.quiet.remove(&p);
+            self.declare_stalled(now, t, p);
+        }
         for p in stalled {
+            if self.session.is_path_down(p) {
+                continue;
+            }
             match self.session.probe(now, t, p) {
                 Ok(_) => {
                     tracing::debug!(target: subsys::DETECT, rank = %self.rank, path = %p, "no progress: probing");
@@ -1353,6 +1369,11 @@ impl Engine {
         self.session.handle_path_down(now, t, p, PathFault::Timeout);
     }
 
+    /// How long a path's sends may make no progress while its probes are answered.
+    fn hard_stall_limit(&self) -> Duration {
+        (self.cfg.stall_timeout * 20).max(Duration::from_secs(2))
+    }
+
     /// The next time [`Engine::drive`] has timer work (stall deadlines, probes, resends).
     pub fn poll_timeout(&self) -> Option<Duration> {
         let stall = self
@@ -1368,6 +1389,7 @@ impl Engine {
             })
             .min();
         let probe = self.probes.values().chain(self.suspects.values()).copied().min();
+        let hard = self.session.path_activity().into_iter().map(|a| a.since + self.hard_stall_limit()).min();
         let retry = self.migrations.values().map(|m| m.sent_at + self.cfg.migrate_retry).min();
         // Just past the no-path deadline of the longest-waiting lane or send.
         let give_up = self
@@ -1377,7 +1399,7 @@ impl Engine {
             .chain(self.exec.iter().flat_map(|x| x.deferred_since.values().copied()))
             .min()
             .map(|since| since + self.cfg.no_path_timeout + Duration::from_millis(1));
-        [stall, probe, retry, give_up, self.detector.poll_timeout()].into_iter().flatten().min()
+        [stall, probe, retry, give_up, hard, self.detector.poll_timeout()].into_iter().flatten().min()
     }
 
     fn begin_migration(&mut self, now: Duration, req: MigrationRequest, stopped_at: Duration) {
@@ -1415,7 +1437,9 @@ impl Engine {
                     }
                     // Its link state rules from now on: a later probe answer must not bring back a
                     // NIC whose link went down while a verdict held it out.
-                    if !up {
+                    if up {
+                        self.forget_path_failures(nic);
+                    } else {
                         self.blamed.remove(&nic);
                     }
                     self.events.push_back(EngineEvent::NicState { nic, up, local: true });
@@ -1494,6 +1518,16 @@ impl Engine {
         self.session.handle_nic_down(now, t, nic);
     }
 
+    /// `nic` is back: its paths start afresh, so that a later failure of one of them is reported
+    /// to the peer again (`notified`) and its stall state is new.
+    fn forget_path_failures(&mut self, nic: NicId) {
+        let through = |p: &PathId| p.local == nic || p.remote == nic;
+        self.notified.retain(|p| !through(p));
+        self.probes.retain(|p, _| !through(p));
+        self.suspects.retain(|p, _| !through(p));
+        self.quiet.retain(|p, _| !through(p));
+    }
+
     fn note_nic(&mut self, nic: NicId, up: bool) {
         let changed = if up { self.down_nics.remove(&nic) } else { self.down_nics.insert(nic) };
         self.health_changed |= changed;
@@ -1559,6 +1593,7 @@ impl Engine {
                 self.events.push_back(EngineEvent::NicState { nic, up, local: false });
                 self.note_nic(nic, up);
                 if up {
+                    self.forget_path_failures(nic);
                     self.session.handle_nic_up(now, nic);
                 } else {
                     self.session.handle_nic_down(now, t, nic);
