@@ -2,15 +2,19 @@
 //! local NIC, data and probe endpoints per peer per rail, node-wide registration, probe-and-reply,
 //! endpoint errors as path errors, netlink link state, and `R2CCL_FAULT` software fault injection.
 //!
-//! Tags (64 bits): data `rail << 32 | rank` of the sender (bit 63 clear); probes set bit 63, replies also
-//! bit 62, and carry a 14-bit sequence number in bits 48..62. A receive on path `(L, P, R)` runs on rail
+//! Tags (64 bits): data `rail << 32 | rank` of the sender (rail in bits 32..40, bit 63 clear); probes set
+//! bit 63, replies also bit 62, and carry a 14-bit sequence number in bits 48..62. A receive on path `(L, P, R)` runs on rail
 //! `L`'s worker and matches only sends of rank `P` from its rail `R`. Endpoints connect rail `i` to the
 //! peer's rail `i` only (per-rail networks); a cross-rail path cannot carry data: its sends fail at once
 //! with an endpoint fault and its receives stay posted until cancelled.
 //!
 //! A chunk of at least [`SPLIT_MIN`] bytes travels as two messages, so that neither side copies it: its
 //! header alone (tag bit 59, [`SPLIT_BIT`]), then its payload straight from the registered region (tag
-//! bit 60, [`PAYLOAD_BIT`]), both carrying an 11-bit sequence number in bits 48..59. The receiver
+//! bit 60, [`PAYLOAD_BIT`]), both carrying a 19-bit sequence number in bits 40..59, counted per rail and
+//! peer. It must not come round while stale bytes can still arrive: a sender's kernel delivers what a
+//! closed connection still held once a link comes back, and a stale payload whose number a current
+//! header reuses would match that header's payload receive (with a global 11-bit number, wrapping in
+//! about 2 s, a flapping NIC corrupted a later AllReduce on the 4 x 2 testbed, 2026-12-04). The receiver
 //! reports the header ([`CompletionKind::Header`]); the session decides where the payload goes, and
 //! [`Transport::post_payload_recv`] posts a receive for exactly that tag, straight into the destination
 //! region where it can (`SessionConfig::place_payloads`, [`Transport::can_place`]; UCX's rendezvous then
@@ -47,13 +51,16 @@ const REPLY_BIT: u64 = 1 << 62;
 const SEQ_SHIFT: u32 = 48;
 const SEQ_MASK: u64 = 0x3FFF;
 /// The bits of a data tag that identify the sender (rank and rail).
-const DATA_MASK: u64 = 0x0000_FFFF_FFFF_FFFF;
+const DATA_MASK: u64 = 0x0000_00FF_FFFF_FFFF;
 /// Data tag bit: a chunk header sent alone; its payload follows under [`PAYLOAD_BIT`].
 pub const SPLIT_BIT: u64 = 1 << 59;
 /// Data tag bit: the payload of a split chunk.
 pub const PAYLOAD_BIT: u64 = 1 << 60;
-/// Sequence numbers pairing a split header with its payload: 11 bits at bit 48.
-const DATA_SEQ_MASK: u64 = 0x7FF;
+/// Sequence numbers pairing a split header with its payload: 19 bits at bit 40, per rail and peer.
+const DATA_SEQ_MASK: u64 = 0x7_FFFF;
+const DATA_SEQ_SHIFT: u32 = 40;
+/// Rails a data tag can name (8 bits).
+const MAX_RAILS: usize = 256;
 /// Chunks of at least this many bytes are sent split (no copy on either side); smaller ones go as
 /// one message from a staging buffer, where the copy costs less than a second message.
 pub const SPLIT_MIN: usize = 64 << 10;
@@ -78,7 +85,7 @@ pub enum UcxTransportError {
     #[error("a UCX transport needs at least one NIC (got an empty device list)")]
     NoDevices,
     /// More rails than a tag can name.
-    #[error("{0} NICs are more than the 65536 rails a tag can name")]
+    #[error("{0} NICs are more than the 256 rails a tag can name")]
     TooManyDevices(usize),
     /// A peer's address blob is malformed.
     #[error("address blob {index} ({len} bytes) is malformed: {why}")]
@@ -314,7 +321,8 @@ pub struct UcxTransport {
     /// Data requests given up on that UCX has not let go of yet (each keeps its buffer or region).
     detached_data: Vec<Request<DataBuf>>,
     /// Sequence number of the next split chunk sent.
-    split_seq: u64,
+    /// The last split sequence number used per `(rail, peer)`.
+    split_seq: BTreeMap<(usize, Rank), u64>,
     regions: BTreeMap<MemHandle, Arc<MemRegion>>,
     set: NicEndpointSet,
     nics: Vec<Nic>,
@@ -371,7 +379,7 @@ impl UcxTransport {
         if cfg.nics.is_empty() {
             return Err(UcxTransportError::NoDevices);
         }
-        if cfg.nics.len() > usize::from(u16::MAX) {
+        if cfg.nics.len() > MAX_RAILS {
             return Err(UcxTransportError::TooManyDevices(cfg.nics.len()));
         }
         let devices: Vec<String> = cfg.nics.iter().map(|c| c.device.clone()).collect();
@@ -429,7 +437,7 @@ impl UcxTransport {
             out: BTreeMap::new(),
             detached: Vec::new(),
             detached_data: Vec::new(),
-            split_seq: 0,
+            split_seq: BTreeMap::new(),
             regions: BTreeMap::new(),
             set,
             nics,
@@ -645,8 +653,9 @@ impl UcxTransport {
         let res = match held {
             Held::Send(payload) => r.send(path.peer, me, DataBuf::Owned(payload)).map(State::Live),
             Held::Split(header, body) => {
-                self.split_seq = (self.split_seq + 1) & DATA_SEQ_MASK;
-                let seq = self.split_seq << SEQ_SHIFT;
+                let next = self.split_seq.entry((rail, path.peer)).or_insert(0);
+                *next = (*next + 1) & DATA_SEQ_MASK;
+                let seq = *next << DATA_SEQ_SHIFT;
                 // The header goes first; if it fails, so would the payload (same endpoint).
                 r.send(path.peer, me | seq | SPLIT_BIT, DataBuf::Owned(header)).and_then(|h| {
                     self.detached_data.push(h);

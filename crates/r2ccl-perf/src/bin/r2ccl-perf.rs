@@ -237,6 +237,12 @@ fn wrong(dtype: DType, got: &[u8], want: &Option<Vec<u8>>) -> u64 {
     got.chunks(dtype.size()).zip(want.chunks(dtype.size())).filter(|(a, b)| a != b).count() as u64
 }
 
+/// Byte offset of the first element of `got` that differs from `want`.
+fn first_wrong(dtype: DType, got: &[u8], want: &Option<Vec<u8>>) -> Option<usize> {
+    let want = want.as_ref()?;
+    got.chunks(dtype.size()).zip(want.chunks(dtype.size())).position(|(a, b)| a != b).map(|i| i * dtype.size())
+}
+
 fn rank_main(argv: &[String]) -> Result<bool> {
     let coll: Coll = argv[0].parse().map_err(|e| anyhow!("{e}\n{USAGE}"))?;
     let (flags, extra) = split_extra(&argv[1..])?;
@@ -512,7 +518,16 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
         if !c.ring_p2p {
             input.clone_from(&c.input);
         }
-        wrong_total += wrong(dtype, &out, &c.expected);
+        let bad = wrong(dtype, &out, &c.expected);
+        if bad > 0 {
+            // Which collective and where: the first step to finding what wrote over it.
+            let first = first_wrong(dtype, &out, &c.expected).unwrap_or(0);
+            eprintln!(
+                "r2ccl-perf: rank {rank}: collective #{} ({:?}) has {bad} wrong values, the first at byte offset {first} (strategy {})",
+                rep.seq, coll, rep.strategy
+            );
+        }
+        wrong_total += bad;
         strategy = rep.strategy;
         window.1 += 1;
         window.2 += secs;
