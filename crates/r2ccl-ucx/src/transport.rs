@@ -588,6 +588,14 @@ impl UcxTransport {
         self.events.push_back(TransportEvent::Completion(Completion { req, path, kind }));
     }
 
+    /// The address `peer` published for `rail`, unless it left or published none (a dead rail).
+    fn peer_address(&self, rail: usize, peer: Rank) -> Option<WorkerAddress> {
+        if self.forgotten.contains(&peer) {
+            return None;
+        }
+        self.peers.get(&peer).and_then(|p| p.addrs.get(rail)).filter(|a| !a.as_bytes().is_empty()).cloned()
+    }
+
     /// Reconnect the endpoints to `peer` on `rail` if UCX reported them failed (a path coming back), or,
     /// for a data send, if the data endpoint was closed ([`UcxTransport::stop_split_send`]).
     fn heal_endpoints(&mut self, rail: usize, peer: Rank, for_data: bool) {
@@ -601,10 +609,7 @@ impl UcxTransport {
         if !failed {
             return;
         }
-        let Some(addr) = self.peers.get(&peer).and_then(|p| p.addrs.get(rail)).cloned() else { return };
-        if addr.as_bytes().is_empty() {
-            return;
-        }
+        let Some(addr) = self.peer_address(rail, peer) else { return };
         let Some(r) = self.set.rail_mut(rail) else { return };
         match r.reconnect(peer, &addr) {
             Ok(_) => {
@@ -622,13 +627,7 @@ impl UcxTransport {
     /// on it belonged to the failed path and was given up with it. The probe endpoint stays (closing
     /// it would cancel the detector's probes in flight, which it counts as unanswered).
     fn refresh_endpoints(&mut self, rail: usize, peer: Rank) {
-        if self.forgotten.contains(&peer) {
-            return;
-        }
-        let Some(addr) = self.peers.get(&peer).and_then(|p| p.addrs.get(rail)).cloned() else { return };
-        if addr.as_bytes().is_empty() {
-            return;
-        }
+        let Some(addr) = self.peer_address(rail, peer) else { return };
         let Some(r) = self.set.rail_mut(rail) else { return };
         match r.replace_data(peer, &addr) {
             Ok(()) => {
