@@ -787,8 +787,9 @@ impl Engine {
     }
 
     /// Whether the running collective can still finish given the NICs known to be down: this
-    /// node and every node it exchanges data with keep a usable NIC (and, rail-only, a common
-    /// rail). Called when a collective starts and whenever a NIC's state changes while one runs.
+    /// node and every node it exchanges data with keep a usable NIC (a lost common rail is left
+    /// to the no-path timeout). Called when a collective starts and whenever a NIC's state
+    /// changes while one runs.
     fn check_peers(&self) -> Result<(), EngineError> {
         let Some(x) = &self.exec else { return Ok(()) };
         let topo = self.session.topology();
@@ -801,8 +802,11 @@ impl Engine {
             .filter_map(|r| topo.node_of(r))
             .filter(|&n| n != me)
             .collect();
+        // Only a node with no usable NIC is gone for good. Two nodes left without a common rail
+        // wait (bounded by the no-path timeout) for a NIC to come back: a flap on one node while
+        // the other has lost its other rail must not end the job.
         for peer in peers {
-            reachable(topo, &self.down_nics, self.cfg.rail_only, me, peer)?;
+            reachable(topo, &self.down_nics, false, me, peer)?;
         }
         Ok(())
     }
@@ -975,12 +979,17 @@ impl Engine {
                             // Paths may be down only for now (a stall); a node whose NICs are all
                             // reported down is gone for good.
                             let topo = self.session.topology();
-                            if let (Some(a), Some(b)) = (topo.node_of(self.rank), topo.node_of(key.dst)) {
-                                reachable(topo, &self.down_nics, self.cfg.rail_only, a, b)?;
+                            let nodes = (topo.node_of(self.rank), topo.node_of(key.dst));
+                            if let (Some(a), Some(b)) = nodes {
+                                reachable(topo, &self.down_nics, false, a, b)?;
                             }
                             let since = *x.deferred_since.entry(i).or_insert(now);
                             let waited = now.saturating_sub(since);
                             if waited > self.cfg.no_path_timeout {
+                                // The precise reason first: no common rail left, else no path.
+                                if let (Some(a), Some(b)) = nodes {
+                                    reachable(topo, &self.down_nics, self.cfg.rail_only, a, b)?;
+                                }
                                 return Err(EngineError::NoPathLeft {
                                     what: format!("send {key}"),
                                     peer: key.dst.0,
@@ -1123,9 +1132,11 @@ impl Engine {
             }
         }
         for (req, stopped_at) in std::mem::take(&mut self.no_path) {
-            self.check_reachable(req.from.local.node, req.from.remote.node)?;
+            let (a, b) = (req.from.local.node, req.from.remote.node);
+            reachable(self.session.topology(), &self.down_nics, false, a, b)?;
             let waited = now.saturating_sub(stopped_at);
             if waited > self.cfg.no_path_timeout {
+                self.check_reachable(a, b)?;
                 return Err(EngineError::NoPathLeft {
                     what: format!("lane {}", req.lane),
                     peer: req.lane.transfer.dst.0,
