@@ -33,8 +33,6 @@ const FUNCTIONS: &[&str] = &[
     "ucp_worker_create",
     "ucp_worker_destroy",
     "ucp_worker_progress",
-    "ucp_worker_get_address",
-    "ucp_worker_release_address",
     "ucp_worker_query",
     "ucp_worker_get_efd",
     "ucp_worker_arm",

@@ -23,7 +23,7 @@
 //!                                #   with an exit code (a signal is a crash, not a clean error)
 //! expect_error = "text"          # failure only: stderr of every survivor (a rank on a node
 //!                                #   no fault touches) contains this text
-//! expect_recovery = 0.8         # success only: the bus bandwidth after the last failover is at
+//! expect_recovery = 0.8          # success only: the bus bandwidth after the last failover is at
 //!                                #   least this fraction of the one before the first (fail-back)
 //! env = ["R2CCL_BOOTSTRAP__PEER_TIMEOUT_MS=2000"]   # optional: extra environment of every rank
 //! launcher = "mpirun"            # optional: start the ranks with OpenMPI's `mpirun -np NODES`
@@ -477,7 +477,6 @@ fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome>
     Ok(Outcome { ends, rank0_out: read(&out0), errs, fault_errors, applied })
 }
 
-/// Starts every rank of `sc` with one `mpirun -np NODES` (OpenMPI). Each rank runs a small shell
 /// `(before, during, after)` from r2ccl-perf's `# bus bandwidth before the failure B GB/s, during D
 /// GB/s, after A GB/s` line.
 fn bandwidth_phases(out: &str) -> Option<(f64, f64, f64)> {
@@ -486,6 +485,7 @@ fn bandwidth_phases(out: &str) -> Option<(f64, f64, f64)> {
     Some((nums.next()?, nums.next()?, nums.next()?))
 }
 
+/// Starts every rank of `sc` with one `mpirun -np NODES` (OpenMPI). Each rank runs a small shell
 /// wrapper that enters namespace `<prefix>-n$OMPI_COMM_WORLD_RANK`, names its node after its
 /// rank, and records its pid and exit status in `logs/rank<R>.{pid,rc}` (its output goes to
 /// `rank<R>.{out,err}` as with the direct launcher). The rank and world size come from

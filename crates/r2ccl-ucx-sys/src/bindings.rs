@@ -470,16 +470,6 @@ unsafe extern "C" {
     pub fn ucp_worker_query(worker: ucp_worker_h, attr: *mut ucp_worker_attr_t) -> ucs_status_t;
 }
 unsafe extern "C" {
-    pub fn ucp_worker_get_address(
-        worker: ucp_worker_h,
-        address_p: *mut *mut ucp_address_t,
-        address_length_p: *mut usize,
-    ) -> ucs_status_t;
-}
-unsafe extern "C" {
-    pub fn ucp_worker_release_address(worker: ucp_worker_h, address: *mut ucp_address_t);
-}
-unsafe extern "C" {
     pub fn ucp_worker_progress(worker: ucp_worker_h) -> ::std::os::raw::c_uint;
 }
 unsafe extern "C" {

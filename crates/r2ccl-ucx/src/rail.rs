@@ -66,8 +66,8 @@ impl Rail {
     /// Connect data and probe endpoints to `peer`'s worker on this rail (replacing old ones, which are
     /// closed by force).
     pub fn connect(&mut self, peer: Rank, address: &WorkerAddress) -> Result<(), UcxError> {
-        let data = self.worker.connect(address, format!("rank {} rail {} data", peer.0, self.id.0))?;
-        let probe = self.worker.connect(address, format!("rank {} rail {} probe", peer.0, self.id.0))?;
+        let data = self.worker.connect(address, self.label(peer, "data"))?;
+        let probe = self.worker.connect(address, self.label(peer, "probe"))?;
         self.peers.insert(peer, PeerEndpoints { data: Some(data), probe });
         Ok(())
     }
@@ -82,16 +82,8 @@ impl Rail {
         };
         let data_bad = eps.data.as_ref().is_none_or(|d| d.failure().is_some());
         let probe_bad = eps.probe.failure().is_some();
-        let data = if data_bad {
-            Some(self.worker.connect(address, format!("rank {} rail {} data", peer.0, self.id.0))?)
-        } else {
-            None
-        };
-        let probe = if probe_bad {
-            Some(self.worker.connect(address, format!("rank {} rail {} probe", peer.0, self.id.0))?)
-        } else {
-            None
-        };
+        let data = if data_bad { Some(self.worker.connect(address, self.label(peer, "data"))?) } else { None };
+        let probe = if probe_bad { Some(self.worker.connect(address, self.label(peer, "probe"))?) } else { None };
         if let Some(eps) = self.peers.get_mut(&peer) {
             if let Some(d) = data {
                 eps.data = Some(d);
@@ -118,11 +110,16 @@ impl Rail {
         if !self.peers.contains_key(&peer) {
             return self.connect(peer, address);
         }
-        let data = self.worker.connect(address, format!("rank {} rail {} data", peer.0, self.id.0))?;
+        let data = self.worker.connect(address, self.label(peer, "data"))?;
         if let Some(eps) = self.peers.get_mut(&peer) {
             eps.data = Some(data);
         }
         Ok(())
+    }
+
+    /// An endpoint's label in errors and logs, e.g. `rank 3 rail 1 data`.
+    fn label(&self, peer: Rank, what: &str) -> String {
+        format!("rank {} rail {} {what}", peer.0, self.id.0)
     }
 
     /// Drop the endpoints to `peer` (forced close). Returns whether there were any.

@@ -2,9 +2,9 @@
 //! local NIC, data and probe endpoints per peer per rail, node-wide registration, probe-and-reply,
 //! endpoint errors as path errors, netlink link state, and `R2CCL_FAULT` software fault injection.
 //!
-//! Tags (64 bits): data `rail << 32 | rank` of the sender (rail in bits 32..40, bit 63 clear); probes set
-//! bit 63, replies also bit 62, and carry a 14-bit sequence number in bits 48..62. A receive on path `(L, P, R)` runs on rail
-//! `L`'s worker and matches only sends of rank `P` from its rail `R`. Endpoints connect rail `i` to the
+//! Tags (64 bits): data `rail << 32 | rank` of the sender (rail in bits 32..40, bit 63 clear); probes
+//! set bit 63, replies also bit 62, and carry a 14-bit sequence number in bits 48..62. A receive on
+//! path `(L, P, R)` runs on rail `L`'s worker and matches only sends of rank `P` from its rail `R`. Endpoints connect rail `i` to the
 //! peer's rail `i` only (per-rail networks); a cross-rail path cannot carry data: its sends fail at once
 //! with an endpoint fault and its receives stay posted until cancelled.
 //!
@@ -13,8 +13,8 @@
 //! bit 60, [`PAYLOAD_BIT`]), both carrying a 19-bit sequence number in bits 40..59, counted per rail and
 //! peer. It must not come round while stale bytes can still arrive: a sender's kernel delivers what a
 //! closed connection still held once a link comes back, and a stale payload whose number a current
-//! header reuses would match that header's payload receive (with a global 11-bit number, wrapping in
-//! about 2 s, a flapping NIC corrupted a later AllReduce on the 4 x 2 testbed, 2026-12-04). The receiver
+//! header reuses would match that header's payload receive (a global 11-bit number came round in
+//! about 2 s under load). The receiver
 //! reports the header ([`CompletionKind::Header`]); the session decides where the payload goes, and
 //! [`Transport::post_payload_recv`] posts a receive for exactly that tag, straight into the destination
 //! region where it can (`SessionConfig::place_payloads`, [`Transport::can_place`]; UCX's rendezvous then
@@ -320,7 +320,6 @@ pub struct UcxTransport {
     detached: Vec<Request<Vec<u8>>>,
     /// Data requests given up on that UCX has not let go of yet (each keeps its buffer or region).
     detached_data: Vec<Request<DataBuf>>,
-    /// Sequence number of the next split chunk sent.
     /// The last split sequence number used per `(rail, peer)`.
     split_seq: BTreeMap<(usize, Rank), u64>,
     regions: BTreeMap<MemHandle, Arc<MemRegion>>,
@@ -724,7 +723,8 @@ impl UcxTransport {
         } else if nic.blackhole {
             State::Held(held)
         } else {
-            if matches!(kind, Kind::Send | Kind::SplitSend) && self.stale.remove(&(rail, path.peer)) {
+            let data = matches!(kind, Kind::Send | Kind::SplitSend);
+            if data && !self.stale.is_empty() && self.stale.remove(&(rail, path.peer)) {
                 self.refresh_endpoints(rail, path.peer);
             } else if matches!(kind, Kind::Send | Kind::SplitSend | Kind::Probe) {
                 self.heal_endpoints(rail, path.peer, kind != Kind::Probe);

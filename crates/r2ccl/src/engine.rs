@@ -1047,22 +1047,20 @@ impl Engine {
         self.process_session_events(now, t)?;
         // Progress deadline: a stalled path is first probed (a slow peer answers, a black hole
         // does not); only an unanswered probe declares it failed.
-        let stalled: Vec<PathId> = self
-            .session
-            .path_activity()
+        let activity = self.session.path_activity();
+        // A path whose sends make no progress at all for much longer, although its probes are
+        // answered, has lost something (the peer gave the path up without telling us, say): it
+        // is declared failed all the same, so that its lanes replay elsewhere instead of waiting
+        // forever.
+        let hard = self.hard_stall_limit();
+        let lost: Vec<PathId> = activity.iter().filter(|a| now >= a.since + hard).map(|a| a.path).collect();
+        let stalled: Vec<PathId> = activity
             .into_iter()
             .chain(self.session.awaiting_receipt())
             .filter(|a| now >= a.since + self.cfg.stall_timeout)
             .map(|a| a.path)
             .filter(|p| !self.suspects.contains_key(p) && self.quiet.get(p).is_none_or(|&q| now >= q))
             .collect();
-        // A path whose sends make no progress at all for much longer, although its probes are
-        // answered, has lost something (the peer gave the path up without telling us, say): it
-        // is declared failed all the same, so that its lanes replay elsewhere instead of waiting
-        // forever.
-        let hard = self.hard_stall_limit();
-        let lost: Vec<PathId> =
-            self.session.path_activity().into_iter().filter(|a| now >= a.since + hard).map(|a| a.path).collect();
         for p in lost {
             tracing::warn!(target: subsys::DETECT, rank = %self.rank, path = %p, limit = ?hard, "sends made no progress although probes were answered: path declared failed");
             self.suspects.remove(&p);
@@ -1387,9 +1385,9 @@ impl Engine {
 
     /// The next time [`Engine::drive`] has timer work (stall deadlines, probes, resends).
     pub fn poll_timeout(&self) -> Option<Duration> {
-        let stall = self
-            .session
-            .path_activity()
+        let activity = self.session.path_activity();
+        let hard = activity.iter().map(|a| a.since + self.hard_stall_limit()).min();
+        let stall = activity
             .into_iter()
             .chain(self.session.awaiting_receipt())
             // As `drive` filters them: a suspect waits for its probe, a quiet path until then.
@@ -1400,7 +1398,6 @@ impl Engine {
             })
             .min();
         let probe = self.probes.values().chain(self.suspects.values()).copied().min();
-        let hard = self.session.path_activity().into_iter().map(|a| a.since + self.hard_stall_limit()).min();
         let retry = self.migrations.values().map(|m| m.sent_at + self.cfg.migrate_retry).min();
         // Just past the no-path deadline of the longest-waiting lane or send.
         let give_up = self
