@@ -71,9 +71,9 @@ fn show(fab: &Fabric, job: &AllReduceJob, fails: &[Failure], choice: Choice, lab
     let mut link_bytes = vec![0.0; caps.len()];
     let mut path = Vec::new();
     let (mut nvl, mut nic) = ((0.0, 0usize, 0.0f64), (0.0, 0usize, 0.0f64));
-    for (i, op) in dag.ops().iter().enumerate() {
+    for (i, op) in dag.ops().enumerate() {
         let fin = r.finish.get(i).copied().unwrap_or(f64::NAN);
-        let (cls, bytes) = match *op {
+        let (cls, bytes) = match op {
             Op::Transfer { src, dst, bytes, .. } => {
                 fab.path(src, dst, 0, 0, &mut path);
                 (&mut nvl, bytes)

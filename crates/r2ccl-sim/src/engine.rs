@@ -87,9 +87,20 @@ impl Op {
 /// Transfers may also belong to a *queue* ([`Dag::add_queued`]): one connection (a queue pair) that carries its
 /// transfers one at a time in the order they become ready, as a NIC serves the work requests of one queue pair
 /// in posting order.
+///
+/// Tasks that do the same thing (every barrier, and the many transfers of a schedule between the same two GPUs
+/// on the same rails with the same size) share one entry of a table of distinct ops, so that a task takes a few
+/// bytes: the engine walks millions of them in an order far from the order they were added in.
 #[derive(Clone, Debug, Default)]
 pub struct Dag {
-    ops: Vec<Op>,
+    /// Per task: its op's index in `table`.
+    op_of: Vec<u32>,
+    /// The distinct ops, in the order they first appeared.
+    table: Vec<Op>,
+    /// Index in `table` by [`op_key`].
+    index: r2ccl_core::fastmap::IntMap<OpKey, u32>,
+    /// Index in `table` of a barrier's op, once there is one.
+    barrier_op: Option<u32>,
     edges: Vec<(TaskId, TaskId)>,
     /// Queue of each task (`NO_QUEUE`: none); empty while no task has one.
     queue: Vec<u32>,
@@ -100,6 +111,26 @@ pub struct Dag {
 /// Queue id of a task that is in no queue.
 const NO_QUEUE: u32 = u32::MAX;
 
+/// An op in the table of distinct ops of the [`Dag`] that made it ([`Dag::intern`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OpId(u32);
+
+/// An op as integers (kind, endpoints, rails, and the bits of its numbers): equal keys are the same op, bit for
+/// bit.
+type OpKey = (u32, [u32; 6], [u64; 3]);
+
+fn op_key(op: &Op) -> OpKey {
+    match *op {
+        Op::Delay(d) => (0, [0; 6], [d.to_bits(), 0, 0]),
+        Op::Transfer { src, dst, bytes, rails, weight } => {
+            (1, [src.node, src.gpu, dst.node, dst.gpu, 0, 0], [bytes.to_bits(), rails, weight.to_bits()])
+        }
+        Op::Pinned { src, dst, bytes, src_rail, dst_rail, weight } => {
+            (2, [src.node, src.gpu, dst.node, dst.gpu, src_rail, dst_rail], [bytes.to_bits(), 0, weight.to_bits()])
+        }
+    }
+}
+
 impl Dag {
     /// An empty DAG.
     pub fn new() -> Self {
@@ -108,10 +139,32 @@ impl Dag {
 
     /// Add `op` after all of `deps`; returns its id.
     pub fn add(&mut self, op: Op, deps: &[TaskId]) -> TaskId {
-        let id = self.ops.len() as TaskId;
-        self.ops.push(op);
+        let op = self.intern(op);
+        self.add_interned(op, deps, None)
+    }
+
+    /// `op`'s entry in this DAG's table of distinct ops (added if it is new): adding tasks by it
+    /// ([`Dag::add_interned`]) saves looking the op up once per task.
+    pub fn intern(&mut self, op: Op) -> OpId {
+        let table = &mut self.table;
+        OpId(*self.index.entry(op_key(&op)).or_insert_with(|| {
+            table.push(op);
+            table.len() as u32 - 1
+        }))
+    }
+
+    /// Add the task `op` (from this DAG's [`Dag::intern`]) after all of `deps`, on connection `queue` if any (see
+    /// [`Dag::add_queued`]); returns its id.
+    pub fn add_interned(&mut self, op: OpId, deps: &[TaskId], queue: Option<u32>) -> TaskId {
+        let id = self.op_of.len() as TaskId;
+        self.op_of.push(op.0);
         for &d in deps {
             self.edges.push((d, id));
+        }
+        if let Some(q) = queue.filter(|&q| q != NO_QUEUE) {
+            self.queue.resize(self.op_of.len(), NO_QUEUE);
+            self.queue[id as usize] = q;
+            self.queues = self.queues.max(q + 1);
         }
         id
     }
@@ -120,18 +173,21 @@ impl Dag {
     /// dependencies are done it waits until the transfers of that queue that became ready before it have
     /// finished.
     pub fn add_queued(&mut self, op: Op, deps: &[TaskId], queue: u32) -> TaskId {
-        let id = self.add(op, deps);
-        if queue != NO_QUEUE {
-            self.queue.resize(self.ops.len(), NO_QUEUE);
-            self.queue[id as usize] = queue;
-            self.queues = self.queues.max(queue + 1);
-        }
-        id
+        let op = self.intern(op);
+        self.add_interned(op, deps, Some(queue))
     }
 
     /// A zero-length task after all of `deps` (a barrier).
     pub fn barrier(&mut self, deps: &[TaskId]) -> TaskId {
-        self.add(Op::Delay(0.0), deps)
+        let op = match self.barrier_op {
+            Some(at) => OpId(at),
+            None => {
+                let op = self.intern(Op::Delay(0.0));
+                self.barrier_op = Some(op.0);
+                op
+            }
+        };
+        self.add_interned(op, deps, None)
     }
 
     /// Add a dependency `before -> after` to existing tasks.
@@ -141,17 +197,23 @@ impl Dag {
 
     /// Number of tasks.
     pub fn len(&self) -> usize {
-        self.ops.len()
+        self.op_of.len()
     }
 
     /// Whether the DAG has no task.
     pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
+        self.op_of.is_empty()
     }
 
-    /// The tasks.
-    pub fn ops(&self) -> &[Op] {
-        &self.ops
+    /// What task `task` does (`None` past the last task).
+    pub fn op(&self, task: TaskId) -> Option<Op> {
+        let at = *self.op_of.get(task as usize)?;
+        self.table.get(at as usize).copied()
+    }
+
+    /// The tasks' ops, in task order.
+    pub fn ops(&self) -> impl Iterator<Item = Op> + '_ {
+        self.op_of.iter().filter_map(|&at| self.table.get(at as usize).copied())
     }
 }
 
@@ -610,20 +672,21 @@ struct Sub {
     succ: (u32, u32),
 }
 
-/// What the engine tracks per task, in one record: a task's turn touches all of it, and the tasks of a run
-/// (millions for the 1024-GPU schedules) are far apart in memory.
+/// What the engine reads and counts per task while it runs, in one small record: a task's turn touches all of it
+/// (the last dependency to finish counts it down, then it starts with its op, queue and successors), and the
+/// tasks of a run (millions for the 1024-GPU schedules) are far apart in memory. Finish times are written to a
+/// list of their own.
 #[derive(Clone, Copy, Debug)]
 struct TaskState {
-    /// Finish time (`NaN` until it finished).
-    finish: f64,
-    /// Its successors are `succ[succ_start..]` up to the next task's `succ_start`.
-    succ_start: u32,
-    /// Dependencies not finished yet.
-    deps_left: u32,
-    /// Flows of the transfer not finished yet.
-    subs_left: u32,
+    /// Its op's index in the DAG's table of distinct ops.
+    op: u32,
+    /// Dependencies not finished yet; once they are (the task has started), the flows of its transfer not
+    /// finished yet (kept for transfers of several flows only).
+    left: u32,
     /// Its queue (`NO_QUEUE`: none, or the queues are not used in this run).
     queue: u32,
+    /// Its successors are `succ[succ.0..succ.1]`.
+    succ: (u32, u32),
 }
 
 /// Most links on a flow's path (NVLink hop, uplink, spine up and down, downlink, NVLink hop).
@@ -690,8 +753,10 @@ struct Sim<'a> {
     created: u64,
     subs: Vec<Sub>,
     paths: Vec<LinkId>,
-    /// Per task, and one more entry whose `succ_start` ends the last task's successors.
+    /// Per task.
     tasks: Vec<TaskState>,
+    /// Per task: its finish time (`NaN` until it finished).
+    finish: Vec<f64>,
     succ: Vec<u32>,
     done: usize,
     dirty: Vec<LinkId>,
@@ -747,32 +812,38 @@ impl<'a> Sim<'a> {
         cfg: &'a EngineConfig,
         shortcuts: Shortcuts,
     ) -> Self {
-        let n = dag.ops.len();
+        let n = dag.op_of.len();
         // Under the port model a port already serves one transfer at a time in the order they became ready.
         let queues = cfg.sharing != Sharing::Ports;
-        let mut tasks: Vec<TaskState> = (0..=n)
-            .map(|t| TaskState {
-                finish: f64::NAN,
-                succ_start: 0,
-                deps_left: 0,
-                subs_left: 0,
+        let mut tasks: Vec<TaskState> = dag
+            .op_of
+            .iter()
+            .enumerate()
+            .map(|(t, &op)| TaskState {
+                op,
+                left: 0,
                 queue: dag.queue.get(t).copied().filter(|_| queues).unwrap_or(NO_QUEUE),
+                succ: (0, 0),
             })
             .collect();
+        // Count each task's dependencies and successors (in `succ.1`), then place the successor lists in task order
+        // and fill them in edge order (`succ.1` ends up at the end of each list).
         for &(a, b) in &dag.edges {
-            tasks[b as usize].deps_left += 1;
-            tasks[a as usize + 1].succ_start += 1;
+            tasks[b as usize].left += 1;
+            tasks[a as usize].succ.1 += 1;
         }
-        for i in 0..n {
-            tasks[i + 1].succ_start += tasks[i].succ_start;
+        let mut at = 0u32;
+        for t in &mut tasks {
+            let count = t.succ.1;
+            t.succ = (at, at);
+            at += count;
         }
-        let mut fill: Vec<u32> = tasks.iter().map(|t| t.succ_start).collect();
         let mut succ = vec![0u32; dag.edges.len()];
         for &(a, b) in &dag.edges {
-            succ[fill[a as usize] as usize] = b;
-            fill[a as usize] += 1;
+            let end = &mut tasks[a as usize].succ.1;
+            succ[*end as usize] = b;
+            *end += 1;
         }
-        drop(fill);
         let s = fabric.spec();
         let nics = (s.nodes * s.nics_per_node) as usize;
         let links = fabric.link_count();
@@ -798,6 +869,7 @@ impl<'a> Sim<'a> {
             subs: Vec::new(),
             paths: Vec::new(),
             tasks,
+            finish: vec![f64::NAN; n],
             succ,
             done: 0,
             dirty: Vec::new(),
@@ -841,7 +913,7 @@ impl<'a> Sim<'a> {
         // receive. Failures only ever lower NIC capacities.
         let nic_total = s.nic_bytes_per_s() * f64::from(s.nics_per_node);
         let intra =
-            dag.ops.iter().any(|op| op.transfer().is_some_and(|(a, b, _, _)| a.node == b.node && a.gpu != b.gpu));
+            dag.table.iter().any(|op| op.transfer().is_some_and(|(a, b, _, _)| a.node == b.node && a.gpu != b.gpu));
         let pxn_fits = nic_total <= s.nvlink_gbps * 1e9 / 8.0;
         let nvl_free = !intra && pxn_fits;
         // With intra-node transfers, an NVLink link can still limit a flow only while an intra-node flow uses it:
@@ -869,7 +941,7 @@ impl<'a> Sim<'a> {
             sim.push(f.at_s, Ev::FailStart(i as u32));
         }
         for t in 0..n {
-            if sim.tasks[t].deps_left == 0 {
+            if sim.tasks[t].left == 0 {
                 sim.start_task(t as u32, 0.0);
             }
         }
@@ -948,7 +1020,7 @@ impl<'a> Sim<'a> {
     }
 
     fn start_task(&mut self, task: u32, at: f64) {
-        let op = self.dag.ops[task as usize];
+        let op = self.op(task);
         match op {
             // Zero-length tasks (barriers) finish at once, without a trip through the event heap.
             Op::Delay(d) if d <= 0.0 && at <= self.now => self.instant.push_back(task),
@@ -965,21 +1037,26 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// What `task` does.
+    fn op(&self, task: u32) -> Op {
+        self.dag.table[self.tasks[task as usize].op as usize]
+    }
+
     /// `task` (transfer `op`) as its flows need it: see [`Ready`].
     fn ready(&self, task: u32, op: Op) -> Ready {
-        let t = task as usize;
-        Ready { op, queue: self.tasks[t].queue, succ: (self.tasks[t].succ_start, self.tasks[t + 1].succ_start) }
+        let t = &self.tasks[task as usize];
+        Ready { op, queue: t.queue, succ: t.succ }
     }
 
     fn task_done(&mut self, task: u32) {
-        let t = task as usize;
-        let (queue, succ) = (self.tasks[t].queue, (self.tasks[t].succ_start, self.tasks[t + 1].succ_start));
+        let t = &self.tasks[task as usize];
+        let (queue, succ) = (t.queue, t.succ);
         self.finish_task(task, queue, succ);
     }
 
     /// [`Sim::task_done`] with the task's queue and successor range at hand.
     fn finish_task(&mut self, task: u32, q: u32, succ: (u32, u32)) {
-        self.tasks[task as usize].finish = self.now;
+        self.finish[task as usize] = self.now;
         self.done += 1;
         if q != NO_QUEUE {
             self.q_busy[q as usize] = false;
@@ -990,7 +1067,7 @@ impl<'a> Sim<'a> {
         let (a, b) = (succ.0 as usize, succ.1 as usize);
         for i in a..b {
             let s = self.succ[i];
-            let left = &mut self.tasks[s as usize].deps_left;
+            let left = &mut self.tasks[s as usize].left;
             *left -= 1;
             if *left == 0 {
                 self.start_task(s, self.now);
@@ -1020,7 +1097,7 @@ impl<'a> Sim<'a> {
             if !self.dirty.is_empty() {
                 self.recompute();
             }
-            if self.done == self.dag.ops.len() {
+            if self.done == self.tasks.len() {
                 // All work done; remaining events are failure bookkeeping only.
                 break;
             }
@@ -1034,7 +1111,7 @@ impl<'a> Sim<'a> {
             Ev::FlowStart(t) => {
                 let ready = match self.popped.take() {
                     Some(r) => r,
-                    None => self.ready(t, self.dag.ops[t as usize]),
+                    None => self.ready(t, self.op(t)),
                 };
                 self.flow_start(t, ready);
             }
@@ -1049,7 +1126,7 @@ impl<'a> Sim<'a> {
                     self.finish_task(task, q, succ);
                     return;
                 }
-                let left = &mut self.tasks[task as usize].subs_left;
+                let left = &mut self.tasks[task as usize].left;
                 *left -= 1;
                 if *left == 0 {
                     self.task_done(task);
@@ -1269,7 +1346,7 @@ impl<'a> Sim<'a> {
         let mut parts = Vec::new();
         self.resolve(src, dst, rails, &mut parts);
         let total: f64 = parts.iter().map(|p| p.2).sum();
-        self.tasks[task as usize].subs_left = parts.len() as u32;
+        self.tasks[task as usize].left = parts.len() as u32;
         for (rs, rd, w) in parts {
             self.add_sub(task, src, dst, rs, rd, bytes * w / total, weight * w / total);
         }
@@ -1334,7 +1411,7 @@ impl<'a> Sim<'a> {
                 let sub = &self.subs[s as usize];
                 (sub.task, sub.remaining, sub.orig, sub.weight, sub.single)
             };
-            let Some((src, dst, _, rails)) = self.dag.ops[task as usize].transfer() else {
+            let Some((src, dst, _, rails)) = self.op(task).transfer() else {
                 continue;
             };
             let sent = orig - remaining;
@@ -1346,9 +1423,9 @@ impl<'a> Sim<'a> {
             self.resolve(src, dst, rails, &mut parts);
             let total: f64 = parts.iter().map(|p| p.2).sum();
             if single {
-                self.tasks[task as usize].subs_left = parts.len() as u32;
+                self.tasks[task as usize].left = parts.len() as u32;
             } else {
-                self.tasks[task as usize].subs_left += parts.len() as u32 - 1;
+                self.tasks[task as usize].left += parts.len() as u32 - 1;
             }
             for &(rs, rd, w) in &parts {
                 self.add_sub(task, src, dst, rs, rd, bytes * w / total, sw * w / total);
@@ -1598,8 +1675,8 @@ impl<'a> Sim<'a> {
     }
 
     fn result(&self) -> RunResult {
-        let stalled = self.done < self.dag.ops.len();
-        let finish: Vec<f64> = self.tasks[..self.dag.ops.len()].iter().map(|t| t.finish).collect();
+        let stalled = self.done < self.tasks.len();
+        let finish = self.finish.clone();
         let makespan = if stalled { self.now } else { finish.iter().copied().fold(0.0, f64::max) };
         RunResult {
             makespan,

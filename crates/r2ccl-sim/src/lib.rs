@@ -24,7 +24,7 @@ pub mod scenario;
 pub mod workload;
 
 pub use engine::{
-    simulate, Dag, EngineConfig, Failure, FailureKind, Op, RailMask, RepairMode, RunResult, Sharing, TaskId,
+    simulate, Dag, EngineConfig, Failure, FailureKind, Op, OpId, RailMask, RepairMode, RunResult, Sharing, TaskId,
 };
 pub use error::SimError;
 pub use fabric::{Endpoint, Fabric, FabricSpec, LinkId};
