@@ -3,14 +3,19 @@
 //! Without arguments it times the schedule (plan, build, conversion) and the simulation of each bench strategy;
 //! `planner` does so for the planner's choice alone. `algo` times r2ccl-algo's build of the planner's schedule
 //! alone (every rank, no conversion). `chunks K...` runs the planner's schedule with K pipeline chunks instead of
-//! its own, with both failures and with the known one only, to measure what coalescing chunks would change. Run
-//! with `cargo run --release -p r2ccl-sim --example cost_1024 [planner | algo | chunks K...]`.
+//! its own, with both failures and with the known one only, to measure what coalescing chunks would change.
+//! `merged` times the planner's choice with merged rail parts (`convert::MergeRails`, an approximation) and then
+//! exactly, and prints the approximation's error: makespan and every rank's finish time against the exact run
+//! (`merged alone`: the merged run only). Run with `cargo run --release -p r2ccl-sim --example cost_1024 [planner |
+//! merged [alone] | algo | chunks K...]`.
 #![allow(clippy::print_stdout, reason = "an example that prints its measurements")]
 #![allow(clippy::disallowed_methods, reason = "it measures wall-clock time")]
 
 use r2ccl_core::Rank;
 use r2ccl_sim::collective::{build_allreduce, AllReduceJob, Strategy};
-use r2ccl_sim::convert::{append_allreduce, append_schedules, plan_allreduce, Choice};
+use r2ccl_sim::convert::{
+    append_allreduce, append_allreduce_with, append_schedules, plan_allreduce, Choice, MergeRails,
+};
 use r2ccl_sim::engine::{simulate, Dag};
 use r2ccl_sim::workload::plan_health;
 use r2ccl_sim::{EngineConfig, Fabric, FabricSpec, Failure, RepairMode, SimError};
@@ -28,6 +33,7 @@ fn main() -> Result<(), SimError> {
             chunks(&fab, &job, &fails, &ks)
         }
         Some("planner") => phases(&fab, &job, &fails, &[Strategy::Planner]),
+        Some("merged") => merged(&fab, &job, &fails, args.get(1).is_some_and(|a| a == "alone")),
         _ => phases(
             &fab,
             &job,
@@ -62,6 +68,56 @@ fn phases(fab: &Fabric, job: &AllReduceJob, fails: &[Failure], strategies: &[Str
             r.flows,
             r.events,
             r.makespan
+        );
+    }
+    Ok(())
+}
+
+fn merged(fab: &Fabric, job: &AllReduceJob, fails: &[Failure], alone: bool) -> Result<(), SimError> {
+    let h = plan_health(fab, fails);
+    let merge = MergeRails::around(fab, fails);
+    let cfg = EngineConfig::with_repair(Strategy::Planner.repair_mode());
+    let mut runs = Vec::new();
+    let modes = [("merged", Some(&merge)), ("exact", None)];
+    for (name, m) in modes.into_iter().take(if alone { 1 } else { 2 }) {
+        let t = Instant::now();
+        let mut dag = Dag::new();
+        let (_, conv) = append_allreduce_with(&mut dag, fab, &h, job, Choice::Planner, None, m)?;
+        let built = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let r = simulate(fab, &dag, fails, &cfg)?;
+        let sim = t.elapsed().as_secs_f64();
+        println!(
+            "planner {name:<6} schedule {built:.3} s, simulation {sim:.3} s, total {:.3} s: {} tasks, {} flows, {} \
+             events, makespan {:.17e} s",
+            built + sim,
+            dag.len(),
+            r.flows,
+            r.events,
+            r.makespan
+        );
+        let ends: Vec<f64> =
+            conv.rank_end.iter().map(|&t| r.finish.get(t as usize).copied().unwrap_or(f64::NAN)).collect();
+        runs.push((r.makespan, ends));
+    }
+    if let [(m, me), (e, ee)] = runs.as_slice() {
+        // Each rank's finish time against the exact one, relative to that and to the exact makespan.
+        let (mut rel, mut of_makespan, mut worst) = (0.0f64, 0.0f64, 0usize);
+        for (i, (a, b)) in me.iter().zip(ee).enumerate() {
+            if (a / b - 1.0).abs() > rel {
+                (rel, worst) = ((a / b - 1.0).abs(), i);
+            }
+            of_makespan = of_makespan.max((a - b).abs() / e);
+        }
+        println!(
+            "merged rail parts against exact: makespan {:+.3e} relative ({:.6} ms against {:.6} ms); ranks' finish \
+             times within {of_makespan:.3e} of the makespan, {rel:.3e} relative (rank {worst}: {:.6} ms against \
+             {:.6} ms)",
+            m / e - 1.0,
+            m * 1e3,
+            e * 1e3,
+            me[worst] * 1e3,
+            ee[worst] * 1e3
         );
     }
     Ok(())

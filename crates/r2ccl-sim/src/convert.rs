@@ -20,12 +20,13 @@
 //! [`r2ccl_policy::schedule_fabric`].
 
 use crate::collective::{AllReduceJob, PlanHealth};
-use crate::engine::{Dag, Op, TaskId};
+use crate::engine::{Dag, Op, OpId, TaskId};
 use crate::error::SimError;
 use crate::fabric::{Endpoint, Fabric};
 use r2ccl_algo::{AlgoError, Layout, RankSchedule, ScheduleRequest, StepKind};
 use r2ccl_core::{DType, HealthEpoch, HealthView, NicHealth, NodeHealth, Rank, ReduceOp};
 use r2ccl_policy::{Collective, NodeSpec, Plan, Strategy as PolicyStrategy, Topology};
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
 /// A map with integer keys (the converter looks up ranks, tags and rails millions of times).
@@ -66,6 +67,45 @@ enum Half {
     Posted(TaskId),
 }
 
+/// Merged rail parts: an approximation of the conversion that makes one flow of a message instead of one per
+/// NIC part, for messages between nodes that no failure touches.
+///
+/// A message whose split has several parts, each from a NIC to the same rail of the receiving node, becomes one
+/// [`Op::Pinned`] transfer: its largest part (the first of equal ones), on that part's rail and connection. In the
+/// exact conversion each part is its own flow on its own rail, usually alone there, and the message is done when
+/// the last part is; the largest part stands for them. What the merged message leaves out: the load of the other
+/// parts on their rails (every message of such a schedule puts one part on each rail, so the rail kept carries
+/// the load one rail carries in the exact run, and the other rails carry only the messages that stay exact), and
+/// the PXN hops of the parts left out on the NVLink links of both nodes. Messages from or to a node in
+/// [`MergeRails::exact_nodes`] (the nodes with a failure, known or in flight) keep every part. Byte accounting
+/// ([`Converted::nic_tx`], [`Converted::nic_rx`]) still counts every part of the schedule; the DAG moves fewer
+/// bytes. Its error against the exact conversion is measured, not bounded: `cargo run --release -p r2ccl-sim
+/// --example cost_1024 merged` prints it for the 1024-GPU case.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MergeRails {
+    /// Per simulated node: whether its messages keep every part.
+    pub exact_nodes: Vec<bool>,
+}
+
+impl MergeRails {
+    /// Merge every message except those from or to a node with one of `failures` (known or in flight).
+    pub fn around(fabric: &Fabric, failures: &[crate::engine::Failure]) -> Self {
+        let mut exact_nodes = vec![false; fabric.spec().nodes as usize];
+        for f in failures {
+            if let Some(e) = exact_nodes.get_mut(f.node as usize) {
+                *e = true;
+            }
+        }
+        Self { exact_nodes }
+    }
+
+    /// Whether a message between simulated nodes `a` and `b` may be merged.
+    fn merges(&self, a: u32, b: u32) -> bool {
+        let exact = |n: u32| self.exact_nodes.get(n as usize).copied().unwrap_or(false);
+        !exact(a) && !exact(b)
+    }
+}
+
 /// Convert the schedules of every rank of `layout` (from `build`, called once per rank in rank order) into
 /// tasks of `dag` after `start`. Algo node `i` runs on simulated node `nodes[i]`; a rank runs on the GPU of
 /// its local index.
@@ -74,8 +114,22 @@ pub fn append_schedules(
     fabric: &Fabric,
     layout: &Layout,
     nodes: &[u32],
+    build: impl FnMut(Rank) -> Result<RankSchedule, AlgoError>,
+    start: Option<TaskId>,
+) -> Result<Converted, SimError> {
+    append_schedules_with(dag, fabric, layout, nodes, build, start, None)
+}
+
+/// [`append_schedules`], with the messages `merge` allows merged into one flow each ([`MergeRails`], an
+/// approximation) when it is given.
+pub fn append_schedules_with(
+    dag: &mut Dag,
+    fabric: &Fabric,
+    layout: &Layout,
+    nodes: &[u32],
     mut build: impl FnMut(Rank) -> Result<RankSchedule, AlgoError>,
     start: Option<TaskId>,
+    merge: Option<&MergeRails>,
 ) -> Result<Converted, SimError> {
     let s = fabric.spec();
     let k = layout.nics_per_node();
@@ -118,15 +172,16 @@ pub fn append_schedules(
     // holds the connections of the rank at hand: `(receiver, source rail, destination rail)`.
     let mut queues: FxMap<(u32, u32, u32), u32> = FxMap::default();
     let mut next_queue = 0u32;
-    // Per rank: the byte counts of each (split, message length) (`RailSplit::divide`, memoized).
-    let mut divided: FxMap<(u16, u64), Vec<u64>> = FxMap::default();
+    // Per rank: what a message of each (split, length, receiver) turns into (memoized: the ops and queues of its
+    // parts and the bytes each NIC moves).
+    let mut messages: FxMap<(u16, u64, u32), Message> = FxMap::default();
     for r in 0..layout.ranks() as u32 {
         let rank = Rank(r);
         let sched = build(rank).map_err(|e| SimError::Convert(format!("building {rank}: {e}")))?;
         let me = endpoint(rank)?;
         let my_node = layout.node_of(rank).map_err(|e| SimError::Convert(e.to_string()))?.index();
         let elem = sched.dtype.size() as u64;
-        divided.clear();
+        messages.clear();
         queues.clear();
         task_of.clear();
         has_dependent.clear();
@@ -158,49 +213,83 @@ pub fn append_schedules(
                     t
                 }
                 StepKind::Send { peer, tag, src, split } => {
-                    let dst = endpoint(peer)?;
-                    parts.clear();
-
-                    match sched.split(split) {
-                        None => {
-                            if me.node != dst.node {
-                                return Err(SimError::Convert(format!(
-                                    "{rank} sends to {peer} on another node without a NIC split"
-                                )));
-                            }
-                            let bytes = src.len as f64;
-                            out.intra_bytes[my_node] += src.len;
-                            let op = Op::Transfer { src: me, dst, bytes, rails: 0, weight: 1.0 };
-                            let key = (peer.0, u32::MAX, u32::MAX);
-                            parts.push(add_queued(dag, &mut queues, &mut next_queue, key, op, &deps));
-                        }
-                        Some(sp) => {
-                            let peer_node = layout.node_of(peer).map_err(|e| SimError::Convert(e.to_string()))?;
-                            let sizes = divided.entry((split.0, src.len)).or_insert_with(|| sp.divide(src.len, elem));
-                            for (part, &bytes) in sp.parts.iter().zip(sizes.iter()) {
-                                if bytes == 0 {
-                                    continue;
+                    let m = match messages.entry((split.0, src.len, peer.0)) {
+                        Entry::Occupied(e) => e.into_mut(),
+                        Entry::Vacant(v) => {
+                            let dst = endpoint(peer)?;
+                            let mut m = Message::default();
+                            match sched.split(split) {
+                                None => {
+                                    if me.node != dst.node {
+                                        return Err(SimError::Convert(format!(
+                                            "{rank} sends to {peer} on another node without a NIC split"
+                                        )));
+                                    }
+                                    m.intra = true;
+                                    let op = dag.intern(Op::Transfer {
+                                        src: me,
+                                        dst,
+                                        bytes: src.len as f64,
+                                        rails: 0,
+                                        weight: 1.0,
+                                    });
+                                    let q = queue_of(&mut queues, &mut next_queue, (peer.0, u32::MAX, u32::MAX));
+                                    m.flows.push((op, q));
                                 }
-                                let (sr, dr) = (part.src.index(), part.dst.index());
-                                if sr >= k || dr >= k {
-                                    return Err(SimError::Convert(format!("{rank} step {i} uses rail {sr}/{dr}")));
+                                Some(sp) => {
+                                    let peer_node =
+                                        layout.node_of(peer).map_err(|e| SimError::Convert(e.to_string()))?.index();
+                                    let sizes = sp.divide(src.len, elem);
+                                    // Merged: the index of the largest part (the first of equal ones) is the one
+                                    // kept.
+                                    let kept = merge
+                                        .filter(|mr| {
+                                            sp.parts.len() > 1
+                                                && sp.parts.iter().all(|p| p.src == p.dst)
+                                                && mr.merges(me.node, dst.node)
+                                        })
+                                        .and_then(|_| {
+                                            sizes.iter().enumerate().rev().max_by_key(|&(_, &b)| b).map(|(j, _)| j)
+                                        });
+                                    for (j, (part, &bytes)) in sp.parts.iter().zip(sizes.iter()).enumerate() {
+                                        if bytes == 0 {
+                                            continue;
+                                        }
+                                        let (sr, dr) = (part.src.index(), part.dst.index());
+                                        if sr >= k || dr >= k {
+                                            return Err(SimError::Convert(format!(
+                                                "{rank} step {i} uses rail {sr}/{dr}"
+                                            )));
+                                        }
+                                        m.bytes.push((my_node * k + sr, peer_node * k + dr, bytes));
+                                        if kept.is_some_and(|kj| kj != j) {
+                                            continue;
+                                        }
+                                        let op = dag.intern(Op::Pinned {
+                                            src: me,
+                                            dst,
+                                            bytes: bytes as f64,
+                                            src_rail: sr as u32,
+                                            dst_rail: dr as u32,
+                                            weight: 1.0,
+                                        });
+                                        let q = queue_of(&mut queues, &mut next_queue, (peer.0, sr as u32, dr as u32));
+                                        m.flows.push((op, q));
+                                    }
                                 }
-                                out.nic_tx[my_node * k + sr] += bytes;
-                                out.nic_rx[peer_node.index() * k + dr] += bytes;
-                                let b = bytes as f64;
-                                let op = Op::Pinned {
-                                    src: me,
-                                    dst,
-                                    bytes: b,
-                                    src_rail: sr as u32,
-                                    dst_rail: dr as u32,
-                                    weight: 1.0,
-                                };
-                                let key = (peer.0, sr as u32, dr as u32);
-                                parts.push(add_queued(dag, &mut queues, &mut next_queue, key, op, &deps));
                             }
+                            v.insert(m)
                         }
+                    };
+                    if m.intra {
+                        out.intra_bytes[my_node] += src.len;
                     }
+                    for &(tx, rx, bytes) in &m.bytes {
+                        out.nic_tx[tx] += bytes;
+                        out.nic_rx[rx] += bytes;
+                    }
+                    parts.clear();
+                    parts.extend(m.flows.iter().map(|&(op, q)| dag.add_interned(op, &deps, Some(q))));
                     out.transfers += parts.len();
                     let done = match parts.as_slice() {
                         [one] => *one,
@@ -234,21 +323,24 @@ pub fn append_schedules(
     Ok(out)
 }
 
-/// Add `op` after `deps` on the queue of the converted rank's connection `key` (a new queue id, `next`, for a new
-/// connection).
-fn add_queued(
-    dag: &mut Dag,
-    queues: &mut FxMap<(u32, u32, u32), u32>,
-    next: &mut u32,
-    key: (u32, u32, u32),
-    op: Op,
-    deps: &[TaskId],
-) -> TaskId {
-    let q = *queues.entry(key).or_insert_with(|| {
+/// What one message of a rank turns into.
+#[derive(Clone, Debug, Default)]
+struct Message {
+    /// Its transfers (one per NIC part, one for an intra-node message, one for merged parts): op and queue.
+    flows: Vec<(OpId, u32)>,
+    /// Per NIC part: the sending NIC's and the receiving NIC's index in [`Converted::nic_tx`] and
+    /// [`Converted::nic_rx`], and its bytes.
+    bytes: Vec<(usize, usize, u64)>,
+    /// An intra-node message.
+    intra: bool,
+}
+
+/// The queue of the converted rank's connection `key` (a new queue id, `next`, for a new connection).
+fn queue_of(queues: &mut FxMap<(u32, u32, u32), u32>, next: &mut u32, key: (u32, u32, u32)) -> u32 {
+    *queues.entry(key).or_insert_with(|| {
         *next += 1;
         *next - 1
-    });
-    dag.add_queued(op, deps, q)
+    })
 }
 
 /// The error for message `tag` from rank `a` to rank `b`, whose side `half` found no other side (`count` such).
@@ -405,12 +497,26 @@ pub fn append_allreduce(
     choice: Choice,
     start: Option<TaskId>,
 ) -> Result<(Planned, Converted), SimError> {
+    append_allreduce_with(dag, fabric, health, job, choice, start, None)
+}
+
+/// [`append_allreduce`], with the messages `merge` allows merged into one flow each ([`MergeRails`], an
+/// approximation) when it is given.
+pub fn append_allreduce_with(
+    dag: &mut Dag,
+    fabric: &Fabric,
+    health: &PlanHealth,
+    job: &AllReduceJob,
+    choice: Choice,
+    start: Option<TaskId>,
+    merge: Option<&MergeRails>,
+) -> Result<(Planned, Converted), SimError> {
     let planned = plan_allreduce(fabric, health, job, choice)?;
     let conv = |e: r2ccl_policy::PlanError| SimError::Convert(e.to_string());
     let af = r2ccl_policy::schedule_fabric(&planned.topology, &planned.view).map_err(conv)?;
     let layout = af.layout().clone();
     let req = &planned.request;
-    let converted =
-        append_schedules(dag, fabric, &layout, &job.nodes, |r| r2ccl_algo::build_rank_schedule(&af, req, r), start)?;
+    let build = |r| r2ccl_algo::build_rank_schedule(&af, req, r);
+    let converted = append_schedules_with(dag, fabric, &layout, &job.nodes, build, start, merge)?;
     Ok((planned, converted))
 }

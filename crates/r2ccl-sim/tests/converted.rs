@@ -7,8 +7,10 @@ use r2ccl_algo::{Algorithm, Collective, R2cclParams, ScheduleRequest, Strategy a
 use r2ccl_core::{DType, NicId, NodeId, ReduceOp};
 use r2ccl_sim::closed;
 use r2ccl_sim::collective::{healthy, AllReduceJob, PlanHealth, Strategy};
-use r2ccl_sim::convert::{append_allreduce, append_schedules, health_view, topology, Choice};
-use r2ccl_sim::{simulate, Dag, EngineConfig, Fabric, FabricSpec, Failure, FailureKind, RepairMode, Sharing};
+use r2ccl_sim::convert::{
+    append_allreduce, append_allreduce_with, append_schedules, health_view, topology, Choice, MergeRails,
+};
+use r2ccl_sim::{simulate, Dag, EngineConfig, Fabric, FabricSpec, Failure, FailureKind, Op, RepairMode, Sharing};
 
 /// 16 MiB of f32 per rank.
 const BYTES: u64 = 16 * 1024 * 1024;
@@ -312,4 +314,50 @@ fn planner_request_runs_exactly_what_it_planned() {
     assert!(!r.stalled);
     assert!(r.makespan >= r2ccl_algo::fluid_time(&af, &traffic) * (1.0 - 1e-9));
     assert!(r.makespan <= 1.5 * cand.time_s, "{} vs predicted {}", r.makespan, cand.time_s);
+}
+
+#[test]
+fn merged_rail_parts_keep_the_bytes_and_come_close_to_the_exact_run() {
+    // 8 nodes x 4 GPUs x 4 NICs, the planner's choice with one NIC known down and one failing in flight: merging
+    // the rail parts of messages between the other nodes leaves the byte accounting as it is, makes fewer flows,
+    // keeps every part of the failed nodes' messages, and stays close to the exact run.
+    let mut s = FabricSpec::new(8, 4, 4, 100.0);
+    s.nvlink_gbps = 1600.0;
+    let fab = Fabric::new(s).unwrap();
+    let fails = [Failure::known_down(2, 1), Failure::down_at(5, 3, 2e-4)];
+    let h = r2ccl_sim::workload::plan_health(&fab, &fails);
+    let job = AllReduceJob { nodes: (0..8).collect(), bytes: BYTES as f64, intra: true, chunks: 1 };
+    let merge = MergeRails::around(&fab, &fails);
+    assert_eq!(merge.exact_nodes, [false, false, true, false, false, true, false, false]);
+    let cfg = EngineConfig::with_repair(RepairMode::Spread);
+    let mut runs = Vec::new();
+    for m in [None, Some(&merge)] {
+        let mut dag = Dag::new();
+        let (_, c) = append_allreduce_with(&mut dag, &fab, &h, &job, Choice::Planner, None, m).unwrap();
+        let r = simulate(&fab, &dag, &fails, &cfg).unwrap();
+        assert!(!r.stalled);
+        // Pinned transfers that touch a node with a failure, and pinned transfers in all.
+        let pinned = |touching: bool| {
+            dag.ops()
+                .filter(|op| match op {
+                    Op::Pinned { src, dst, .. } => {
+                        !touching || merge.exact_nodes[src.node as usize] || merge.exact_nodes[dst.node as usize]
+                    }
+                    _ => false,
+                })
+                .count()
+        };
+        runs.push((c, r, pinned(true), pinned(false)));
+    }
+    let [(ce, re, te, ae), (cm, rm, tm, am)] = runs.as_slice() else { unreachable!() };
+    assert_eq!(cm.nic_tx, ce.nic_tx);
+    assert_eq!(cm.nic_rx, ce.nic_rx);
+    assert_eq!(cm.intra_bytes, ce.intra_bytes);
+    assert_eq!(tm, te, "messages of the failed nodes keep every part");
+    // The others are one per message instead of one per NIC (4).
+    assert_eq!((ae - te), 4 * (am - tm), "{am} pinned transfers merged against {ae} exact");
+    assert!(rm.flows < re.flows);
+    let err = rm.makespan / re.makespan - 1.0;
+    println!("merged rail parts: {} flows against {}, makespan {err:+.3e} relative", rm.flows, re.flows);
+    assert!(err.abs() < 0.02, "merged {} against exact {}", rm.makespan, re.makespan);
 }
