@@ -680,9 +680,6 @@ struct Sub {
 struct TaskState {
     /// Its op's index in the DAG's table of distinct ops.
     op: u32,
-    /// Dependencies not finished yet; once they are (the task has started), the flows of its transfer not
-    /// finished yet (kept for transfers of several flows only).
-    left: u32,
     /// Its queue (`NO_QUEUE`: none, or the queues are not used in this run).
     queue: u32,
     /// Its successors are `succ[succ.0..succ.1]`.
@@ -757,6 +754,9 @@ struct Sim<'a> {
     tasks: Vec<TaskState>,
     /// Per task: its finish time (`NaN` until it finished).
     finish: Vec<f64>,
+    /// Per task: dependencies not finished yet; once they are (the task has started), the flows of its transfer
+    /// not finished yet (kept for transfers of several flows only).
+    left: Vec<u32>,
     succ: Vec<u32>,
     done: usize,
     dirty: Vec<LinkId>,
@@ -821,15 +821,15 @@ impl<'a> Sim<'a> {
             .enumerate()
             .map(|(t, &op)| TaskState {
                 op,
-                left: 0,
                 queue: dag.queue.get(t).copied().filter(|_| queues).unwrap_or(NO_QUEUE),
                 succ: (0, 0),
             })
             .collect();
         // Count each task's dependencies and successors (in `succ.1`), then place the successor lists in task order
         // and fill them in edge order (`succ.1` ends up at the end of each list).
+        let mut left = vec![0u32; n];
         for &(a, b) in &dag.edges {
-            tasks[b as usize].left += 1;
+            left[b as usize] += 1;
             tasks[a as usize].succ.1 += 1;
         }
         let mut at = 0u32;
@@ -870,6 +870,7 @@ impl<'a> Sim<'a> {
             paths: Vec::new(),
             tasks,
             finish: vec![f64::NAN; n],
+            left,
             succ,
             done: 0,
             dirty: Vec::new(),
@@ -941,7 +942,7 @@ impl<'a> Sim<'a> {
             sim.push(f.at_s, Ev::FailStart(i as u32));
         }
         for t in 0..n {
-            if sim.tasks[t].left == 0 {
+            if sim.left[t] == 0 {
                 sim.start_task(t as u32, 0.0);
             }
         }
@@ -1067,7 +1068,7 @@ impl<'a> Sim<'a> {
         let (a, b) = (succ.0 as usize, succ.1 as usize);
         for i in a..b {
             let s = self.succ[i];
-            let left = &mut self.tasks[s as usize].left;
+            let left = &mut self.left[s as usize];
             *left -= 1;
             if *left == 0 {
                 self.start_task(s, self.now);
@@ -1126,7 +1127,7 @@ impl<'a> Sim<'a> {
                     self.finish_task(task, q, succ);
                     return;
                 }
-                let left = &mut self.tasks[task as usize].left;
+                let left = &mut self.left[task as usize];
                 *left -= 1;
                 if *left == 0 {
                     self.task_done(task);
@@ -1346,7 +1347,7 @@ impl<'a> Sim<'a> {
         let mut parts = Vec::new();
         self.resolve(src, dst, rails, &mut parts);
         let total: f64 = parts.iter().map(|p| p.2).sum();
-        self.tasks[task as usize].left = parts.len() as u32;
+        self.left[task as usize] = parts.len() as u32;
         for (rs, rd, w) in parts {
             self.add_sub(task, src, dst, rs, rd, bytes * w / total, weight * w / total);
         }
@@ -1423,9 +1424,9 @@ impl<'a> Sim<'a> {
             self.resolve(src, dst, rails, &mut parts);
             let total: f64 = parts.iter().map(|p| p.2).sum();
             if single {
-                self.tasks[task as usize].left = parts.len() as u32;
+                self.left[task as usize] = parts.len() as u32;
             } else {
-                self.tasks[task as usize].left += parts.len() as u32 - 1;
+                self.left[task as usize] += parts.len() as u32 - 1;
             }
             for &(rs, rd, w) in &parts {
                 self.add_sub(task, src, dst, rs, rd, bytes * w / total, sw * w / total);
