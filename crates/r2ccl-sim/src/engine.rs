@@ -88,14 +88,16 @@ impl Op {
 /// transfers one at a time in the order they become ready, as a NIC serves the work requests of one queue pair
 /// in posting order.
 ///
-/// Tasks that do the same thing (every barrier, and the many transfers of a schedule between the same two GPUs
-/// on the same rails with the same size) share one entry of a table of distinct ops, so that a task takes a few
-/// bytes: the engine walks millions of them in an order far from the order they were added in.
+/// Tasks that do the same thing (every barrier, and the ops a builder interns with [`Dag::intern`], such as the
+/// many transfers of a schedule between the same two GPUs on the same rails with the same size) share one entry
+/// of a table of ops, so that a task takes a few bytes: the engine walks millions of them in an order far from the
+/// order they were added in.
 #[derive(Clone, Debug, Default)]
 pub struct Dag {
     /// Per task: its op's index in `table`.
     op_of: Vec<u32>,
-    /// The distinct ops, in the order they first appeared.
+    /// The ops: one entry per [`Dag::intern`]ed op, and one per task added with [`Dag::add`] or
+    /// [`Dag::add_queued`].
     table: Vec<Op>,
     /// Index in `table` by [`op_key`].
     index: r2ccl_core::fastmap::IntMap<OpKey, u32>,
@@ -137,9 +139,11 @@ impl Dag {
         Self::default()
     }
 
-    /// Add `op` after all of `deps`; returns its id.
+    /// Add `op` after all of `deps`; returns its id. The op gets an entry of its own in the table (no look-up:
+    /// builders whose ops rarely repeat pay nothing for sharing); [`Dag::intern`] shares entries.
     pub fn add(&mut self, op: Op, deps: &[TaskId]) -> TaskId {
-        let op = self.intern(op);
+        self.table.push(op);
+        let op = OpId(self.table.len() as u32 - 1);
         self.add_interned(op, deps, None)
     }
 
@@ -173,7 +177,8 @@ impl Dag {
     /// dependencies are done it waits until the transfers of that queue that became ready before it have
     /// finished.
     pub fn add_queued(&mut self, op: Op, deps: &[TaskId], queue: u32) -> TaskId {
-        let op = self.intern(op);
+        self.table.push(op);
+        let op = OpId(self.table.len() as u32 - 1);
         self.add_interned(op, deps, Some(queue))
     }
 
