@@ -33,6 +33,19 @@ pub struct Buffer {
     pub len: u64,
 }
 
+/// A cheap fingerprint of a chunk's bytes (64 sampled words), for TRACE logs that follow a chunk
+/// from its sender's region to its receiver's.
+fn fingerprint(b: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let step = (b.len() / 64).max(8);
+    for w in b.chunks(8).step_by(step / 8).take(64) {
+        for &x in w {
+            h = (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h ^ b.len() as u64
+}
+
 /// The smallest chunk a transfer is cut into so that it stripes over several NICs (a
 /// configured chunk size below it is used as is).
 pub const MIN_STRIPE_CHUNK: u32 = 64 * 1024;
@@ -710,6 +723,7 @@ impl Session {
                 }
             }
         }
+        tracing::trace!(target: NET, %key, ?combine, offset, len, "receive expected");
         for (path, h, message) in self.early.remove(&key).unwrap_or_default() {
             let payload = message.get(HEADER_LEN..).unwrap_or_default();
             self.early_bytes -= payload.len();
@@ -1306,6 +1320,7 @@ impl Session {
         if self.early_bytes + payload.len() <= self.cfg.max_early_bytes {
             self.early_bytes += payload.len();
             self.stats.early_stashed += 1;
+            tracing::trace!(target: NET, chunk = h.id.index, %key, %path, replay = h.flags & FLAG_REPLAY != 0, "early chunk stashed");
             Some((key, h))
         } else {
             self.stats.early_dropped += 1;
@@ -1400,6 +1415,12 @@ impl Session {
                         rt.placing.remove(&idx);
                     }
                     if kind == CompletionKind::Placed {
+                        if tracing::enabled!(target: NET, tracing::Level::TRACE) {
+                            let off = rt.offset + idx as usize * rt.chunk as usize;
+                            let len = chunk_len(rt.len, rt.chunk, idx) as usize;
+                            let fp = t.region(rt.dst).ok().and_then(|r| r.get(off..off + len)).map(fingerprint);
+                            tracing::trace!(target: NET, chunk = idx, %key, %path, off, fp = ?fp, "chunk placed");
+                        }
                         if rt.have.insert(idx) {
                             let len = u64::from(chunk_len(rt.len, rt.chunk, idx));
                             self.stats.chunks_applied += 1;
@@ -1450,6 +1471,11 @@ impl Session {
         }
         let off = rt.offset + idx as usize * cs as usize;
         let (dst, combine) = (rt.dst, rt.combine);
+        let base_fp = if tracing::enabled!(target: NET, tracing::Level::TRACE) {
+            t.region(dst).ok().and_then(|r| r.get(off..off + payload.len())).map(fingerprint)
+        } else {
+            None
+        };
         let written =
             t.region_mut(dst).ok().and_then(|r| r.get_mut(off..off + payload.len())).is_some_and(|d| match combine {
                 Combine::Copy => {
@@ -1480,6 +1506,7 @@ impl Session {
         }
         self.stats.chunks_applied += 1;
         self.stats.bytes_applied += payload.len() as u64;
+        tracing::trace!(target: NET, chunk = idx, %key, %path, replay = h.flags & FLAG_REPLAY != 0, ?combine, off, ?base_fp, fp = fingerprint(payload), "chunk applied");
         self.check_recv_complete(key);
     }
 
@@ -1522,6 +1549,11 @@ impl Session {
                     let off = tr.offset + idx as usize * cs as usize;
                     match t.post_send(now, lane.path, &header.encode(), tr.src, off, len as usize) {
                         Ok(req) => {
+                            if tracing::enabled!(target: NET, tracing::Level::TRACE) {
+                                let fp =
+                                    t.region(tr.src).ok().and_then(|r| r.get(off..off + len as usize)).map(fingerprint);
+                                tracing::trace!(target: NET, chunk = idx, %key, path = %lane.path, replay, fp = ?fp, "chunk posted");
+                            }
                             lane.next += 1;
                             lane.in_flight.insert(idx, req);
                             let id = LaneId { transfer: key, lane: u16::try_from(i).unwrap_or(u16::MAX) };

@@ -736,11 +736,9 @@ impl UcxTransport {
     }
 
     /// Cancel one request: its real outcome if it finished, else `Cancelled`; in-flight UCX requests are
-    /// detached (kept until UCX lets go). `path_failed`: the path is given up (both ends mark it down),
-    /// so a split send in flight is stopped for good and a receive into place is reported at once (its
-    /// send was stopped by the sender); otherwise (a lane moving off a healthy path) a receive into
-    /// place that UCX does not let go of stays outstanding until it really ends, since its send still
-    /// runs.
+    /// detached (kept until UCX lets go). A receive into place that UCX still holds is cut out of the
+    /// region's alias first ([`UcxTransport::stop_placed`]), so it is reported at once. `path_failed`:
+    /// the path is given up (both ends mark it down), so a split send in flight is stopped for good.
     fn cancel_one(&mut self, id: RequestId, path_failed: bool) -> bool {
         let Some(mut o) = self.out.remove(&id) else { return false };
         let rail = o.path.local.rail.index();
@@ -750,29 +748,41 @@ impl UcxTransport {
             _ => None,
         };
         if kind.is_none() && o.kind == Kind::Placed {
-            if let State::Live(r) = &mut o.state {
-                r.cancel();
-                if let Some(rl) = self.set.rails().get(rail) {
-                    rl.worker().progress();
-                }
-                kind = outcome(&self.nics, o.kind, rail, r).map(|(k, _)| k);
-                // Matched and under way: UCX 1.13 cannot stop it, and on TCP it may still write
-                // long after (bytes the sender's kernel retransmits once a link returns). Cut its
-                // range out of the region's alias, so that it writes throwaway pages from now on.
-                let poisoned = match (kind.is_none(), r.buffer()) {
-                    (true, Some(DataBuf::Region(slice))) => slice.region().poison(&slice.range()).is_ok(),
-                    _ => true,
-                };
-                if !poisoned {
-                    // Cannot happen short of the kernel refusing a mapping: keep waiting for it.
-                    self.out.insert(id, o);
-                    return true;
-                }
+            let (finished, safe) = self.stop_placed(rail, &mut o.state);
+            if !safe {
+                // Cannot happen short of the kernel refusing a mapping: keep waiting for it.
+                self.out.insert(id, o);
+                return true;
             }
+            kind = finished;
         }
         self.retire(o.path, o.kind, o.state, path_failed);
         self.complete(id, o.path, kind.unwrap_or(CompletionKind::Cancelled));
         true
+    }
+
+    /// Stops a live receive into place that is being given up (cancelled, or failed with its
+    /// NIC). Unmatched, UCX cancels it at once. Matched and under way, UCX 1.13 cannot stop it,
+    /// and on TCP it may still write long after (bytes the sender's kernel retransmits once a
+    /// link returns): its range is cut out of the region's alias ([`MemRegion::poison`]), so it
+    /// writes throwaway pages from now on and never a later collective's bytes. Returns its
+    /// outcome if it finished after all, and whether the region is safe from it (false only if
+    /// the kernel refused the mapping).
+    fn stop_placed(&mut self, rail: usize, state: &mut State) -> (Option<CompletionKind>, bool) {
+        let State::Live(r) = state else { return (None, true) };
+        if let Some(done) = outcome(&self.nics, Kind::Placed, rail, r) {
+            return (Some(done.0), true);
+        }
+        r.cancel();
+        if let Some(rl) = self.set.rails().get(rail) {
+            rl.worker().progress();
+        }
+        let finished = outcome(&self.nics, Kind::Placed, rail, r).map(|(k, _)| k);
+        let safe = match (finished.is_none(), r.buffer()) {
+            (true, Some(DataBuf::Region(slice))) => slice.region().poison(&slice.range()).is_ok(),
+            _ => true,
+        };
+        (finished, safe)
     }
 
     /// Forget `peer`, which left the communicator: close its endpoints on every rail now, so
@@ -916,7 +926,13 @@ impl UcxTransport {
         let ids: Vec<RequestId> =
             self.out.iter().filter(|(_, o)| o.path.local.rail.index() == rail).map(|(id, _)| *id).collect();
         for id in ids {
-            if let Some(o) = self.out.remove(&id) {
+            if let Some(mut o) = self.out.remove(&id) {
+                // A receive into place that UCX still holds would write the region whenever its
+                // bytes arrive after the NIC returns, over whatever a later collective put there.
+                if o.kind == Kind::Placed && !self.stop_placed(rail, &mut o.state).1 {
+                    self.out.insert(id, o);
+                    continue;
+                }
                 self.retire(o.path, o.kind, o.state, true);
                 self.complete(id, o.path, CompletionKind::Failed(PathFault::LocalNicDown));
             }

@@ -1,12 +1,15 @@
 //! A receive into place that is given up while UCX still holds it never writes its region again:
-//! two `UcxTransport`s in one process on `lo`, a large split payload received into place, cancelled
-//! while its bytes are still arriving; the bytes that arrive afterwards land in throwaway pages, and
-//! the range is received into a buffer from then on (`Transport::can_place`).
+//! two `UcxTransport`s in one process on `lo`, a large split payload received into place, given up
+//! while its bytes are still arriving (cancelled, or failed with the receiver's NIC); the bytes that
+//! arrive afterwards land in throwaway pages, and the range is received into a buffer from then on
+//! (`Transport::can_place`).
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
 use r2ccl_core::{NicId, NodeId, Rank};
-use r2ccl_transport::{CompletionKind, PathId, PayloadInto, RequestId, Transport, TransportEvent, HEADER_LEN};
-use r2ccl_ucx::{UcxTransport, UcxTransportConfig};
+use r2ccl_transport::{
+    CompletionKind, PathFault, PathId, PayloadInto, RequestId, Transport, TransportEvent, HEADER_LEN,
+};
+use r2ccl_ucx::{FaultKind, FaultSpec, UcxTransport, UcxTransportConfig};
 use std::time::{Duration, Instant};
 
 /// Large enough that loopback TCP takes tens of milliseconds to move it.
@@ -30,8 +33,28 @@ fn pump(ts: &mut [&mut UcxTransport; 2], now: Duration, out: &mut Vec<(usize, Re
     }
 }
 
+/// How the receiver gives its receive into place up.
+#[derive(Clone, Copy, Debug)]
+enum GiveUp {
+    /// `Transport::cancel` (a replay delivered the chunk another way, or the collective was abandoned).
+    Cancel,
+    /// The receiver's NIC goes down: every request on it fails. On TCP its bytes still come once the
+    /// link returns (here, on `lo`, at once), long after the chunk was received again elsewhere and
+    /// the range handed to a later collective.
+    LocalNicDown,
+}
+
 #[test]
-fn a_given_up_receive_into_place_never_writes_its_region_again() {
+fn a_cancelled_receive_into_place_never_writes_its_region_again() {
+    given_up_receive_into_place_never_writes_its_region_again(GiveUp::Cancel);
+}
+
+#[test]
+fn a_receive_into_place_failed_with_its_nic_never_writes_its_region_again() {
+    given_up_receive_into_place_never_writes_its_region_again(GiveUp::LocalNicDown);
+}
+
+fn given_up_receive_into_place_never_writes_its_region_again(how: GiveUp) {
     let (mut a, mut b) = (open(0), open(1));
     let blobs = vec![a.local_address_blob().unwrap(), b.local_address_blob().unwrap()];
     a.connect_peers(&blobs).unwrap();
@@ -73,10 +96,28 @@ fn a_given_up_receive_into_place_never_writes_its_region_again() {
             break;
         }
     }
-    b.cancel(t0.elapsed(), placed).unwrap();
+    let reported = match how {
+        GiveUp::Cancel => {
+            b.cancel(t0.elapsed(), placed).unwrap();
+            CompletionKind::Cancelled
+        }
+        GiveUp::LocalNicDown => {
+            let down = FaultSpec {
+                rank: None,
+                nic: 0,
+                after_bytes: None,
+                after_msgs: None,
+                after: None,
+                duration: None,
+                kind: FaultKind::Down,
+            };
+            b.inject(down);
+            CompletionKind::Failed(PathFault::LocalNicDown)
+        }
+    };
     pump(&mut [&mut a, &mut b], t0.elapsed(), &mut done);
     let i = done.iter().position(|(_, r, _)| *r == placed).expect("the given-up receive is reported at once");
-    assert_eq!(done.remove(i).2, CompletionKind::Cancelled);
+    assert_eq!(done.remove(i).2, reported, "{how:?}");
     assert!(!b.can_place(dst, 0, LEN), "the given-up range is received into a buffer from now on");
     assert!(b.can_place(spare, 0, LEN), "other regions are not affected");
 

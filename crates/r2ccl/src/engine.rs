@@ -932,6 +932,7 @@ impl Engine {
                 continue;
             }
             x.state[i] = StepState::Running;
+            tracing::trace!(target: subsys::COLL, rank = %self.rank, seq = x.seq, step = i, kind = ?x.sched.steps()[i].kind, "step started");
             let base = x.base;
             match x.sched.steps()[i].kind {
                 StepKind::Copy { .. } | StepKind::Reduce { .. } => {

@@ -243,6 +243,63 @@ fn first_wrong(dtype: DType, got: &[u8], want: &Option<Vec<u8>>) -> Option<usize
     got.chunks(dtype.size()).zip(want.chunks(dtype.size())).position(|(a, b)| a != b).map(|i| i * dtype.size())
 }
 
+/// What a wrong AllReduce result (f32 sum) looks like, for finding the bug that wrote it: the range
+/// of wrong elements, the first one's value against the expected one, and whether the whole range is
+/// a sum of the ranks' inputs with multiplicities 0-2 (a contribution missing or counted twice) or
+/// the expected result at another offset (a payload that landed in the wrong place).
+fn diagnose_wrong(c: &Case, args: &PerfArgs, world: u32, got: &[u8]) -> String {
+    let Some(want) = c.expected.as_ref() else { return String::new() };
+    let as_f32 =
+        |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect() };
+    let (g, w) = (as_f32(got), as_f32(want));
+    let bad: Vec<usize> = (0..g.len().min(w.len())).filter(|&i| g[i].to_bits() != w[i].to_bits()).collect();
+    let (Some(&first), Some(&last)) = (bad.first(), bad.last()) else { return String::new() };
+    let mut s = format!(
+        "wrong elements at byte offsets {}..{} ({} of {} in that range); first: got {} want {}",
+        first * 4,
+        (last + 1) * 4,
+        bad.len(),
+        last + 1 - first,
+        g[first],
+        w[first]
+    );
+    if !matches!(c.coll, Collective::AllReduce { op: ReduceOp::Sum }) || args.dtypes[0] != DType::F32 || world > 10 {
+        return s;
+    }
+    let inputs: Vec<Vec<f32>> = (0..world).map(|r| as_f32(&fill(DType::F32, ReduceOp::Sum, r, 0, c.count))).collect();
+    // Contributions with multiplicity 0, 1 or 2 per rank (3^world combinations).
+    let combos = 3usize.pow(world);
+    let sample: Vec<usize> = bad.iter().copied().step_by((bad.len() / 64).max(1)).collect();
+    let mult = |mut k: usize| -> Vec<u32> {
+        (0..world)
+            .map(|_| {
+                let m = (k % 3) as u32;
+                k /= 3;
+                m
+            })
+            .collect()
+    };
+    let sum_at = |m: &[u32], i: usize| -> f32 { m.iter().zip(&inputs).map(|(&m, inp)| m as f32 * inp[i]).sum::<f32>() };
+    let found = (0..combos)
+        .map(mult)
+        .find(|m| sample.iter().all(|&i| sum_at(m, i) == g[i]) && bad.iter().all(|&i| sum_at(m, i) == g[i]));
+    match found {
+        Some(m) => s.push_str(&format!("; every wrong element = sum of rank inputs with multiplicities {m:?}")),
+        None => s.push_str("; not a sum of rank inputs with multiplicities 0-2"),
+    }
+    // The expected result at another offset: a payload written to the wrong place.
+    let n = (last + 1 - first).min(64);
+    let shift = (0..w.len().saturating_sub(n))
+        .find(|&o| o != first && (0..n).all(|k| w[o + k].to_bits() == g[first + k].to_bits()));
+    if let Some(o) = shift {
+        s.push_str(&format!("; the wrong range starts like the expected result at byte offset {}", o * 4));
+    }
+    if g[first..=last].iter().all(|&x| x == 0.0) {
+        s.push_str("; all zero (never written)");
+    }
+    s
+}
+
 fn rank_main(argv: &[String]) -> Result<bool> {
     let coll: Coll = argv[0].parse().map_err(|e| anyhow!("{e}\n{USAGE}"))?;
     let (flags, extra) = split_extra(&argv[1..])?;
@@ -523,8 +580,11 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
             // Which collective and where: the first step to finding what wrote over it.
             let first = first_wrong(dtype, &out, &c.expected).unwrap_or(0);
             eprintln!(
-                "r2ccl-perf: rank {rank}: collective #{} ({:?}) has {bad} wrong values, the first at byte offset {first} (strategy {})",
-                rep.seq, coll, rep.strategy
+                "r2ccl-perf: rank {rank}: collective #{} ({:?}) has {bad} wrong values, the first at byte offset {first} (strategy {}): {}",
+                rep.seq,
+                coll,
+                rep.strategy,
+                diagnose_wrong(&c, args, world, &out)
             );
         }
         wrong_total += bad;
