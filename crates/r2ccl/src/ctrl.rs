@@ -7,6 +7,42 @@
 use r2ccl_core::{NicId, Rank};
 use r2ccl_transport::{CommId, PathId, TransferKey};
 
+/// What a [`Ctrl::NicState`] announces about a NIC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NicStatus {
+    /// It carries traffic (its link came back, or a blamed NIC answers probes again).
+    Up,
+    /// Its link is down: it cannot carry traffic until the link returns.
+    LinkDown,
+    /// A localization verdict took it out while its link is up: its node is not gone while it has
+    /// such a NIC, which its lead puts back if the node's other NICs go down.
+    Blamed,
+}
+
+impl NicStatus {
+    /// Whether the NIC carries traffic.
+    pub const fn is_up(self) -> bool {
+        matches!(self, Self::Up)
+    }
+
+    const fn byte(self) -> u8 {
+        match self {
+            Self::LinkDown => 0,
+            Self::Up => 1,
+            Self::Blamed => 2,
+        }
+    }
+
+    const fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            0 => Some(Self::LinkDown),
+            1 => Some(Self::Up),
+            2 => Some(Self::Blamed),
+            _ => None,
+        }
+    }
+}
+
 /// One control message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ctrl {
@@ -21,8 +57,8 @@ pub enum Ctrl {
     NicState {
         /// The NIC.
         nic: NicId,
-        /// Whether it is up.
-        up: bool,
+        /// Its new state.
+        state: NicStatus,
     },
     /// Sender to receiver: lane `lane` of `key` moves to the path (`local` -> `remote`, in the
     /// sender's view) and replays from min(`sender_done`, what the receiver holds).
@@ -163,7 +199,7 @@ impl Ctrl {
         w.u8(VERSION);
         match *self {
             Ctrl::PathDown { local, remote } => w.u8(1).nic(local).nic(remote),
-            Ctrl::NicState { nic, up } => w.u8(2).nic(nic).u8(u8::from(up)),
+            Ctrl::NicState { nic, state } => w.u8(2).nic(nic).u8(state.byte()),
             Ctrl::MigrateReq { key, lane, start, end, sender_done, local, remote, epoch } => {
                 w.u8(3).key(key).u16(lane).u32(start).u32(end).u32(sender_done).nic(local).nic(remote).u32(epoch)
             }
@@ -184,7 +220,10 @@ impl Ctrl {
         }
         let msg = match r.u8()? {
             1 => Ctrl::PathDown { local: r.nic()?, remote: r.nic()? },
-            2 => Ctrl::NicState { nic: r.nic()?, up: r.u8()? != 0 },
+            2 => Ctrl::NicState {
+                nic: r.nic()?,
+                state: NicStatus::from_byte(r.u8()?).ok_or(CtrlError("unknown NIC state"))?,
+            },
             3 => Ctrl::MigrateReq {
                 key: r.key()?,
                 lane: r.u16()?,
@@ -223,7 +262,9 @@ mod tests {
         let key = TransferKey::new(7, 9, 3, 1, 2);
         let msgs = [
             Ctrl::PathDown { local: NicId::new(0, 1), remote: NicId::new(1, 1) },
-            Ctrl::NicState { nic: NicId::new(2, 0), up: false },
+            Ctrl::NicState { nic: NicId::new(2, 0), state: NicStatus::LinkDown },
+            Ctrl::NicState { nic: NicId::new(2, 1), state: NicStatus::Up },
+            Ctrl::NicState { nic: NicId::new(2, 1), state: NicStatus::Blamed },
             Ctrl::MigrateReq {
                 key,
                 lane: 1,
@@ -250,5 +291,10 @@ mod tests {
         }
         assert!(Ctrl::decode(&[1, 99]).is_err());
         assert!(Ctrl::decode(&[2, 1]).is_err());
+        let mut bad_state = Ctrl::NicState { nic: NicId::new(2, 1), state: NicStatus::Up }.encode();
+        if let Some(last) = bad_state.last_mut() {
+            *last = 3;
+        }
+        assert_eq!(Ctrl::decode(&bad_state), Err(CtrlError("unknown NIC state")));
     }
 }

@@ -24,7 +24,7 @@
 //! good probes, so a flapping link is damped. The engine's own stall check stays the fast
 //! path: a lane moves as soon as its path stops, and the verdict follows.
 
-use crate::ctrl::Ctrl;
+use crate::ctrl::{Ctrl, NicStatus};
 use r2ccl_algo::{Buf, RankSchedule, Region, Step, StepKind};
 use r2ccl_core::kernels::{finalize_avg_bytes, reduce_bytes};
 use r2ccl_core::{subsys, DType, NicId, NodeId, Rank, ReduceOp};
@@ -305,7 +305,9 @@ pub struct Engine {
     watched: BTreeSet<Rank>,
     /// Transport probes posted for the detector, with what they answer and when they went out.
     detect_reqs: BTreeMap<RequestId, (DetectProbe, Duration)>,
-    /// NICs taken out by a detector verdict (not by their link state): back on its recovery.
+    /// NICs taken out by a detector verdict while their link is up (this rank's lead verdicts
+    /// and the ones other nodes' leads announced): back on their recovery. A node is never gone
+    /// for good while it has one, and its lead puts them back when its other NICs go down.
     blamed: BTreeSet<NicId>,
     /// The last verdict per failed path (the failover metric's label).
     verdicts: BTreeMap<PathId, Verdict>,
@@ -805,10 +807,17 @@ impl Engine {
         // Only a node with no usable NIC is gone for good. Two nodes left without a common rail
         // wait (bounded by the no-path timeout) for a NIC to come back: a flap on one node while
         // the other has lost its other rail must not end the job.
+        let gone = self.gone_nics();
         for peer in peers {
-            reachable(topo, &self.down_nics, false, me, peer)?;
+            reachable(topo, &gone, false, me, peer)?;
         }
         Ok(())
+    }
+
+    /// NICs down for good as far as this rank knows: down, and not merely blamed by a verdict
+    /// (a blamed NIC's link is up; its node's lead puts it back when it is the node's last).
+    fn gone_nics(&self) -> BTreeSet<NicId> {
+        self.down_nics.difference(&self.blamed).copied().collect()
     }
 
     /// The output buffer of the collective that finished last.
@@ -982,7 +991,8 @@ impl Engine {
                             let topo = self.session.topology();
                             let nodes = (topo.node_of(self.rank), topo.node_of(key.dst));
                             if let (Some(a), Some(b)) = nodes {
-                                reachable(topo, &self.down_nics, false, a, b)?;
+                                let gone: BTreeSet<NicId> = self.down_nics.difference(&self.blamed).copied().collect();
+                                reachable(topo, &gone, false, a, b)?;
                             }
                             let since = *x.deferred_since.entry(i).or_insert(now);
                             let waited = now.saturating_sub(since);
@@ -1132,7 +1142,7 @@ impl Engine {
         }
         for (req, stopped_at) in std::mem::take(&mut self.no_path) {
             let (a, b) = (req.from.local.node, req.from.remote.node);
-            reachable(self.session.topology(), &self.down_nics, false, a, b)?;
+            reachable(self.session.topology(), &self.gone_nics(), false, a, b)?;
             let waited = now.saturating_sub(stopped_at);
             if waited > self.cfg.no_path_timeout {
                 self.check_reachable(a, b)?;
@@ -1324,7 +1334,7 @@ impl Engine {
             self.session.handle_nic_down(now, t, nic);
             self.events.push_back(EngineEvent::NicBlamed { nic, up: false });
             for r in 0..self.world {
-                self.send_ctrl(Rank(r), Ctrl::NicState { nic, up: false });
+                self.send_ctrl(Rank(r), Ctrl::NicState { nic, state: NicStatus::Blamed });
             }
             self.check_peers()
         } else {
@@ -1332,13 +1342,21 @@ impl Engine {
                 return Ok(());
             }
             tracing::info!(target: subsys::DETECT, rank = %self.rank, %nic, "blamed NIC answers again");
-            self.note_nic(nic, true);
-            self.session.handle_nic_up(now, nic);
-            self.events.push_back(EngineEvent::NicBlamed { nic, up: true });
-            for r in 0..self.world {
-                self.send_ctrl(Rank(r), Ctrl::NicState { nic, up: true });
-            }
+            self.put_back(now, nic);
             Ok(())
+        }
+    }
+
+    /// As the lead rank of `nic`'s node: a NIC a verdict took out carries traffic again, on every
+    /// rank (the NicState broadcast). Its paths start afresh.
+    fn put_back(&mut self, now: Duration, nic: NicId) {
+        self.blamed.remove(&nic);
+        self.note_nic(nic, true);
+        self.forget_path_failures(nic);
+        self.session.handle_nic_up(now, nic);
+        self.events.push_back(EngineEvent::NicBlamed { nic, up: true });
+        for r in 0..self.world {
+            self.send_ctrl(Rank(r), Ctrl::NicState { nic, state: NicStatus::Up });
         }
     }
 
@@ -1450,11 +1468,13 @@ impl Engine {
                         self.forget_path_failures(nic);
                     } else {
                         self.blamed.remove(&nic);
+                        self.put_back_last_resort(now, nic);
                     }
                     self.events.push_back(EngineEvent::NicState { nic, up, local: true });
                     self.note_nic(nic, up);
+                    let state = if up { NicStatus::Up } else { NicStatus::LinkDown };
                     for r in 0..self.world {
-                        self.send_ctrl(Rank(r), Ctrl::NicState { nic, up });
+                        self.send_ctrl(Rank(r), Ctrl::NicState { nic, state });
                     }
                     // Every local NIC down: a running collective that involves another node can
                     // never finish (even one that only waits to receive), so fail it now.
@@ -1537,6 +1557,26 @@ impl Engine {
         self.quiet.retain(|p, _| !through(p));
     }
 
+    /// The link of `nic` (of this rank's node) just went down: if that leaves the node only NICs
+    /// a verdict took out (their links are up), its lead puts them back, so the node keeps a way
+    /// to carry traffic (a verdict never takes a node's last NIC, whichever comes first). Their
+    /// paths are tried again; the stall check and the detector judge them afresh.
+    fn put_back_last_resort(&mut self, now: Duration, nic: NicId) {
+        if self.lead_of(nic.node) != Some(self.rank) {
+            return;
+        }
+        let nics = self.session.topology().nics_of(nic.node);
+        let others: Vec<NicId> = nics.iter().copied().filter(|&x| x != nic).collect();
+        if others.iter().any(|x| !self.down_nics.contains(x)) {
+            return;
+        }
+        let blamed: Vec<NicId> = others.into_iter().filter(|x| self.blamed.contains(x)).collect();
+        for x in blamed {
+            tracing::warn!(target: subsys::DETECT, rank = %self.rank, nic = %x, down = %nic, "the node's other NIC went down: a blamed NIC is put back as its last");
+            self.put_back(now, x);
+        }
+    }
+
     fn note_nic(&mut self, nic: NicId, up: bool) {
         let changed = if up { self.down_nics.remove(&nic) } else { self.down_nics.insert(nic) };
         self.health_changed |= changed;
@@ -1598,7 +1638,13 @@ impl Engine {
                 self.probes.remove(&path);
                 self.session.handle_path_up(now, path);
             }
-            Ctrl::NicState { nic, up } => {
+            Ctrl::NicState { nic, state } => {
+                let up = state.is_up();
+                if state == NicStatus::Blamed {
+                    self.blamed.insert(nic);
+                } else {
+                    self.blamed.remove(&nic);
+                }
                 self.events.push_back(EngineEvent::NicState { nic, up, local: false });
                 self.note_nic(nic, up);
                 if up {

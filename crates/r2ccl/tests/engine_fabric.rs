@@ -444,6 +444,41 @@ fn a_verdict_never_takes_a_nodes_last_nic_and_the_collective_resumes_when_it_ans
 }
 
 #[test]
+fn a_blamed_nic_is_put_back_when_its_nodes_other_nic_goes_down() {
+    // A verdict takes NIC (2,1) out while its link is up (a black hole); then the link of node 2's
+    // other NIC goes down. The node is not gone: its lead puts the blamed NIC back at once, and
+    // the collective that runs then finishes, exact, once the black hole heals.
+    let mut c = Cluster::new(3, 1, 2, 5);
+    let count = 1 << 21;
+    let inputs = inputs_f32(3, count, 4);
+    let (blamed, dies) = (NicId::new(2, 1), NicId::new(2, 0));
+    c.fabric.schedule(Duration::from_millis(1), FaultAction::BlackHole(blamed, true));
+    let out = c.run(1, Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, count as u64, &inputs);
+    assert!(out.iter().all(|o| o == &allreduce_expected(&inputs)));
+    let everyone_knows = |c: &Cluster| c.engines.iter().all(|e| e.down_nics().contains(&blamed));
+    assert!(c.run_until(Duration::from_secs(2), everyone_knows), "every rank took the blamed NIC out: {:?}", c.events);
+    let before = c.events.len();
+    let t = c.now;
+    c.fabric.schedule(t + Duration::from_millis(1), FaultAction::NicDown(dies));
+    c.fabric.schedule(t + Duration::from_millis(30), FaultAction::BlackHole(blamed, false));
+    let inputs = inputs_f32(3, count, 5);
+    let out = c.run(2, Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, count as u64, &inputs);
+    assert!(out.iter().all(|o| o == &allreduce_expected(&inputs)));
+    let put_back = c.events[before..]
+        .iter()
+        .position(|(r, e)| *r == 2 && matches!(e, EngineEvent::NicBlamed { nic, up: true } if *nic == blamed))
+        .expect("node 2's lead put the blamed NIC back");
+    let link_down = c.events[before..]
+        .iter()
+        .position(|(r, e)| {
+            *r == 2 && matches!(e, EngineEvent::NicState { nic, up: false, local: true } if *nic == dies)
+        })
+        .expect("node 2 saw its other NIC's link go down");
+    assert!(put_back < link_down, "put back as the link went down, not after a recovery: {:?}", &c.events[before..]);
+    assert!(c.engines.iter().all(|e| e.down_nics().iter().eq([&dies])), "only the dead link is down");
+}
+
+#[test]
 fn nic_flaps_back_and_traffic_fails_back() {
     let mut c = Cluster::new(2, 1, 2, 4);
     let count = 1 << 21;
