@@ -47,9 +47,11 @@ enum Backing {
         alias: NonNull<u8>,
         /// Both mappings' length: `len` rounded up to whole pages.
         map_len: usize,
-        /// The memory file (both mappings keep its pages alive; kept for the record).
-        _fd: OwnedFd,
-        /// Alias ranges (page-aligned) replaced by throwaway pages: never received into again.
+        /// The memory file (both mappings keep its pages alive; a healed alias range maps it again).
+        fd: OwnedFd,
+        /// Alias ranges (page-aligned) replaced by throwaway pages, one entry per receive that UCX
+        /// still held when it was given up: not received into until that receive is over
+        /// ([`MemRegion::heal`]).
         poisoned: Mutex<Vec<Range<usize>>>,
     },
 }
@@ -99,7 +101,7 @@ fn map_shared(len: usize) -> Option<(NonNull<u8>, Backing)> {
         // and the pages fault in on first use instead.
         unsafe { libc::madvise(m.as_ptr().cast(), map_len, libc::MADV_POPULATE_WRITE) };
     }
-    Some((primary, Backing::Shared { alias, map_len, _fd: fd, poisoned: Mutex::new(Vec::new()) }))
+    Some((primary, Backing::Shared { alias, map_len, fd, poisoned: Mutex::new(Vec::new()) }))
 }
 
 // SAFETY: the memory (mappings or heap allocation) is owned by the region; the memory handles are only
@@ -172,7 +174,7 @@ impl MemRegion {
 
     /// Cut `range` (of an [`MemRegion::alias_slice`]) out of the alias: its pages become private
     /// throwaway memory, so that a receive into place that UCX still holds writes there, never
-    /// into the region. The range is never placeable again.
+    /// into the region. The range is not placeable until [`MemRegion::heal`] gives it back.
     pub fn poison(&self, range: &Range<usize>) -> Result<(), UcxError> {
         let Backing::Shared { alias, map_len, poisoned, .. } = &self.backing else {
             return Err(UcxError::OutOfRange { what: "alias of a heap region", index: range.start, len: self.len });
@@ -205,6 +207,63 @@ impl MemRegion {
             q.push(start..end);
         }
         Ok(())
+    }
+
+    /// Give `range` back to receives into place once the receive that poisoned it is over (UCX
+    /// completed it, so it writes nothing more): one poisoned entry for its pages is dropped, and
+    /// the memory file is mapped back over the pages no other poisoned entry covers. Returns
+    /// whether `range` was poisoned.
+    pub fn heal(&self, range: &Range<usize>) -> Result<bool, UcxError> {
+        let Backing::Shared { alias, map_len, fd, poisoned } = &self.backing else { return Ok(false) };
+        self.check(range)?;
+        let start = range.start - range.start % PAGE;
+        let end = range.end.next_multiple_of(PAGE).min(*map_len);
+        let Ok(mut q) = poisoned.lock() else { return Ok(false) };
+        let Some(i) = q.iter().position(|p| *p == (start..end)) else { return Ok(false) };
+        q.swap_remove(i);
+        let mut still: Vec<Range<usize>> =
+            q.iter().filter(|p| p.start < end && start < p.end).map(|p| p.start.max(start)..p.end.min(end)).collect();
+        still.sort_by_key(|p| p.start);
+        let mut gaps = Vec::new();
+        let mut at = start;
+        for p in still {
+            if p.start > at {
+                gaps.push(at..p.start);
+            }
+            at = at.max(p.end);
+        }
+        if at < end {
+            gaps.push(at..end);
+        }
+        for g in gaps {
+            let offset = libc::off_t::try_from(g.start).map_err(|_| UcxError::OutOfRange {
+                what: "alias range to heal",
+                index: g.start,
+                len: self.len,
+            })?;
+            // SAFETY: [g.start, g.end) lies inside the alias mapping (`map_len` bytes, page-aligned),
+            // which this region owns, and no receive uses it (the one that poisoned it is over, and
+            // a poisoned range is never handed out); MAP_FIXED replaces exactly those pages with the
+            // memory file's own, at the same offset, as the alias had them before the poison.
+            let p = unsafe {
+                libc::mmap(
+                    alias.as_ptr().add(g.start).cast(),
+                    g.end - g.start,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    fd.as_raw_fd(),
+                    offset,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                let err = std::io::Error::last_os_error();
+                tracing::error!(target: r2ccl_core::subsys::NET, start = g.start, end = g.end, error = %err, "cannot heal an alias range: it stays out of use");
+                // Whatever the failed call left there, nothing may receive into it again.
+                q.push(start..end);
+                return Err(UcxError::OutOfRange { what: "alias range to heal", index: g.start, len: self.len });
+            }
+        }
+        Ok(true)
     }
 
     fn map_in(&self, ctx: &Context) -> Result<sys::ucp_mem_h, UcxError> {
@@ -490,6 +549,37 @@ mod tests {
         region.read_at(0, &mut got).unwrap();
         assert!(got[4 * PAGE..].iter().all(|&b| b == 0x77));
         assert!(got[3 * PAGE..4 * PAGE].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_healed_range_reaches_the_region_again_except_pages_still_poisoned() {
+        let len = 8 * PAGE;
+        let region = MemRegion::zeroed(&[], len).unwrap();
+        let mut first = region.alias_slice(0..3 * PAGE).unwrap();
+        region.poison(&first.range()).unwrap();
+        // Two receives overlap nowhere in practice, but poisoned entries may (page rounding): a
+        // second entry over pages 2..5 (placed before the first was poisoned), poisoned too.
+        region.poison(&(2 * PAGE..5 * PAGE)).unwrap();
+        assert!(!region.heal(&(4 * PAGE..6 * PAGE)).unwrap(), "never poisoned");
+
+        // The first receive is over: pages 0..2 come back; page 2 stays out (the second entry).
+        assert!(region.heal(&first.range()).unwrap());
+        assert!(!region.heal(&first.range()).unwrap(), "an entry heals once");
+        assert!(region.is_placeable(&(0..2 * PAGE)));
+        assert!(!region.is_placeable(&(0..3 * PAGE)));
+        write_through(&mut first, 0x42);
+        let mut got = vec![0; len];
+        region.read_at(0, &mut got).unwrap();
+        assert!(got[..2 * PAGE].iter().all(|&b| b == 0x42), "healed pages write the region");
+        assert!(got[2 * PAGE..].iter().all(|&b| b == 0), "a page still poisoned does not");
+
+        // The second one is over too: everything reaches the region again.
+        assert!(region.heal(&(2 * PAGE..5 * PAGE)).unwrap());
+        let mut all = region.alias_slice(0..len).unwrap();
+        write_through(&mut all, 0x24);
+        region.read_at(0, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == 0x24));
+        assert!(!MemRegion::zeroed(&[], 0).unwrap().heal(&(0..0)).unwrap(), "a heap region has no alias");
     }
 
     #[test]

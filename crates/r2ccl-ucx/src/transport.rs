@@ -1152,7 +1152,19 @@ impl UcxTransport {
             self.complete(id, o.path, kind);
         }
         self.detached.retain_mut(|r| !r.is_done());
-        self.detached_data.retain_mut(|r| !r.is_done());
+        // A receive into place given up while UCX held it is over now: UCX writes nothing more
+        // into its (poisoned) range, which receives into place may use again.
+        self.detached_data.retain_mut(|r| {
+            if !r.is_done() {
+                return true;
+            }
+            if let Some(DataBuf::Region(slice)) = r.buffer() {
+                if slice.is_alias() && slice.region().heal(&slice.range()).unwrap_or(false) {
+                    tracing::debug!(target: NET, range = ?slice.range(), "given-up receive into place over: its range healed");
+                }
+            }
+            false
+        });
     }
 }
 

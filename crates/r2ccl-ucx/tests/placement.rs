@@ -102,16 +102,7 @@ fn given_up_receive_into_place_never_writes_its_region_again(how: GiveUp) {
             CompletionKind::Cancelled
         }
         GiveUp::LocalNicDown => {
-            let down = FaultSpec {
-                rank: None,
-                nic: 0,
-                after_bytes: None,
-                after_msgs: None,
-                after: None,
-                duration: None,
-                kind: FaultKind::Down,
-            };
-            b.inject(down);
+            b.inject(nic_down());
             CompletionKind::Failed(PathFault::LocalNicDown)
         }
     };
@@ -139,4 +130,59 @@ fn given_up_receive_into_place_never_writes_its_region_again(how: GiveUp) {
     let region = b.region(dst).unwrap();
     let changed = region.iter().filter(|&&x| x != 0xEE).count();
     assert_eq!(changed, 0, "{changed} bytes of the region were written after its receive was given up");
+
+    // That receive is over (its last bytes went to the throwaway pages): the range is received
+    // into place again, and such a receive lands in the region.
+    loop {
+        assert!(t0.elapsed() < deadline, "the given-up range never became placeable again");
+        pump(&mut [&mut a, &mut b], t0.elapsed(), &mut done);
+        if b.can_place(dst, 0, LEN) {
+            break;
+        }
+    }
+    a.region_mut(src).unwrap().fill(0x5A);
+    let header_recv = b.post_recv(t0.elapsed(), from_a, HEADER_LEN + 64).unwrap();
+    let send = a.post_send(t0.elapsed(), to_b, &[8u8; HEADER_LEN], src, 0, LEN).unwrap();
+    let payload = loop {
+        assert!(t0.elapsed() < deadline, "no second header; completions {done:?}");
+        pump(&mut [&mut a, &mut b], t0.elapsed(), &mut done);
+        if let Some(i) = done.iter().position(|(side, r, _)| *side == 1 && *r == header_recv) {
+            match done.remove(i).2 {
+                CompletionKind::Header { payload, .. } => break payload,
+                other => panic!("second header receive completed with {other:?}"),
+            }
+        }
+    };
+    let placed = b
+        .post_payload_recv(t0.elapsed(), from_a, payload, PayloadInto::Region { region: dst, offset: 0, len: LEN })
+        .unwrap();
+    let (mut sent, mut landed) = (false, false);
+    while !(sent && landed) {
+        assert!(t0.elapsed() < deadline, "the second transfer did not finish; completions {done:?}");
+        pump(&mut [&mut a, &mut b], t0.elapsed(), &mut done);
+        for (_, r, kind) in done.drain(..) {
+            if r == send {
+                assert_eq!(kind, CompletionKind::Sent);
+                sent = true;
+            } else if r == placed {
+                assert_eq!(kind, CompletionKind::Placed);
+                landed = true;
+            }
+        }
+    }
+    let wrong = b.region(dst).unwrap().iter().filter(|&&x| x != 0x5A).count();
+    assert_eq!(wrong, 0, "{wrong} bytes of the healed range missed the second receive into place");
+}
+
+/// The receiver's NIC 0 goes down at once for 100 ms (a software fault).
+fn nic_down() -> FaultSpec {
+    FaultSpec {
+        rank: None,
+        nic: 0,
+        after_bytes: None,
+        after_msgs: None,
+        after: None,
+        duration: Some(Duration::from_millis(100)),
+        kind: FaultKind::Down,
+    }
 }
