@@ -39,6 +39,9 @@
 //!
 //! `--chaos N` runs N seeded random fault timelines instead (3 nodes x 3 NICs; rail 2 never
 //! fails) and prints a summary of runs, faults, failovers, wrong values and hangs (both must be 0).
+//! `--storm` makes them fault storms: 4 nodes x 2 NICs for 12 s, a fault episode (a flap, a black
+//! hole that heals, an egress drop that ends) every 0.25-0.6 s for 10 s, 0.2-0.8 s each, never two at
+//! once on one node, so every node keeps a working NIC throughout.
 //!
 //! `--seed S` (S != 0) shifts every fault time by a pseudo-random offset in [-0.5, +0.5) s
 //! (order kept), to shake out timing-dependent bugs; the seed is printed so a run repeats.
@@ -643,6 +646,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let mut only: Option<String> = None;
     let mut seed = 0u64;
     let mut chaos = 0u32;
+    let mut storm = false;
     let mut retries = 0u32;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -655,20 +659,27 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
             "--chaos" => {
                 chaos = it.next().context("--chaos needs a count")?.parse().context("--chaos: not a number")?
             }
+            "--storm" => storm = true,
             other => bail!(
-                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N] [--retries N]"
+                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N [--storm]] [--retries N]"
             ),
         }
+    }
+    if storm && chaos == 0 {
+        bail!("e2e: --storm needs --chaos N (how many storms)");
     }
     let root = crate::workspace_root();
     let mut scenarios = if chaos > 0 {
         if seed == 0 {
             seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs()) | 1;
         }
-        println!("e2e: chaos: {chaos} random fault timelines, seed {seed} (repeat with --chaos {chaos} --seed {seed})");
+        let how = if storm { " --storm" } else { "" };
+        println!(
+            "e2e: chaos: {chaos} random fault timelines, seed {seed} (repeat with --chaos {chaos}{how} --seed {seed})"
+        );
         (0..chaos)
             .map(|i| {
-                let (name, text) = chaos_scenario(seed, i);
+                let (name, text) = if storm { storm_scenario(seed, i) } else { chaos_scenario(seed, i) };
                 parse(&name, &text).inspect(|sc| {
                     println!(
                         "e2e: {name}: {}",
@@ -834,6 +845,34 @@ mod tests {
         assert_eq!(bandwidth_phases("# bus bandwidth 0.2 GB/s, no failover"), None);
     }
 
+    /// A storm parses, and every node has at most one NIC under a fault at any time (so each keeps
+    /// a working NIC), each episode ending with the fault that undoes it.
+    #[test]
+    fn storms_leave_every_node_a_working_nic() {
+        for i in 0..20 {
+            let (name, text) = storm_scenario(7, i);
+            let sc = parse(&name, &text).expect("a storm parses");
+            assert_eq!((sc.spec.nodes, sc.spec.nics), (4, 2));
+            assert!(sc.faults.len() >= 20, "{name}: {} faults", sc.faults.len());
+            for node in 0..4 {
+                let mine: Vec<_> = sc.faults.iter().filter(|f| f.node == node).collect();
+                for pair in mine.chunks(2) {
+                    let [on, off] = pair else { panic!("{name}: node {node} has an unpaired fault") };
+                    assert_eq!(on.nic, off.nic, "{name}");
+                    let undo = match on.fault {
+                        Fault::Down => Fault::Up,
+                        Fault::Blackhole => Fault::Restore,
+                        Fault::Drop => Fault::Undrop,
+                        ref other => panic!("{name}: unexpected {other:?}"),
+                    };
+                    assert_eq!(off.fault, undo, "{name}");
+                    assert!(off.at_s > on.at_s, "{name}");
+                }
+            }
+        }
+        assert_eq!(storm_scenario(7, 3), storm_scenario(7, 3), "seeded");
+    }
+
     /// Seeded jitter moves faults by less than half a second and keeps their order.
     #[test]
     fn jitter_keeps_order() {
@@ -891,13 +930,54 @@ impl Rng {
 /// between 1.5 and 4.5 s (NIC down, flap, black hole with or without restore, egress drop,
 /// slow NIC). Rail 2 never fails, so every pair of nodes keeps a common rail and the job must
 /// finish with every value exact.
-fn chaos_scenario(seed: u64, i: u32) -> (String, String) {
+/// The generator of chaos timeline `i` of `seed`.
+fn chaos_rng(seed: u64, i: u32) -> Rng {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
         ^ u64::from(i).wrapping_add(1).wrapping_mul(0xD1B5_4A32_D192_ED03)
         | 1);
     for _ in 0..4 {
         rng.next();
     }
+    rng
+}
+
+/// Fault storm `i` of `seed` (`--chaos N --storm`): 4 nodes x 2 NICs, 12 s; from 1.5 s to 11.5 s a
+/// fault episode starts every 0.25-0.6 s on a random NIC of a node that has none under way: a flap
+/// (down, up), a black hole that heals, or an egress drop that ends, each 0.2-0.8 s long.
+fn storm_scenario(seed: u64, i: u32) -> (String, String) {
+    let mut rng = chaos_rng(seed, i);
+    let mut busy_until = [0.0f64; 4];
+    let mut faults: Vec<(f64, String)> = Vec::new();
+    let mut at = 1.5;
+    while at < 11.5 {
+        let node = rng.below(4) as usize;
+        if busy_until[node] < at {
+            let nic = rng.below(2);
+            let end = at + 0.2 + rng.below(600) as f64 / 1000.0;
+            let (on, off) = match rng.below(3) {
+                0 => ("down", "up"),
+                1 => ("blackhole", "restore"),
+                _ => ("drop", "undrop"),
+            };
+            faults.push((at, format!("{at:.2} {node} {nic} {on}")));
+            faults.push((end, format!("{end:.2} {node} {nic} {off}")));
+            // A short gap after the episode: the next one on this node starts on a healed NIC.
+            busy_until[node] = end + 0.05;
+        }
+        at += 0.25 + rng.below(350) as f64 / 1000.0;
+    }
+    faults.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let list: Vec<String> = faults.into_iter().map(|(_, f)| format!("\"{f}\"")).collect();
+    let name = format!("storm-{seed}-{i}");
+    let text = format!(
+        "nodes = 4\nnics = 2\nrate = \"1gbit\"\nargs = \"all_reduce -b 8M -e 8M -N 0 --duration 12\"\ndeadline_s = 45\nexpect = \"success\"\nfaults = [{}]\n",
+        list.join(", ")
+    );
+    (name, text)
+}
+
+fn chaos_scenario(seed: u64, i: u32) -> (String, String) {
+    let mut rng = chaos_rng(seed, i);
     let mut faults: Vec<(f64, String)> = Vec::new();
     let mut used: Vec<(u64, u64)> = Vec::new();
     for _ in 0..1 + rng.below(3) {

@@ -1,12 +1,16 @@
 //! Health-view agreement (MECHANISMS.md section 4), sans-IO: every rank contributes its
 //! local view, the views are merged (union of failures, minimum bandwidth), and the result
 //! gets the next epoch. Every rank that completes a round holds the same view, because
-//! the merge is commutative, associative and idempotent.
+//! the merge is commutative, associative and idempotent. One exception to the union: a node
+//! that the union leaves without any usable NIC, although some rank saw one of its NICs
+//! usable, keeps each NIC at the best any rank saw (views taken at different instants of a
+//! flap must not cut off a node that never lost all its NICs at once; the engines steer
+//! around what is really down). A node every view has lost stays lost.
 //!
 //! The driver sends [`encode_view`] of its local view to every peer on the OOB `Agree`
 //! channel and feeds what arrives into [`Agreement::handle_view`].
 
-use r2ccl_core::{HealthEpoch, HealthView, NicHealth, NodeHealth};
+use r2ccl_core::{HealthEpoch, HealthView, NicHealth, NicId, NodeHealth};
 
 /// Why an agreement round failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -83,11 +87,20 @@ pub fn decode_view(from: u32, bytes: &[u8]) -> Result<(u64, HealthView), AgreeEr
     Ok((round, HealthView::from_nodes(epoch, out)))
 }
 
+/// Every NIC of `view` with its usable bandwidth.
+fn nics_of(view: &HealthView) -> impl Iterator<Item = (NicId, u64)> + '_ {
+    view.nodes().iter().enumerate().flat_map(|(i, node)| {
+        node.nics.iter().enumerate().map(move |(r, n)| (NicId::new(i as u32, r as u16), n.usable_mbps))
+    })
+}
+
 /// One agreement round at one rank.
 #[derive(Clone, Debug)]
 pub struct Agreement {
     round: u64,
     merged: HealthView,
+    /// Per NIC, the most usable bandwidth any view gave it (maximum instead of minimum).
+    best: HealthView,
     heard: Vec<bool>,
     missing: usize,
 }
@@ -100,7 +113,7 @@ impl Agreement {
             *h = true;
         }
         let missing = heard.iter().filter(|h| !**h).count();
-        Self { round, merged: local, heard, missing }
+        Self { round, best: local.clone(), merged: local, heard, missing }
     }
 
     /// The round number.
@@ -118,6 +131,12 @@ impl Agreement {
             return Ok(false);
         }
         self.merged.merge_from(view).map_err(|_| AgreeError::Shape { from })?;
+        let better: Vec<(NicId, u64)> =
+            nics_of(view).filter(|&(nic, mbps)| self.best.nic(nic).is_ok_and(|b| mbps > b.usable_mbps)).collect();
+        for (nic, mbps) in better {
+            // The shapes match (the merge above checked them).
+            let _ = self.best.set_usable(nic, mbps);
+        }
         *seen = true;
         self.missing -= 1;
         Ok(true)
@@ -138,6 +157,15 @@ impl Agreement {
     pub fn result(&self) -> Option<HealthView> {
         self.is_complete().then(|| {
             let mut v = self.merged.clone();
+            let cut_off: Vec<usize> = (0..v.node_count())
+                .filter(|&i| {
+                    let lost = |h: &HealthView| h.nodes()[i].nics.iter().all(|n| n.usable_mbps == 0);
+                    lost(&self.merged) && !lost(&self.best)
+                })
+                .collect();
+            for (nic, mbps) in nics_of(&self.best).filter(|(nic, _)| cut_off.contains(&(nic.node.0 as usize))) {
+                let _ = v.set_usable(nic, mbps);
+            }
             v.set_epoch(self.merged.epoch().next());
             v
         })
@@ -147,7 +175,7 @@ impl Agreement {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use r2ccl_core::NicId;
+    use r2ccl_core::NodeId;
 
     #[test]
     fn round_trip_and_garbage() {
@@ -194,5 +222,52 @@ mod tests {
         assert_eq!(a.missing(), vec![1]);
         assert_eq!(a.handle_view(1, 1, &HealthView::uniform(3, 2, 1000)), Err(AgreeError::Shape { from: 1 }));
         assert_eq!(a.handle_view(7, 1, &locals[1]), Err(AgreeError::UnknownRank(7)));
+    }
+
+    /// The agreed view of `locals` as every rank computes it (each starting from its own view and
+    /// hearing the others in a different order): they must all be equal.
+    fn agree(locals: &[HealthView]) -> HealthView {
+        let world = locals.len() as u32;
+        let results: Vec<HealthView> = (0..world)
+            .map(|me| {
+                let mut a = Agreement::new(3, me, world, locals[me as usize].clone());
+                for r in (0..world).map(|k| (me + 1 + k * 3) % world).filter(|&r| r != me) {
+                    let _ = a.handle_view(r, 3, &locals[r as usize]).unwrap();
+                }
+                for r in 0..world {
+                    let _ = a.handle_view(r, 3, &locals[r as usize]).unwrap();
+                }
+                a.result().unwrap()
+            })
+            .collect();
+        assert!(results.windows(2).all(|w| w[0] == w[1]), "every rank agrees: {results:?}");
+        results[0].clone()
+    }
+
+    #[test]
+    fn views_of_a_flap_at_different_instants_never_cut_a_node_off() {
+        // Rank 0 still sees node 1's NIC 0 out (a verdict it has not heard lifted), rank 2 already
+        // sees NIC 1's link down: the union would leave node 1 nothing, though it never lost both.
+        let mut locals = vec![HealthView::uniform(3, 2, 1000); 3];
+        locals[0].set_failed(NicId::new(1, 0)).unwrap();
+        locals[2].set_failed(NicId::new(1, 1)).unwrap();
+        locals[2].set_failed(NicId::new(2, 0)).unwrap();
+        let v = agree(&locals);
+        assert!(v.node(NodeId(1)).unwrap().nics.iter().all(|n| n.usable_mbps == 1000), "{v:?}");
+        assert_eq!(v.failed_nics(), vec![NicId::new(2, 0)], "other nodes keep the union");
+
+        // A slowed NIC comes back at the best rate any view saw.
+        locals[1].set_usable(NicId::new(1, 1), 400).unwrap();
+        locals[1].set_failed(NicId::new(1, 0)).unwrap();
+        let v = agree(&locals);
+        assert_eq!(v.nic(NicId::new(1, 1)).unwrap().usable_mbps, 1000);
+
+        // A node that every view has lost stays lost (the planner's clean error).
+        for l in &mut locals {
+            l.set_failed(NicId::new(1, 0)).unwrap();
+            l.set_failed(NicId::new(1, 1)).unwrap();
+        }
+        let v = agree(&locals);
+        assert!(v.failed_nics().contains(&NicId::new(1, 0)) && v.failed_nics().contains(&NicId::new(1, 1)));
     }
 }
