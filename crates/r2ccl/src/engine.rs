@@ -507,6 +507,13 @@ impl Engine {
         self.finished.take()
     }
 
+    /// Lanes still looking for a usable path or waiting for the receiver's answer to a migration.
+    /// None is left once every send is acknowledged (a finished collective's lanes are dropped at
+    /// the next [`Engine::drive`]).
+    pub fn pending_lanes(&self) -> usize {
+        self.migrations.len() + self.no_path.len()
+    }
+
     /// Steps still waiting, as (step kind, peer) descriptions, for timeout diagnostics.
     pub fn waiting(&self) -> Vec<String> {
         let Some(x) = &self.exec else { return Vec::new() };
@@ -1126,6 +1133,14 @@ impl Engine {
                 let _ = self.session.probe(now, t, p);
             }
         }
+        // A lane whose send is over (its receipt came, or its collective ended) needs no path:
+        // a stale entry must not fail a later collective when the no-path timeout runs out.
+        let active = |x: &Option<Exec>, key: &TransferKey| {
+            x.as_ref().is_some_and(|x| x.by_send.contains_key(key) && x.unacked.contains(key))
+        };
+        self.no_path.retain(|(req, _)| active(&self.exec, &req.lane.transfer));
+        self.migrations.retain(|lane, _| active(&self.exec, &lane.transfer));
+        self.epochs.retain(|lane, _| active(&self.exec, &lane.transfer));
         let retry: Vec<LaneId> = self
             .migrations
             .iter()

@@ -160,6 +160,11 @@ impl Cluster {
                 }
             }
         }
+        // Every send is acknowledged: no lane may still look for a path (a stale one would fail a
+        // later collective when its no-path timeout ran out).
+        self.step();
+        let pending: Vec<usize> = self.engines.iter().map(Engine::pending_lanes).collect();
+        assert!(pending.iter().all(|&n| n == 0), "collective {seq} left lanes behind: {pending:?}");
     }
 
     /// As [`Cluster::run_with`], on registered regions the engines read and write in place:
