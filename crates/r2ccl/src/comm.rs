@@ -1727,8 +1727,8 @@ impl Progress {
     ) -> Result<(r2ccl_algo::RankSchedule, &'static str), CommError> {
         let failed = |why: String| CommError::Failed { seq: self.seq, why };
         if let Some(topo) = &self.policy_topo {
-            let plan = r2ccl_policy::plan_payload(topo, &self.agreed, coll, dtype, count)
-                .map_err(|e| failed(e.to_string()))?;
+            let (plan, view) =
+                plan_bridging_splits(topo, &self.agreed, coll, dtype, count).map_err(|e| failed(e.to_string()))?;
             let forced = r2ccl_policy::Strategy::ALL.into_iter().find(|s| s.name() == self.cfg.policy.strategy);
             let strategy = match forced {
                 Some(s) if plan.candidate(s).is_some() => s,
@@ -1745,7 +1745,7 @@ impl Progress {
                 lower_bound_s = plan.lower_bound_s,
                 "planned"
             );
-            let fabric = r2ccl_policy::schedule_fabric(topo, &self.agreed).map_err(|e| failed(e.to_string()))?;
+            let fabric = r2ccl_policy::schedule_fabric(topo, &view).map_err(|e| failed(e.to_string()))?;
             let sched =
                 build_rank_schedule(&fabric, &req, Rank(self.rank)).map_err(|e| CommError::Invalid(e.to_string()))?;
             return Ok((sched, strategy.name()));
@@ -1940,6 +1940,37 @@ impl Progress {
     }
 }
 
+/// The plan of a collective on `agreed`, and the view it was planned from. Two nodes without a
+/// usable rail in common (views of a flap taken at different instants, or a split that may heal)
+/// do not fail the plan: their failed NICs count as usable for planning, and the engine moves
+/// their lanes at run time, waiting up to the no-path timeout for a NIC to come back before it
+/// fails the collective with NoCommonRail. Every rank starts from the same agreed view, so every
+/// rank plans from the same view.
+fn plan_bridging_splits(
+    topo: &r2ccl_policy::Topology,
+    agreed: &HealthView,
+    coll: Collective,
+    dtype: DType,
+    count: u64,
+) -> Result<(r2ccl_policy::Plan, HealthView), r2ccl_policy::PlanError> {
+    let mut view = agreed.clone();
+    loop {
+        match r2ccl_policy::plan_payload(topo, &view, coll, dtype, count) {
+            Err(r2ccl_policy::PlanError::NoPath { a, b }) => {
+                let stuck: Vec<NicId> = view.failed_nics().into_iter().filter(|n| n.node == a || n.node == b).collect();
+                if stuck.is_empty() {
+                    return Err(r2ccl_policy::PlanError::NoPath { a, b });
+                }
+                tracing::info!(target: subsys::COLL, %a, %b, "no usable rail in common: planned with their failed NICs, which the engine steers around");
+                for nic in stuck {
+                    let _ = view.set_healthy(nic);
+                }
+            }
+            other => return other.map(|plan| (plan, view)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1947,6 +1978,32 @@ mod tests {
 
     fn allreduce(bytes: u64) -> ScheduleRequest {
         ScheduleRequest::new(Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, bytes / 4)
+    }
+
+    #[test]
+    fn a_split_between_two_nodes_is_planned_with_their_failed_nics_and_other_failures_stay() {
+        let topo = r2ccl_policy::Topology::uniform(4, 2, 1000).and_then(|t| t.with_spine_permille(0)).unwrap();
+        let coll = Collective::AllReduce { op: ReduceOp::Sum };
+        let mut view = HealthView::uniform(4, 2, 1000);
+        // Nodes 0 and 1 share no rail; with four nodes a ring order still avoids that pair.
+        view.set_failed(NicId::new(0, 0)).unwrap();
+        view.set_failed(NicId::new(1, 1)).unwrap();
+        let (_, planned) = plan_bridging_splits(&topo, &view, coll, DType::F32, 1 << 20).unwrap();
+        assert_eq!(planned, view, "a ring order that avoids the pair needs no bridging");
+        // On two nodes nothing avoids it: their failed NICs count as usable for planning.
+        let topo2 = r2ccl_policy::Topology::uniform(2, 2, 1000).and_then(|t| t.with_spine_permille(0)).unwrap();
+        let mut view2 = HealthView::uniform(2, 2, 1000);
+        view2.set_failed(NicId::new(0, 0)).unwrap();
+        view2.set_failed(NicId::new(1, 1)).unwrap();
+        assert!(matches!(
+            r2ccl_policy::plan_payload(&topo2, &view2, coll, DType::F32, 1 << 20),
+            Err(r2ccl_policy::PlanError::NoPath { .. })
+        ));
+        let (_, planned) = plan_bridging_splits(&topo2, &view2, coll, DType::F32, 1 << 20).unwrap();
+        assert!(planned.failed_nics().is_empty(), "{:?}", planned.failed_nics());
+        // A node with no usable NIC at all is still an error.
+        view2.set_failed(NicId::new(0, 1)).unwrap();
+        assert!(plan_bridging_splits(&topo2, &view2, coll, DType::F32, 1 << 20).is_err());
     }
 
     #[test]
