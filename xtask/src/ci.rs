@@ -44,7 +44,10 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         // runner; RETRY/FLAKY lines say when it happened (the rare `all-nics-down` hang it was
         // added for is fixed: a collective a departed peer never joins now fails at once).
         cmd("cargo", &["xtask", "e2e", "--retries", "1"])?;
-        cmd("cargo", &["xtask", "e2e", "--chaos", "3", "--seed", "2026"])
+        cmd("cargo", &["xtask", "e2e", "--chaos", "3", "--seed", "2026"])?;
+        // Two fault storms (4 x 2, about 40 faults in 10 s each): the timelines that found the
+        // stale-payload, stale-lane and split-planning bugs of 2026-12-05.
+        cmd("cargo", &["xtask", "e2e", "--chaos", "2", "--storm", "--seed", "2026"])
     })?;
     step("cargo deny", || cmd("cargo", &["deny", "check", "licenses", "bans", "sources"]))?;
     println!("\nci: all checks passed in {:.0} s", t.elapsed().as_secs_f64());
