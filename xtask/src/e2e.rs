@@ -41,7 +41,8 @@
 //! fails) and prints a summary of runs, faults, failovers, wrong values and hangs (both must be 0).
 //! `--storm` makes them fault storms: 4 nodes x 2 NICs for 12 s, a fault episode (a flap, a black
 //! hole that heals, an egress drop that ends) every 0.25-0.6 s for 10 s, 0.2-0.8 s each, never two at
-//! once on one node, so every node keeps a working NIC throughout.
+//! once on one node, so every node keeps a working NIC throughout; storm `i` runs AllReduce,
+//! AllGather, ReduceScatter, AlltoAll or Broadcast (`i % 5`).
 //!
 //! `--seed S` (S != 0) shifts every fault time by a pseudo-random offset in [-0.5, +0.5) s
 //! (order kept), to shake out timing-dependent bugs; the seed is printed so a run repeats.
@@ -941,9 +942,13 @@ fn chaos_rng(seed: u64, i: u32) -> Rng {
     rng
 }
 
-/// Fault storm `i` of `seed` (`--chaos N --storm`): 4 nodes x 2 NICs, 12 s; from 1.5 s to 11.5 s a
-/// fault episode starts every 0.25-0.6 s on a random NIC of a node that has none under way: a flap
-/// (down, up), a black hole that heals, or an egress drop that ends, each 0.2-0.8 s long.
+/// The collectives fault storms run, storm `i` running `STORM_COLLECTIVES[i % 5]`.
+const STORM_COLLECTIVES: [&str; 5] = ["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast"];
+
+/// Fault storm `i` of `seed` (`--chaos N --storm`): 4 nodes x 2 NICs, 12 s of 8 MiB collectives
+/// (storm `i` runs `STORM_COLLECTIVES[i % 5]`); from 1.5 s to 11.5 s a fault episode starts every
+/// 0.25-0.6 s on a random NIC of a node that has none under way: a flap (down, up), a black hole
+/// that heals, or an egress drop that ends, each 0.2-0.8 s long.
 fn storm_scenario(seed: u64, i: u32) -> (String, String) {
     let mut rng = chaos_rng(seed, i);
     let mut busy_until = [0.0f64; 4];
@@ -970,7 +975,8 @@ fn storm_scenario(seed: u64, i: u32) -> (String, String) {
     let list: Vec<String> = faults.into_iter().map(|(_, f)| format!("\"{f}\"")).collect();
     let name = format!("storm-{seed}-{i}");
     let text = format!(
-        "nodes = 4\nnics = 2\nrate = \"1gbit\"\nargs = \"all_reduce -b 8M -e 8M -N 0 --duration 12\"\ndeadline_s = 45\nexpect = \"success\"\nfaults = [{}]\n",
+        "nodes = 4\nnics = 2\nrate = \"1gbit\"\nargs = \"{} -b 8M -e 8M -N 0 --duration 12\"\ndeadline_s = 45\nexpect = \"success\"\nfaults = [{}]\n",
+        STORM_COLLECTIVES[i as usize % STORM_COLLECTIVES.len()],
         list.join(", ")
     );
     (name, text)
