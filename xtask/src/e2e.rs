@@ -26,6 +26,7 @@
 //! expect_recovery = 0.8          # success only: the bus bandwidth after the last failover is at
 //!                                #   least this fraction of the one before the first (fail-back)
 //! env = ["R2CCL_BOOTSTRAP__PEER_TIMEOUT_MS=2000"]   # optional: extra environment of every rank
+//! ranks_per_node = 2             # optional (1 to 8, default 1): rank r runs on node r / 2
 //! launcher = "mpirun"            # optional: start the ranks with OpenMPI's `mpirun -np NODES`
 //!                                #   (each rank enters its node's namespace, takes its rank from
 //!                                #   OMPI_COMM_WORLD_RANK); default "direct": one process per node
@@ -96,6 +97,20 @@ struct Scenario {
     env: Vec<(String, String)>,
     /// How the ranks are started.
     launcher: Launcher,
+    /// Ranks per node (1 by default): rank `r` runs on node `r / ranks_per_node`.
+    ranks_per_node: u32,
+}
+
+impl Scenario {
+    /// Ranks in the job.
+    const fn world(&self) -> u32 {
+        self.spec.nodes * self.ranks_per_node
+    }
+
+    /// The node rank `r` runs on.
+    const fn node_of(&self, r: u32) -> u32 {
+        r / self.ranks_per_node
+    }
 }
 
 /// How a scenario starts its ranks.
@@ -184,6 +199,7 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
         env: Vec::new(),
         launcher: Launcher::Direct,
         faults: Vec::new(),
+        ranks_per_node: 1,
     };
     for (n, raw) in text.lines().enumerate() {
         let line = strip_comment(raw).trim();
@@ -208,6 +224,10 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
         match key {
             "nodes" => sc.spec.nodes = u32::try_from(number(&value)?).context("nodes")?,
             "nics" => sc.spec.nics = u32::try_from(number(&value)?).context("nics")?,
+            "ranks_per_node" => match number(&value)? {
+                n @ 1..=8 => sc.ranks_per_node = n as u32,
+                n => bail!("{}: `ranks_per_node` must be 1 to 8, got {n}", at()),
+            },
             "rate" => {
                 let r = string(value)?;
                 sc.spec.rate = (r != "none").then_some(r);
@@ -264,6 +284,9 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
     }
     if let Some(s) = sc.faults.iter().find(|s| s.node >= sc.spec.nodes || s.nic >= sc.spec.nics) {
         bail!("{name}.toml: fault `{}` names a node or NIC outside {} x {}", s.text, sc.spec.nodes, sc.spec.nics);
+    }
+    if sc.ranks_per_node > 1 && sc.launcher == Launcher::Mpirun {
+        bail!("{name}.toml: the mpirun launcher runs one rank per node (ranks_per_node must be 1)");
     }
     if sc.expect_error.is_some() && sc.expect == Expect::Success {
         bail!("{name}.toml: expect_error only goes with expect = \"failure\"");
@@ -378,11 +401,12 @@ fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome>
     if sc.launcher == Launcher::Mpirun {
         guard.children.push(launch_mpirun(sc, exe, logs, &root, &secret, &nics)?);
     }
-    for i in (0..spec.nodes).filter(|_| sc.launcher == Launcher::Direct) {
+    for i in (0..sc.world()).filter(|_| sc.launcher == Launcher::Direct) {
+        let node = sc.node_of(i);
         let out = File::create(logs.join(format!("rank{i}.out")))?;
         let err = File::create(logs.join(format!("rank{i}.err")))?;
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &spec.node_ns(i)]).arg(exe).args(&sc.args);
+        cmd.args(["netns", "exec", &spec.node_ns(node)]).arg(exe).args(&sc.args);
         // Inherited R2CCL_* variables would change the job (or be rejected as unknown); keep only logging.
         for (k, _) in std::env::vars() {
             if k.starts_with("R2CCL_") && k != "R2CCL_DEBUG" && k != "R2CCL_DEBUG_SUBSYS" {
@@ -390,18 +414,18 @@ fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome>
             }
         }
         cmd.env("R2CCL_RANK", i.to_string())
-            .env("R2CCL_WORLD_SIZE", spec.nodes.to_string())
+            .env("R2CCL_WORLD_SIZE", sc.world().to_string())
             .env("R2CCL_ROOT", &root)
             .env("R2CCL_SECRET", &secret)
             .env("R2CCL_NICS", nics.join(","))
-            .env("R2CCL_NODE", format!("node{i}"))
+            .env("R2CCL_NODE", format!("node{node}"))
             .env("R2CCL_OOB_IFACE", "mgmt0")
             .env("UCX_LOG_LEVEL", std::env::var("UCX_LOG_LEVEL").unwrap_or_else(|_| "fatal".into()))
             .envs(sc.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        guard.children.push(cmd.spawn().with_context(|| format!("starting rank {i} in {}", spec.node_ns(i)))?);
+        guard.children.push(cmd.spawn().with_context(|| format!("starting rank {i} in {}", spec.node_ns(node)))?);
     }
     let deadline = launched + sc.deadline;
     // Fault times count from the start of rank 0's timeline (after bootstrap), or from now if
@@ -477,7 +501,7 @@ fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome>
             })
             .collect();
     }
-    let errs = (0..spec.nodes).map(|i| read(&logs.join(format!("rank{i}.err")))).collect();
+    let errs = (0..sc.world()).map(|i| read(&logs.join(format!("rank{i}.err")))).collect();
     Ok(Outcome { ends, rank0_out: read(&out0), errs, fault_errors, applied })
 }
 
@@ -613,7 +637,7 @@ fn judge(sc: &Scenario, o: &Outcome) -> Vec<String> {
             }
             if let Some(text) = &sc.expect_error {
                 let faulted: Vec<u32> = sc.faults.iter().map(|s| s.node).collect();
-                for r in (0..sc.spec.nodes).filter(|r| !faulted.contains(r)) {
+                for r in (0..sc.world()).filter(|&r| !faulted.contains(&sc.node_of(r))) {
                     if !o.errs[r as usize].contains(text.as_str()) {
                         bad.push(format!(
                             "survivor rank {r}: stderr lacks `{text}`{}",
@@ -749,7 +773,10 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
             };
         }
         let secs = start.elapsed().as_secs_f64();
-        let shape = format!("{}x{}", sc.spec.nodes, sc.spec.nics);
+        let shape = match sc.ranks_per_node {
+            1 => format!("{}x{}", sc.spec.nodes, sc.spec.nics),
+            r => format!("{}x{}x{r}", sc.spec.nodes, sc.spec.nics),
+        };
         if let Ok(o) = &result {
             for line in o
                 .rank0_out
@@ -834,6 +861,12 @@ mod tests {
         assert!(parse("x", "nodes = 2\nargs = \"a\"\nfaults = [\"1 5 0 down\"]").is_err());
         assert!(parse("x", "nodes = 2 # two\nargs = \"a # b\"").is_ok_and(|s| s.args == ["a", "#", "b"]));
         assert_eq!(flap.expect_recovery, Some(0.8));
+        let rpn = all.iter().find(|s| s.name == "ranks-per-node").expect("ranks-per-node");
+        assert_eq!((rpn.world(), rpn.node_of(5)), (8, 2));
+        assert!(parse("x", "nodes = 2\nargs = \"a\"\nranks_per_node = 0").is_err());
+        assert!(parse("x", "nodes = 2\nargs = \"a\"\nranks_per_node = 9").is_err());
+        assert!(parse("x", "nodes = 2\nargs = \"a\"\nranks_per_node = 2\nlauncher = \"mpirun\"")
+            .is_err_and(|e| format!("{e:#}").contains("one rank per node")));
         assert!(parse("x", "nodes = 2\nargs = \"a\"\nexpect_recovery = 1.5").is_err());
         assert!(parse("x", "nodes = 2\nargs = \"a\"\nexpect_recovery = \"0.5\"").is_err());
     }

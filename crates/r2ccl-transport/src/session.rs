@@ -154,7 +154,7 @@ pub enum SessionError {
         /// Local NICs.
         nics: usize,
     },
-    /// Every NIC has weight zero or is down.
+    /// Every NIC has weight zero, or every NIC of the node is down.
     #[error("no usable NIC to stripe transfer {0} over")]
     NoUsableNic(TransferKey),
     /// No path to the peer is usable for a lane.
@@ -606,8 +606,13 @@ impl Session {
         if weights.len() != locals.len() {
             return Err(SessionError::WeightCount { got: weights.len(), nics: locals.len() });
         }
-        let eff: Vec<u32> =
+        let mut eff: Vec<u32> =
             locals.iter().zip(weights).map(|(n, &w)| if self.down_nics.contains(n) { 0 } else { w }).collect();
+        if eff.iter().all(|&w| w == 0) && weights.iter().any(|&w| w > 0) {
+            // Every NIC the plan weighted is down (it was planned before they failed): the node's
+            // NICs are one pool, so the transfer goes over the ones still up, evenly.
+            eff = locals.iter().map(|n| u32::from(!self.down_nics.contains(n))).collect();
+        }
         if eff.iter().all(|&w| w == 0) && len > 0 {
             return Err(SessionError::NoUsableNic(key));
         }

@@ -141,6 +141,31 @@ fn early_chunks_wait_for_their_transfer() {
 }
 
 #[test]
+fn a_send_planned_onto_nics_that_went_down_goes_over_the_nics_still_up() {
+    // Planned before node 0's NIC 0 failed, the plan weights NIC 0 only: the node's NICs are one
+    // pool, so the transfer goes over NIC 1 instead of failing with NoUsableNic.
+    let mut w = World::new();
+    let key = TransferKey::new(1, 9, 0, 0, 1);
+    let data: Vec<u8> = (0..5 * CS + 3).map(|i| (i % 253) as u8).collect();
+    let src = w.region(0, &data);
+    let dst = w.region(1, &vec![0; data.len()]);
+    let mut p0 = w.f.port(Rank(0)).unwrap();
+    w.s[0].handle_nic_down(w.now, &mut p0, NicId::new(0, 0));
+    let lanes = w.s[0].start_send(w.now, &p0, key, src, &[5, 0]).unwrap();
+    assert_eq!(lanes.len(), 1);
+    assert!(w.s[0].lanes(key).iter().all(|l| l.path.local == NicId::new(0, 1)), "{:?}", w.s[0].lanes(key));
+    let mut p1 = w.f.port(Rank(1)).unwrap();
+    w.s[1].expect_recv(w.now, &mut p1, key, dst).unwrap();
+    assert!(w.run_until_received(key));
+    assert_eq!(w.f.region(Rank(1), dst.region).unwrap(), &data[..]);
+    // With every NIC of the node down there is nothing to fall back to.
+    let mut p0 = w.f.port(Rank(0)).unwrap();
+    w.s[0].handle_nic_down(w.now, &mut p0, NicId::new(0, 1));
+    let again = TransferKey::new(1, 10, 0, 0, 1);
+    assert_eq!(w.s[0].start_send(w.now, &p0, again, src, &[5, 0]), Err(SessionError::NoUsableNic(again)));
+}
+
+#[test]
 fn wrong_calls_are_refused() {
     let mut w = World::new();
     let buf = w.region(0, &[0; 100]);
