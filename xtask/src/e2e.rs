@@ -43,7 +43,8 @@
 //! `--storm` makes them fault storms: 4 nodes x 2 NICs for 12 s, a fault episode (a flap, a black
 //! hole that heals, an egress drop that ends) every 0.25-0.6 s for 10 s, 0.2-0.8 s each, never two at
 //! once on one node, so every node keeps a working NIC throughout; storm `i` runs AllReduce,
-//! AllGather, ReduceScatter, AlltoAll or Broadcast (`i % 5`).
+//! AllGather, ReduceScatter, AlltoAll or Broadcast (`i % 5`); `--ranks-per-node R` runs R ranks on
+//! every node.
 //!
 //! `--seed S` (S != 0) shifts every fault time by a pseudo-random offset in [-0.5, +0.5) s
 //! (order kept), to shake out timing-dependent bugs; the seed is printed so a run repeats.
@@ -672,6 +673,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let mut seed = 0u64;
     let mut chaos = 0u32;
     let mut storm = false;
+    let mut storm_rpn = 1u32;
     let mut retries = 0u32;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -685,8 +687,15 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
                 chaos = it.next().context("--chaos needs a count")?.parse().context("--chaos: not a number")?
             }
             "--storm" => storm = true,
+            "--ranks-per-node" => {
+                storm_rpn = it
+                    .next()
+                    .context("--ranks-per-node needs a count")?
+                    .parse()
+                    .context("--ranks-per-node: not a number")?;
+            }
             other => bail!(
-                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N [--storm]] [--retries N]"
+                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N [--storm [--ranks-per-node R]]] [--retries N]"
             ),
         }
     }
@@ -698,13 +707,17 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         if seed == 0 {
             seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs()) | 1;
         }
-        let how = if storm { " --storm" } else { "" };
+        let how = match (storm, storm_rpn) {
+            (false, _) => String::new(),
+            (true, 1) => " --storm".into(),
+            (true, r) => format!(" --storm --ranks-per-node {r}"),
+        };
         println!(
             "e2e: chaos: {chaos} random fault timelines, seed {seed} (repeat with --chaos {chaos}{how} --seed {seed})"
         );
         (0..chaos)
             .map(|i| {
-                let (name, text) = if storm { storm_scenario(seed, i) } else { chaos_scenario(seed, i) };
+                let (name, text) = if storm { storm_scenario(seed, i, storm_rpn) } else { chaos_scenario(seed, i) };
                 parse(&name, &text).inspect(|sc| {
                     println!(
                         "e2e: {name}: {}",
@@ -884,9 +897,9 @@ mod tests {
     #[test]
     fn storms_leave_every_node_a_working_nic() {
         for i in 0..20 {
-            let (name, text) = storm_scenario(7, i);
+            let (name, text) = storm_scenario(7, i, 1 + i % 2);
             let sc = parse(&name, &text).expect("a storm parses");
-            assert_eq!((sc.spec.nodes, sc.spec.nics), (4, 2));
+            assert_eq!((sc.spec.nodes, sc.spec.nics, sc.ranks_per_node), (4, 2, 1 + i % 2));
             assert!(sc.faults.len() >= 20, "{name}: {} faults", sc.faults.len());
             for node in 0..4 {
                 let mine: Vec<_> = sc.faults.iter().filter(|f| f.node == node).collect();
@@ -904,7 +917,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(storm_scenario(7, 3), storm_scenario(7, 3), "seeded");
+        assert_eq!(storm_scenario(7, 3, 1), storm_scenario(7, 3, 1), "seeded");
     }
 
     /// Seeded jitter moves faults by less than half a second and keeps their order.
@@ -982,7 +995,7 @@ const STORM_COLLECTIVES: [&str; 5] = ["all_reduce", "all_gather", "reduce_scatte
 /// (storm `i` runs `STORM_COLLECTIVES[i % 5]`); from 1.5 s to 11.5 s a fault episode starts every
 /// 0.25-0.6 s on a random NIC of a node that has none under way: a flap (down, up), a black hole
 /// that heals, or an egress drop that ends, each 0.2-0.8 s long.
-fn storm_scenario(seed: u64, i: u32) -> (String, String) {
+fn storm_scenario(seed: u64, i: u32, ranks_per_node: u32) -> (String, String) {
     let mut rng = chaos_rng(seed, i);
     let mut busy_until = [0.0f64; 4];
     let mut faults: Vec<(f64, String)> = Vec::new();
@@ -1008,7 +1021,7 @@ fn storm_scenario(seed: u64, i: u32) -> (String, String) {
     let list: Vec<String> = faults.into_iter().map(|(_, f)| format!("\"{f}\"")).collect();
     let name = format!("storm-{seed}-{i}");
     let text = format!(
-        "nodes = 4\nnics = 2\nrate = \"1gbit\"\nargs = \"{} -b 8M -e 8M -N 0 --duration 12\"\ndeadline_s = 45\nexpect = \"success\"\nfaults = [{}]\n",
+        "nodes = 4\nnics = 2\nranks_per_node = {ranks_per_node}\nrate = \"1gbit\"\nargs = \"{} -b 8M -e 8M -N 0 --duration 12\"\ndeadline_s = 45\nexpect = \"success\"\nfaults = [{}]\n",
         STORM_COLLECTIVES[i as usize % STORM_COLLECTIVES.len()],
         list.join(", ")
     );
