@@ -7,7 +7,7 @@
 
 use r2ccl_core::{NicId, NodeId, Rank};
 use r2ccl_transport::{
-    CompletionKind, PathFault, PathId, PayloadInto, RequestId, Transport, TransportEvent, HEADER_LEN,
+    CompletionKind, MemHandle, PathFault, PathId, PayloadInto, RequestId, Transport, TransportEvent, HEADER_LEN,
 };
 use r2ccl_ucx::{FaultKind, FaultSpec, UcxTransport, UcxTransportConfig};
 use std::time::{Duration, Instant};
@@ -31,6 +31,39 @@ fn pump(ts: &mut [&mut UcxTransport; 2], now: Duration, out: &mut Vec<(usize, Re
             }
         }
     }
+}
+
+/// Sends `LEN` bytes of `src` from `a` to `b` split (header, then payload) and posts the payload's
+/// receive straight into `dst` once the header names it: `(send, receive into place)`.
+#[allow(clippy::too_many_arguments, reason = "the two sides, their regions and the test's clock")]
+fn send_into_place(
+    a: &mut UcxTransport,
+    b: &mut UcxTransport,
+    src: MemHandle,
+    dst: MemHandle,
+    t0: Instant,
+    deadline: Duration,
+    done: &mut Vec<(usize, RequestId, CompletionKind)>,
+) -> (RequestId, RequestId) {
+    let to_b = PathId::new(NicId::new(0, 0), Rank(1), NicId::new(1, 0));
+    let from_a = PathId::new(NicId::new(1, 0), Rank(0), NicId::new(0, 0));
+    let header_recv = b.post_recv(t0.elapsed(), from_a, HEADER_LEN + 64).unwrap();
+    let send = a.post_send(t0.elapsed(), to_b, &[7u8; HEADER_LEN], src, 0, LEN).unwrap();
+    // The header arrives on its own and names the payload.
+    let payload = loop {
+        assert!(t0.elapsed() < deadline, "no header; completions {done:?}");
+        pump(&mut [&mut *a, &mut *b], t0.elapsed(), done);
+        if let Some(i) = done.iter().position(|(side, r, _)| *side == 1 && *r == header_recv) {
+            match done.remove(i).2 {
+                CompletionKind::Header { payload, .. } => break payload,
+                other => panic!("header receive completed with {other:?}"),
+            }
+        }
+    };
+    let placed = b
+        .post_payload_recv(t0.elapsed(), from_a, payload, PayloadInto::Region { region: dst, offset: 0, len: LEN })
+        .unwrap();
+    (send, placed)
 }
 
 /// How the receiver gives its receive into place up.
@@ -59,8 +92,6 @@ fn given_up_receive_into_place_never_writes_its_region_again(how: GiveUp) {
     let blobs = vec![a.local_address_blob().unwrap(), b.local_address_blob().unwrap()];
     a.connect_peers(&blobs).unwrap();
     b.connect_peers(&blobs).unwrap();
-    let to_b = PathId::new(NicId::new(0, 0), Rank(1), NicId::new(1, 0));
-    let from_a = PathId::new(NicId::new(1, 0), Rank(0), NicId::new(0, 0));
     let src = a.register(LEN).unwrap();
     a.region_mut(src).unwrap().fill(0xA5);
     let dst = b.register(LEN).unwrap();
@@ -71,22 +102,7 @@ fn given_up_receive_into_place_never_writes_its_region_again(how: GiveUp) {
     let t0 = Instant::now();
     let deadline = Duration::from_secs(30);
     let mut done = Vec::new();
-    let header_recv = b.post_recv(t0.elapsed(), from_a, HEADER_LEN + 64).unwrap();
-    let send = a.post_send(t0.elapsed(), to_b, &[7u8; HEADER_LEN], src, 0, LEN).unwrap();
-    // The header arrives on its own and names the payload.
-    let payload = loop {
-        assert!(t0.elapsed() < deadline, "no header; completions {done:?}");
-        pump(&mut [&mut a, &mut b], t0.elapsed(), &mut done);
-        if let Some(i) = done.iter().position(|(side, r, _)| *side == 1 && *r == header_recv) {
-            match done.remove(i).2 {
-                CompletionKind::Header { payload, .. } => break payload,
-                other => panic!("header receive completed with {other:?}"),
-            }
-        }
-    };
-    let placed = b
-        .post_payload_recv(t0.elapsed(), from_a, payload, PayloadInto::Region { region: dst, offset: 0, len: LEN })
-        .unwrap();
+    let (send, placed) = send_into_place(&mut a, &mut b, src, dst, t0, deadline, &mut done);
     // Wait until the payload's first bytes landed (it is matched and under way), then give it up.
     loop {
         assert!(t0.elapsed() < deadline, "no payload bytes arrived; completions {done:?}");
@@ -141,21 +157,7 @@ fn given_up_receive_into_place_never_writes_its_region_again(how: GiveUp) {
         }
     }
     a.region_mut(src).unwrap().fill(0x5A);
-    let header_recv = b.post_recv(t0.elapsed(), from_a, HEADER_LEN + 64).unwrap();
-    let send = a.post_send(t0.elapsed(), to_b, &[8u8; HEADER_LEN], src, 0, LEN).unwrap();
-    let payload = loop {
-        assert!(t0.elapsed() < deadline, "no second header; completions {done:?}");
-        pump(&mut [&mut a, &mut b], t0.elapsed(), &mut done);
-        if let Some(i) = done.iter().position(|(side, r, _)| *side == 1 && *r == header_recv) {
-            match done.remove(i).2 {
-                CompletionKind::Header { payload, .. } => break payload,
-                other => panic!("second header receive completed with {other:?}"),
-            }
-        }
-    };
-    let placed = b
-        .post_payload_recv(t0.elapsed(), from_a, payload, PayloadInto::Region { region: dst, offset: 0, len: LEN })
-        .unwrap();
+    let (send, placed) = send_into_place(&mut a, &mut b, src, dst, t0, deadline, &mut done);
     let (mut sent, mut landed) = (false, false);
     while !(sent && landed) {
         assert!(t0.elapsed() < deadline, "the second transfer did not finish; completions {done:?}");
