@@ -508,8 +508,7 @@ impl Engine {
     }
 
     /// Lanes still looking for a usable path or waiting for the receiver's answer to a migration.
-    /// None is left once every send is acknowledged (a finished collective's lanes are dropped at
-    /// the next [`Engine::drive`]).
+    /// None is left once every send is acknowledged (a receipt drops its transfer's lanes).
     pub fn pending_lanes(&self) -> usize {
         self.migrations.len() + self.no_path.len()
     }
@@ -824,7 +823,7 @@ impl Engine {
     /// NICs down for good as far as this rank knows: down, and not merely blamed by a verdict
     /// (a blamed NIC's link is up; its node's lead puts it back when it is the node's last).
     fn gone_nics(&self) -> BTreeSet<NicId> {
-        self.down_nics.difference(&self.blamed).copied().collect()
+        gone_for_good(&self.down_nics, &self.blamed)
     }
 
     /// The output buffer of the collective that finished last.
@@ -858,6 +857,7 @@ impl Engine {
         }
         self.migrations.clear();
         self.no_path.clear();
+        self.epochs.clear();
     }
 
     fn complete_step(&mut self, i: usize) {
@@ -998,8 +998,7 @@ impl Engine {
                             let topo = self.session.topology();
                             let nodes = (topo.node_of(self.rank), topo.node_of(key.dst));
                             if let (Some(a), Some(b)) = nodes {
-                                let gone: BTreeSet<NicId> = self.down_nics.difference(&self.blamed).copied().collect();
-                                reachable(topo, &gone, false, a, b)?;
+                                reachable(topo, &gone_for_good(&self.down_nics, &self.blamed), false, a, b)?;
                             }
                             let since = *x.deferred_since.entry(i).or_insert(now);
                             let waited = now.saturating_sub(since);
@@ -1133,14 +1132,6 @@ impl Engine {
                 let _ = self.session.probe(now, t, p);
             }
         }
-        // A lane whose send is over (its receipt came, or its collective ended) needs no path:
-        // a stale entry must not fail a later collective when the no-path timeout runs out.
-        let active = |x: &Option<Exec>, key: &TransferKey| {
-            x.as_ref().is_some_and(|x| x.by_send.contains_key(key) && x.unacked.contains(key))
-        };
-        self.no_path.retain(|(req, _)| active(&self.exec, &req.lane.transfer));
-        self.migrations.retain(|lane, _| active(&self.exec, &lane.transfer));
-        self.epochs.retain(|lane, _| active(&self.exec, &lane.transfer));
         let retry: Vec<LaneId> = self
             .migrations
             .iter()
@@ -1498,7 +1489,8 @@ impl Engine {
                     }
                 }
                 SessionEvent::MigrationNeeded(req) => {
-                    if self.exec.as_ref().is_some_and(|x| x.by_send.contains_key(&req.lane.transfer)) {
+                    // Only a send still waiting for its receipt: an acknowledged one needs no path.
+                    if self.exec.as_ref().is_some_and(|x| x.unacked.contains(&req.lane.transfer)) {
                         self.begin_migration(now, req, now);
                     }
                 }
@@ -1751,6 +1743,11 @@ impl Engine {
                     return Ok(());
                 }
                 self.session.release_send(key);
+                // Its lanes need no path any more: a stale no-path entry would fail a later
+                // collective when its timeout ran out (choose_path finds nothing for a released send).
+                self.no_path.retain(|(req, _)| req.lane.transfer != key);
+                self.migrations.retain(|lane, _| lane.transfer != key);
+                self.epochs.retain(|lane, _| lane.transfer != key);
                 let known = self.exec.as_mut().is_some_and(|x| x.unacked.remove(&key));
                 let current = self.exec.as_ref().map_or(self.finished.unwrap_or(0), |x| x.seq);
                 if !known && key.seq >= current {
@@ -1872,6 +1869,11 @@ fn migrate_req(req: MigrationRequest, to: PathId, epoch: u32) -> Ctrl {
 
 /// Whether nodes `a` and `b` can still reach each other given the NICs known to be `down`:
 /// neither is isolated and, on a rail-only fabric, they share a healthy rail.
+/// NICs down for good: down, and not merely blamed by a verdict (a blamed NIC's link is up).
+fn gone_for_good(down: &BTreeSet<NicId>, blamed: &BTreeSet<NicId>) -> BTreeSet<NicId> {
+    down.difference(blamed).copied().collect()
+}
+
 fn reachable(
     topo: &r2ccl_transport::Topology,
     down: &BTreeSet<NicId>,
