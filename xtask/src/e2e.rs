@@ -41,10 +41,11 @@
 //! `--chaos N` runs N seeded random fault timelines instead (3 nodes x 3 NICs; rail 2 never
 //! fails) and prints a summary of runs, faults, failovers, wrong values and hangs (both must be 0).
 //! `--storm` makes them fault storms: 4 nodes x 2 NICs for 12 s, a fault episode (a flap, a black
-//! hole that heals, an egress drop that ends) every 0.25-0.6 s for 10 s, 0.2-0.8 s each, never two at
-//! once on one node, so every node keeps a working NIC throughout; storm `i` runs AllReduce,
-//! AllGather, ReduceScatter, AlltoAll or Broadcast (`i % 5`); `--ranks-per-node R` runs R ranks on
-//! every node.
+//! hole that heals, an egress drop that ends) every 0.25-0.6 s for 10 s, 0.2-0.8 s each, never on
+//! every NIC of a node at once, so every node keeps a working NIC throughout; storm `i` runs
+//! AllReduce, AllGather, ReduceScatter, AlltoAll or Broadcast (`i % 5`) at 8 MiB, 256 KiB or 4 KiB
+//! (`(i / 5) % 3`); `--ranks-per-node R` runs R ranks on every node, `--nics K` (2-4) gives every
+//! node K NICs, up to K - 1 of them under a fault at once.
 //!
 //! `--seed S` (S != 0) shifts every fault time by a pseudo-random offset in [-0.5, +0.5) s
 //! (order kept), to shake out timing-dependent bugs; the seed is printed so a run repeats.
@@ -674,6 +675,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let mut chaos = 0u32;
     let mut storm = false;
     let mut storm_rpn = 1u32;
+    let mut storm_nics = 2u32;
     let mut retries = 0u32;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -694,8 +696,14 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
                     .parse()
                     .context("--ranks-per-node: not a number")?;
             }
+            "--nics" => {
+                storm_nics = it.next().context("--nics needs a count")?.parse().context("--nics: not a number")?;
+                if !(2..=4).contains(&storm_nics) {
+                    bail!("e2e: --nics must be 2, 3 or 4 (NICs per node of a storm), not {storm_nics}");
+                }
+            }
             other => bail!(
-                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N [--storm [--ranks-per-node R]]] [--retries N]"
+                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N [--storm [--ranks-per-node R] [--nics K]]] [--retries N]"
             ),
         }
     }
@@ -707,17 +715,19 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         if seed == 0 {
             seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs()) | 1;
         }
-        let how = match (storm, storm_rpn) {
-            (false, _) => String::new(),
-            (true, 1) => " --storm".into(),
-            (true, r) => format!(" --storm --ranks-per-node {r}"),
+        let how = match (storm, storm_rpn, storm_nics) {
+            (false, ..) => String::new(),
+            (true, 1, 2) => " --storm".into(),
+            (true, r, 2) => format!(" --storm --ranks-per-node {r}"),
+            (true, r, k) => format!(" --storm --ranks-per-node {r} --nics {k}"),
         };
         println!(
             "e2e: chaos: {chaos} random fault timelines, seed {seed} (repeat with --chaos {chaos}{how} --seed {seed})"
         );
         (0..chaos)
             .map(|i| {
-                let (name, text) = if storm { storm_scenario(seed, i, storm_rpn) } else { chaos_scenario(seed, i) };
+                let (name, text) =
+                    if storm { storm_scenario(seed, i, storm_rpn, storm_nics) } else { chaos_scenario(seed, i) };
                 parse(&name, &text).inspect(|sc| {
                     println!(
                         "e2e: {name}: {}",
@@ -897,27 +907,35 @@ mod tests {
     #[test]
     fn storms_leave_every_node_a_working_nic() {
         for i in 0..20 {
-            let (name, text) = storm_scenario(7, i, 1 + i % 2);
+            let (rpn, nics) = (1 + i % 2, 2 + i % 3);
+            let (name, text) = storm_scenario(7, i, rpn, nics);
             let sc = parse(&name, &text).expect("a storm parses");
-            assert_eq!((sc.spec.nodes, sc.spec.nics, sc.ranks_per_node), (4, 2, 1 + i % 2));
+            assert_eq!((sc.spec.nodes, sc.spec.nics, sc.ranks_per_node), (4, nics, rpn));
             assert!(sc.faults.len() >= 20, "{name}: {} faults", sc.faults.len());
             for node in 0..4 {
-                let mine: Vec<_> = sc.faults.iter().filter(|f| f.node == node).collect();
-                for pair in mine.chunks(2) {
-                    let [on, off] = pair else { panic!("{name}: node {node} has an unpaired fault") };
-                    assert_eq!(on.nic, off.nic, "{name}");
-                    let undo = match on.fault {
+                // The faults under way on this node's NICs, in time order.
+                let mut on: Vec<(u32, Fault)> = Vec::new();
+                for f in sc.faults.iter().filter(|f| f.node == node) {
+                    let undo = match f.fault {
                         Fault::Down => Fault::Up,
                         Fault::Blackhole => Fault::Restore,
                         Fault::Drop => Fault::Undrop,
+                        Fault::Up | Fault::Restore | Fault::Undrop => {
+                            let at = on.iter().position(|o| o.0 == f.nic);
+                            let Some(at) = at else { panic!("{name}: node {node} NIC {} healed unhurt", f.nic) };
+                            assert_eq!(on.remove(at).1, f.fault, "{name}: the fault that undoes it");
+                            continue;
+                        }
                         ref other => panic!("{name}: unexpected {other:?}"),
                     };
-                    assert_eq!(off.fault, undo, "{name}");
-                    assert!(off.at_s > on.at_s, "{name}");
+                    assert!(on.iter().all(|o| o.0 != f.nic), "{name}: two faults at once on one NIC");
+                    on.push((f.nic, undo));
+                    assert!((on.len() as u32) < nics, "{name}: node {node} lost every NIC");
                 }
+                assert!(on.is_empty(), "{name}: node {node} ends with a fault");
             }
         }
-        assert_eq!(storm_scenario(7, 3, 1), storm_scenario(7, 3, 1), "seeded");
+        assert_eq!(storm_scenario(7, 3, 1, 2), storm_scenario(7, 3, 1, 2), "seeded");
     }
 
     /// Seeded jitter moves faults by less than half a second and keeps their order.
@@ -991,19 +1009,26 @@ fn chaos_rng(seed: u64, i: u32) -> Rng {
 /// The collectives fault storms run, storm `i` running `STORM_COLLECTIVES[i % 5]`.
 const STORM_COLLECTIVES: [&str; 5] = ["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast"];
 
-/// Fault storm `i` of `seed` (`--chaos N --storm`): 4 nodes x 2 NICs, 12 s of 8 MiB collectives
-/// (storm `i` runs `STORM_COLLECTIVES[i % 5]`); from 1.5 s to 11.5 s a fault episode starts every
-/// 0.25-0.6 s on a random NIC of a node that has none under way: a flap (down, up), a black hole
-/// that heals, or an egress drop that ends, each 0.2-0.8 s long.
-fn storm_scenario(seed: u64, i: u32, ranks_per_node: u32) -> (String, String) {
+/// The message sizes fault storms run, storm `i` running `STORM_SIZES[(i / 5) % 3]`: large
+/// messages (pipelined, striped), medium ones and small ones (thousands of collectives, so faults
+/// land on plan and agreement boundaries far more often).
+const STORM_SIZES: [&str; 3] = ["8M", "256K", "4K"];
+
+/// Fault storm `i` of `seed` (`--chaos N --storm`): 4 nodes x `nics` NICs, 12 s of collectives
+/// (storm `i` runs `STORM_COLLECTIVES[i % 5]` at `STORM_SIZES[(i / 5) % 3]`); from 1.5 s to
+/// 11.5 s a fault episode starts every 0.25-0.6 s on a random healthy NIC of a random node that
+/// has fewer than `nics - 1` NICs under a fault: a flap (down, up), a black hole that heals, or an
+/// egress drop that ends, each 0.2-0.8 s long. Every node keeps a working NIC throughout.
+fn storm_scenario(seed: u64, i: u32, ranks_per_node: u32, nics: u32) -> (String, String) {
     let mut rng = chaos_rng(seed, i);
-    let mut busy_until = [0.0f64; 4];
+    let mut busy_until = vec![vec![0.0f64; nics as usize]; 4];
     let mut faults: Vec<(f64, String)> = Vec::new();
     let mut at = 1.5;
     while at < 11.5 {
         let node = rng.below(4) as usize;
-        if busy_until[node] < at {
-            let nic = rng.below(2);
+        let free: Vec<usize> = (0..nics as usize).filter(|&n| busy_until[node][n] < at).collect();
+        if free.len() > 1 {
+            let nic = free[rng.below(free.len() as u64) as usize];
             let end = at + 0.2 + rng.below(600) as f64 / 1000.0;
             let (on, off) = match rng.below(3) {
                 0 => ("down", "up"),
@@ -1012,16 +1037,17 @@ fn storm_scenario(seed: u64, i: u32, ranks_per_node: u32) -> (String, String) {
             };
             faults.push((at, format!("{at:.2} {node} {nic} {on}")));
             faults.push((end, format!("{end:.2} {node} {nic} {off}")));
-            // A short gap after the episode: the next one on this node starts on a healed NIC.
-            busy_until[node] = end + 0.05;
+            // A short gap after the episode: the next one on this NIC starts on a healed NIC.
+            busy_until[node][nic] = end + 0.05;
         }
         at += 0.25 + rng.below(350) as f64 / 1000.0;
     }
     faults.sort_by(|a, b| a.0.total_cmp(&b.0));
     let list: Vec<String> = faults.into_iter().map(|(_, f)| format!("\"{f}\"")).collect();
     let name = format!("storm-{seed}-{i}");
+    let size = STORM_SIZES[(i as usize / STORM_COLLECTIVES.len()) % STORM_SIZES.len()];
     let text = format!(
-        "nodes = 4\nnics = 2\nranks_per_node = {ranks_per_node}\nrate = \"1gbit\"\nargs = \"{} -b 8M -e 8M -N 0 --duration 12\"\ndeadline_s = 45\nexpect = \"success\"\nfaults = [{}]\n",
+        "nodes = 4\nnics = {nics}\nranks_per_node = {ranks_per_node}\nrate = \"1gbit\"\nargs = \"{} -b {size} -e {size} -N 0 --duration 12\"\ndeadline_s = 45\nexpect = \"success\"\nfaults = [{}]\n",
         STORM_COLLECTIVES[i as usize % STORM_COLLECTIVES.len()],
         list.join(", ")
     );
