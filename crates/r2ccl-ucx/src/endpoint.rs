@@ -108,10 +108,14 @@ impl Endpoint {
         params.err_handler = state.err_handler();
         let mut handle: sys::ucp_ep_h = std::ptr::null_mut();
         let status = {
-            let locked = worker.lock();
+            let mut locked = worker.lock();
             // SAFETY: live worker, lock held; `remote` outlives the call (UCX copies the address); the
             // callback argument stays valid as long as the endpoint is open (we keep `state`).
-            Status(unsafe { sys::ucp_ep_create(locked.handle, &params, &mut handle) })
+            let status = Status(unsafe { sys::ucp_ep_create(locked.handle, &params, &mut handle) });
+            if !status.is_ok() {
+                locked.drain_missed_events();
+            }
+            status
         };
         if !status.is_ok() {
             return Err(UcxError::Status {
@@ -169,9 +173,11 @@ impl Endpoint {
         }
         let param = zeroed_param();
         let ptr = {
-            let _locked = self.worker.lock();
+            let mut locked = self.worker.lock();
             // SAFETY: live endpoint, lock held; after this call the handle is never used again.
-            unsafe { sys::ucp_ep_close_nbx(self.handle, &param) }
+            let ptr = unsafe { sys::ucp_ep_close_nbx(self.handle, &param) };
+            locked.drain_missed_events();
+            ptr
         };
         self.handle = std::ptr::null_mut();
         match wait_raw(&self.worker, ptr, timeout, Box::new(self.state.clone())) {
@@ -195,9 +201,11 @@ impl Endpoint {
         param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS;
         param.flags = sys::UCP_EP_CLOSE_FLAG_FORCE;
         let ptr = {
-            let _locked = self.worker.lock();
+            let mut locked = self.worker.lock();
             // SAFETY: live endpoint, lock held; after this call the handle is never used again.
-            unsafe { sys::ucp_ep_close_nbx(self.handle, &param) }
+            let ptr = unsafe { sys::ucp_ep_close_nbx(self.handle, &param) };
+            locked.drain_missed_events();
+            ptr
         };
         self.handle = std::ptr::null_mut();
         if let Some(s) = wait_raw(&self.worker, ptr, FORCE_CLOSE_WAIT, Box::new(self.state.clone())) {

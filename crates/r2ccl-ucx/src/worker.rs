@@ -136,12 +136,30 @@ impl Locked<'_> {
                 unsafe { close_force_nowait(a.handle) };
                 false
             });
+            self.drain_missed_events();
         }
         if !self.state.orphans.is_empty() {
             // SAFETY: orphan requests belong to this worker and the lock is held.
             self.state.orphans.retain_mut(|o| unsafe { !o.try_release() });
         }
         events
+    }
+
+    /// One more `ucp_worker_progress` right after a call that may have removed one of this worker's
+    /// UCX async handlers (an endpoint's close, a failed connect, a listener's reject or destroy):
+    /// progress ends by draining the worker's queue of missed async events.
+    ///
+    /// Why: UCX 1.13 keys an fd's async handler by the fd number in one table for the whole process,
+    /// queues events it could not deliver at once per worker, and does not purge a removed handler's
+    /// queued events (fixed upstream in 1.18, openucx/ucx#9942). When the fd number is reused by
+    /// another worker's socket (every NIC has its own worker here) before this worker drains its
+    /// queue, the next progress asserts `handler->async == async` and aborts the process (seen once
+    /// in about 120 fault storms). Draining at once closes the window our own calls open; the UCX
+    /// async thread can still close and reuse an fd on its own, so this narrows the race, it does
+    /// not remove it (one worker per process would).
+    pub(crate) fn drain_missed_events(&mut self) {
+        // SAFETY: the handle is a live worker and the lock is held.
+        unsafe { sys::ucp_worker_progress(self.handle) };
     }
 
     /// Create an endpoint for every queued connection request.
@@ -167,6 +185,7 @@ impl Locked<'_> {
                 self.state.accepted.push(Accepted { handle, state });
             } else {
                 tracing::debug!(target: r2ccl_core::subsys::NET, %status, "could not accept a peer's connection");
+                self.drain_missed_events();
             }
         }
     }
@@ -208,6 +227,7 @@ impl Drop for WorkerShared {
                 // SAFETY: a live endpoint of this worker, lock held; never used again.
                 unsafe { close_force_nowait(a.handle) };
             }
+            locked.drain_missed_events();
         }
         let drain_start = std::time::Instant::now();
         loop {
