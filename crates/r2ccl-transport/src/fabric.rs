@@ -17,7 +17,7 @@
 //! Ingress bandwidth is not modelled; a receiving NIC takes messages at any rate.
 
 use crate::transport::{Completion, CompletionKind};
-use crate::{MemHandle, PathFault, PathId, RequestId, Transport, TransportError, TransportEvent};
+use crate::{MemHandle, PathEvidence, PathFault, PathId, RequestId, Transport, TransportError, TransportEvent};
 use r2ccl_core::{NicId, NodeId, RailId, Rank};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -92,6 +92,8 @@ pub struct NicStats {
 struct NicState {
     down: bool,
     black_hole: bool,
+    /// When the black hole began.
+    black_hole_since: Duration,
     permille: u32,
     delay: Duration,
     busy_until: Duration,
@@ -135,6 +137,11 @@ pub struct MemFabric {
     events: Vec<VecDeque<TransportEvent>>,
     regions: BTreeMap<MemHandle, (Rank, Vec<u8>)>,
     faults: BTreeMap<Slot, FaultAction>,
+    /// Whether ports answer [`Transport::path_evidence`] (see [`MemFabric::set_kernel_evidence`]).
+    kernel_evidence: bool,
+    /// `(sender, path)` pairs whose last message vanished in a fault: a kernel would still hold
+    /// its bytes as unacknowledged.
+    unacked: BTreeSet<(Rank, PathId)>,
 }
 
 impl MemFabric {
@@ -144,6 +151,7 @@ impl MemFabric {
         let nic = NicState {
             down: false,
             black_hole: false,
+            black_hole_since: Duration::ZERO,
             permille: 1000,
             delay: Duration::ZERO,
             busy_until: Duration::ZERO,
@@ -166,6 +174,8 @@ impl MemFabric {
             events: vec![VecDeque::new(); (cfg.nodes * cfg.ranks_per_node) as usize],
             regions: BTreeMap::new(),
             faults: BTreeMap::new(),
+            kernel_evidence: false,
+            unacked: BTreeSet::new(),
         }
     }
 
@@ -205,6 +215,15 @@ impl MemFabric {
     /// Counters of `nic` (zero for an unknown NIC).
     pub fn nic_stats(&self, nic: NicId) -> NicStats {
         self.nic_index(nic).map(|i| self.nics[i].stats).unwrap_or_default()
+    }
+
+    /// Makes ports answer [`Transport::path_evidence`] as a kernel's TCP state would: a path
+    /// through a black-holed NIC, with a send of the asking rank outstanding on it, is
+    /// [`PathEvidence::Silent`] once the black hole is `quiet` old; a passable path is
+    /// [`PathEvidence::Acking`]. Off by default (the ports then know nothing, as a backend
+    /// without such evidence).
+    pub fn set_kernel_evidence(&mut self, on: bool) {
+        self.kernel_evidence = on;
     }
 
     /// Schedules `action` at time `at` (applied when the clock passes it, before messages
@@ -348,6 +367,9 @@ impl MemFabric {
             }
             FaultAction::BlackHole(nic, on) => {
                 if let Some(s) = self.nic_mut(nic) {
+                    if on && !s.black_hole {
+                        s.black_hole_since = at;
+                    }
                     s.black_hole = on;
                 }
             }
@@ -399,15 +421,17 @@ impl MemFabric {
         if let Some(req) = m.req {
             self.sends.remove(&req);
         }
+        let send_path = PathId::new(m.src_nic, m.dst, m.dst_nic);
         if !self.passable(m.src_nic, m.dst_nic) {
             for n in [m.src_nic, m.dst_nic] {
                 if let Some(s) = self.nic_mut(n) {
                     s.stats.dropped += 1;
                 }
             }
+            self.unacked.insert((m.src, send_path));
             return;
         }
-        let send_path = PathId::new(m.src_nic, m.dst, m.dst_nic);
+        self.unacked.remove(&(m.src, send_path));
         match m.body {
             Body::Probe => {
                 if let Some(req) = m.req {
@@ -606,6 +630,24 @@ impl Transport for FabricPort<'_> {
             f.offer(key, bytes);
         }
         Ok(req)
+    }
+
+    fn path_evidence(&mut self, now: Duration, path: PathId, quiet: Duration) -> PathEvidence {
+        let f = &*self.fabric;
+        if !f.kernel_evidence {
+            return PathEvidence::Unknown;
+        }
+        if f.passable(path.local, path.remote) {
+            return PathEvidence::Acking;
+        }
+        let silent_for = |n: NicId| f.nic(n).filter(|s| s.black_hole).map(|s| now.saturating_sub(s.black_hole_since));
+        let silent = [path.local, path.remote].into_iter().filter_map(silent_for).max();
+        let in_flight =
+            f.unacked.contains(&(self.rank, path)) || f.sends.values().any(|&(r, p, _)| r == self.rank && p == path);
+        match silent {
+            Some(d) if d >= quiet && in_flight => PathEvidence::Silent,
+            _ => PathEvidence::Unknown,
+        }
     }
 
     fn post_probe(&mut self, now: Duration, path: PathId) -> Result<RequestId, TransportError> {

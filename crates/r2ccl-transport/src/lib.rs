@@ -45,6 +45,7 @@ pub use session::{
 pub use stripe::{chunk_count, chunk_len, stripe, stripe_wide, Striper};
 pub use topology::{Topology, TopologyError};
 pub use transport::{
-    Completion, CompletionKind, PathFault, PayloadId, PayloadInto, Transport, TransportError, TransportEvent,
+    Completion, CompletionKind, PathEvidence, PathFault, PayloadId, PayloadInto, Transport, TransportError,
+    TransportEvent,
 };
 pub use wire::{ChunkHeader, WireError, HEADER_LEN};

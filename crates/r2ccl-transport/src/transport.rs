@@ -174,6 +174,17 @@ pub enum TransportError {
     },
 }
 
+/// What the layer below a transport knows about a path's liveness ([`Transport::path_evidence`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathEvidence {
+    /// Nothing conclusive (no bytes in flight, no such layer, or mixed signs).
+    Unknown,
+    /// Something on the path was acknowledged recently and nothing is stuck: the path carries.
+    Acking,
+    /// Bytes in flight on the path have had no acknowledgement for the quiet time: it is dead.
+    Silent,
+}
+
 /// One rank's access to its node's NICs.
 ///
 /// Registration is node-wide: a region is registered with every NIC at once and its one
@@ -255,6 +266,16 @@ pub trait Transport {
     /// Posts a zero-byte probe on the probe endpoint of `path`; completes with
     /// [`CompletionKind::ProbeOk`] when the peer's NIC answered.
     fn post_probe(&mut self, now: Duration, path: PathId) -> Result<RequestId, TransportError>;
+
+    /// What the layer below says about `path` (the kernel's TCP state of its connections, say):
+    /// [`PathEvidence::Silent`] when bytes in flight on it have had no acknowledgement for at
+    /// least `quiet`, while nothing on it was acknowledged within `quiet`. A stall detector may
+    /// then declare the path failed without waiting for its probe's timeout. The default knows
+    /// nothing.
+    fn path_evidence(&mut self, now: Duration, path: PathId, quiet: Duration) -> PathEvidence {
+        let _ = (now, path, quiet);
+        PathEvidence::Unknown
+    }
 
     /// Cancels one outstanding request; it completes with [`CompletionKind::Cancelled`] (or with
     /// its real outcome if it had already finished). A payload receive into a region completes only

@@ -58,6 +58,7 @@ mod netlink;
 mod rail;
 mod request;
 mod sockaddr;
+mod tcpinfo;
 mod transport;
 mod worker;
 

@@ -37,8 +37,8 @@ use crate::worker::WorkerAddress;
 use r2ccl_core::subsys::NET;
 use r2ccl_core::{NicId, NodeId, RailId, Rank};
 use r2ccl_transport::{
-    Completion, CompletionKind, MemHandle, PathFault, PathId, PayloadId, PayloadInto, RequestId, Transport,
-    TransportError, TransportEvent, HEADER_LEN,
+    Completion, CompletionKind, MemHandle, PathEvidence, PathFault, PathId, PayloadId, PayloadInto, RequestId,
+    Transport, TransportError, TransportEvent, HEADER_LEN,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::os::fd::RawFd;
@@ -168,6 +168,8 @@ struct Peer {
 #[derive(Debug)]
 struct Nic {
     ifindex: Option<i32>,
+    /// The NIC's IP address (its TCP connections' local address), if it has one.
+    ip: Option<std::net::IpAddr>,
     link_up: bool,
     /// Could not be opened at start: a placeholder, down for the transport's lifetime.
     dead: bool,
@@ -395,6 +397,7 @@ impl UcxTransport {
             let is_dead = dead.iter().any(|(r, _)| *r == i);
             nics.push(Nic {
                 ifindex: if is_dead { None } else { netlink::ifindex(dev) },
+                ip: if is_dead { None } else { crate::sockaddr::device_ip(dev).ok() },
                 link_up: netlink::is_running(dev).unwrap_or(true),
                 dead: is_dead,
                 fault_down: false,
@@ -1388,6 +1391,25 @@ impl Transport for UcxTransport {
 
     fn post_probe(&mut self, _now: Duration, path: PathId) -> Result<RequestId, TransportError> {
         self.post(path, Kind::Probe, Held::Probe)
+    }
+
+    fn path_evidence(&mut self, _now: Duration, path: PathId, quiet: Duration) -> PathEvidence {
+        // Same-rail TCP paths only: the connections run from this NIC's IP to the peer's listener IP.
+        if path.local.node != self.node || path.local.rail != path.remote.rail {
+            return PathEvidence::Unknown;
+        }
+        let rail = path.local.rail.index();
+        let local = self.nics.get(rail).and_then(|n| n.ip);
+        let remote = self.peer_address(rail, path.peer).and_then(|a| a.socket_addr().ok()).map(|a| a.ip());
+        let (Some(local), Some(remote)) = (local, remote) else { return PathEvidence::Unknown };
+        let samples = crate::tcpinfo::samples(local, remote);
+        let verdict = crate::tcpinfo::judge(&samples, quiet);
+        tracing::debug!(target: NET, %path, %local, %remote, connections = samples.len(), ?verdict, "kernel TCP evidence");
+        match verdict {
+            crate::tcpinfo::TcpVerdict::Unknown => PathEvidence::Unknown,
+            crate::tcpinfo::TcpVerdict::Acking => PathEvidence::Acking,
+            crate::tcpinfo::TcpVerdict::Silent => PathEvidence::Silent,
+        }
     }
 
     fn cancel(&mut self, _now: Duration, req: RequestId) -> Result<(), TransportError> {

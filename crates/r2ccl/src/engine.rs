@@ -33,8 +33,8 @@ use r2ccl_detect::{
     ProbeResult, Verdict,
 };
 use r2ccl_transport::{
-    Buffer, CommId, LaneId, MemHandle, MigrationRequest, PathFault, PathId, RequestId, Session, SessionConfig,
-    SessionError, SessionEvent, TransferKey, Transport,
+    Buffer, CommId, LaneId, MemHandle, MigrationRequest, PathEvidence, PathFault, PathId, RequestId, Session,
+    SessionConfig, SessionError, SessionEvent, TransferKey, Transport,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -43,6 +43,8 @@ use std::time::Duration;
 const FRAME_CTRL: u8 = 0xC0;
 /// First byte of an r2ccl-detect protocol frame on the same channel.
 const FRAME_DETECT: u8 = 0xD0;
+/// How often a suspect path's kernel evidence is read while its probe is out.
+const EVIDENCE_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Engine tunables.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -291,6 +293,10 @@ pub struct Engine {
     moved_sends: u64,
     /// Stalled paths being probed, with the time the probe must have answered by.
     suspects: BTreeMap<PathId, Duration>,
+    /// When the suspects' kernel evidence ([`Transport::path_evidence`]) is read next.
+    evidence_at: Duration,
+    /// Paths declared failed on the kernel's evidence.
+    silent_declared: u64,
     /// Paths whose stall was explained by a probe answer: not suspected again before this time.
     quiet: BTreeMap<PathId, Duration>,
     notified: BTreeSet<PathId>,
@@ -446,6 +452,8 @@ impl Engine {
             early_receipts: BTreeSet::new(),
             moved_sends: 0,
             suspects: BTreeMap::new(),
+            evidence_at: Duration::ZERO,
+            silent_declared: 0,
             quiet: BTreeMap::new(),
             notified: BTreeSet::new(),
             down_nics: BTreeSet::new(),
@@ -1088,12 +1096,30 @@ impl Engine {
             if self.session.is_path_down(p) {
                 continue;
             }
+            // The kernel may already know: bytes in flight and no acknowledgement for the stall
+            // time is a dead path, whatever the peer's process is doing (its kernel would ACK).
+            if t.path_evidence(now, p, self.cfg.stall_timeout) == PathEvidence::Silent {
+                self.declare_silent(now, t, p);
+                continue;
+            }
             match self.session.probe(now, t, p) {
                 Ok(_) => {
                     tracing::debug!(target: subsys::DETECT, rank = %self.rank, path = %p, "no progress: probing");
                     self.suspects.insert(p, now + self.cfg.probe_timeout);
                 }
                 Err(_) => self.declare_stalled(now, t, p),
+            }
+        }
+        // While a suspect's probe is out, the kernel's evidence is read every EVIDENCE_INTERVAL: a
+        // black hole is then declared as soon as its silence shows, not at the probe's timeout.
+        if !self.suspects.is_empty() && now >= self.evidence_at {
+            self.evidence_at = now + EVIDENCE_INTERVAL;
+            let suspects: Vec<PathId> = self.suspects.keys().copied().collect();
+            for p in suspects {
+                if t.path_evidence(now, p, self.cfg.stall_timeout) == PathEvidence::Silent {
+                    self.suspects.remove(&p);
+                    self.declare_silent(now, t, p);
+                }
             }
         }
         let expired: Vec<PathId> = self.suspects.iter().filter(|(_, &d)| now >= d).map(|(&p, _)| p).collect();
@@ -1398,6 +1424,17 @@ impl Engine {
         reachable(self.session.topology(), &self.down_nics, self.cfg.rail_only, a, b)
     }
 
+    fn declare_silent<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T, p: PathId) {
+        tracing::warn!(target: subsys::DETECT, rank = %self.rank, path = %p, quiet = ?self.cfg.stall_timeout, "no progress and no TCP acknowledgement of the bytes in flight: path declared failed");
+        self.silent_declared += 1;
+        self.session.handle_path_down(now, t, p, PathFault::Timeout);
+    }
+
+    /// Paths declared failed on the kernel's evidence ([`Transport::path_evidence`]) so far.
+    pub const fn silent_declared(&self) -> u64 {
+        self.silent_declared
+    }
+
     fn declare_stalled<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T, p: PathId) {
         tracing::warn!(target: subsys::DETECT, rank = %self.rank, path = %p, "no progress and no probe answer: path declared failed");
         self.session.handle_path_down(now, t, p, PathFault::Timeout);
@@ -1423,6 +1460,7 @@ impl Engine {
             })
             .min();
         let probe = self.probes.values().chain(self.suspects.values()).copied().min();
+        let evidence = (!self.suspects.is_empty()).then_some(self.evidence_at);
         let retry = self.migrations.values().map(|m| m.sent_at + self.cfg.migrate_retry).min();
         // Just past the no-path deadline of the longest-waiting lane or send.
         let give_up = self
@@ -1432,7 +1470,7 @@ impl Engine {
             .chain(self.exec.iter().flat_map(|x| x.deferred_since.values().copied()))
             .min()
             .map(|since| since + self.cfg.no_path_timeout + Duration::from_millis(1));
-        [stall, probe, retry, give_up, hard, self.detector.poll_timeout()].into_iter().flatten().min()
+        [stall, probe, evidence, retry, give_up, hard, self.detector.poll_timeout()].into_iter().flatten().min()
     }
 
     fn begin_migration(&mut self, now: Duration, req: MigrationRequest, stopped_at: Duration) {

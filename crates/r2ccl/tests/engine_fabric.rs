@@ -381,6 +381,29 @@ fn silent_black_hole_is_detected_by_stall_and_repaired() {
     assert!(c.migrations() > 0);
 }
 
+/// With a backend that reads the kernel's TCP state ([`Transport::path_evidence`]), a black hole
+/// is declared at the stall deadline, without waiting for the probe's timeout: the same
+/// collective, the same fault, exact both ways, ends sooner in simulated time.
+#[test]
+fn kernel_evidence_declares_a_black_hole_before_its_probe_times_out() {
+    let mut ends = Vec::new();
+    for evidence in [false, true] {
+        let mut c = Cluster::new(3, 1, 2, 3);
+        c.fabric.set_kernel_evidence(evidence);
+        let count = 1 << 21;
+        let inputs = inputs_f32(3, count, 2);
+        c.fabric.schedule(Duration::from_millis(1), FaultAction::BlackHole(NicId::new(2, 1), true));
+        let out = c.run(1, Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, count as u64, &inputs);
+        assert!(out.iter().all(|o| o == &allreduce_expected(&inputs)), "exact with evidence {evidence}");
+        let declared: u64 = c.engines.iter().map(Engine::silent_declared).sum();
+        assert_eq!(declared > 0, evidence, "paths declared on the kernel's evidence: {declared}");
+        assert!(c.migrations() > 0);
+        ends.push(c.now);
+    }
+    // The probe timeout (50 ms here) is what the evidence saves, at least most of it.
+    assert!(ends[1] + Duration::from_millis(30) < ends[0], "ends without and with evidence: {ends:?}");
+}
+
 #[test]
 fn a_black_hole_is_localized_to_its_nic_which_every_rank_takes_out_and_brings_back() {
     let mut c = Cluster::new(3, 1, 2, 5);
