@@ -47,7 +47,10 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         cmd("cargo", &["xtask", "e2e", "--chaos", "3", "--seed", "2026"])?;
         // Two fault storms (4 x 2, about 40 faults in 10 s each): the timelines that found the
         // stale-payload, stale-lane and split-planning bugs of 2026-12-05.
-        cmd("cargo", &["xtask", "e2e", "--chaos", "2", "--storm", "--seed", "2026"])
+        cmd("cargo", &["xtask", "e2e", "--chaos", "2", "--storm", "--seed", "2026"])?;
+        // And one of small collectives (4 KiB AllGather: thousands of plans and agreements under
+        // faults) on 4 x 3 NICs with two of a node's NICs faulted at once at times.
+        cmd("cargo", &["xtask", "e2e", "--chaos", "1", "--first", "11", "--storm", "--nics", "3", "--seed", "2026"])
     })?;
     step("cargo deny", || cmd("cargo", &["deny", "check", "licenses", "bans", "sources"]))?;
     println!("\nci: all checks passed in {:.0} s", t.elapsed().as_secs_f64());

@@ -40,6 +40,7 @@
 //!
 //! `--chaos N` runs N seeded random fault timelines instead (3 nodes x 3 NICs; rail 2 never
 //! fails) and prints a summary of runs, faults, failovers, wrong values and hangs (both must be 0).
+//! `--first I` starts at timeline `I` instead of 0 (timeline `i` of a seed is always the same).
 //! `--storm` makes them fault storms: 4 nodes x 2 NICs for 12 s, a fault episode (a flap, a black
 //! hole that heals, an egress drop that ends) every 0.25-0.6 s for 10 s, 0.2-0.8 s each, never on
 //! every NIC of a node at once, so every node keeps a working NIC throughout; storm `i` runs
@@ -676,6 +677,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let mut storm = false;
     let mut storm_rpn = 1u32;
     let mut storm_nics = 2u32;
+    let mut first = 0u32;
     let mut retries = 0u32;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -696,6 +698,9 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
                     .parse()
                     .context("--ranks-per-node: not a number")?;
             }
+            "--first" => {
+                first = it.next().context("--first needs an index")?.parse().context("--first: not a number")?;
+            }
             "--nics" => {
                 storm_nics = it.next().context("--nics needs a count")?.parse().context("--nics: not a number")?;
                 if !(2..=4).contains(&storm_nics) {
@@ -703,7 +708,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
                 }
             }
             other => bail!(
-                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N [--storm [--ranks-per-node R] [--nics K]]] [--retries N]"
+                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N [--first I] [--storm [--ranks-per-node R] [--nics K]]] [--retries N]"
             ),
         }
     }
@@ -721,10 +726,11 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
             (true, r, 2) => format!(" --storm --ranks-per-node {r}"),
             (true, r, k) => format!(" --storm --ranks-per-node {r} --nics {k}"),
         };
+        let from = if first > 0 { format!(" --first {first}") } else { String::new() };
         println!(
-            "e2e: chaos: {chaos} random fault timelines, seed {seed} (repeat with --chaos {chaos}{how} --seed {seed})"
+            "e2e: chaos: {chaos} random fault timelines, seed {seed} (repeat with --chaos {chaos}{from}{how} --seed {seed})"
         );
-        (0..chaos)
+        (first..first.saturating_add(chaos))
             .map(|i| {
                 let (name, text) =
                     if storm { storm_scenario(seed, i, storm_rpn, storm_nics) } else { chaos_scenario(seed, i) };
