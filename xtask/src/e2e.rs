@@ -46,7 +46,7 @@
 //! every NIC of a node at once, so every node keeps a working NIC throughout; storm `i` runs
 //! AllReduce, AllGather, ReduceScatter, AlltoAll or Broadcast (`i % 5`) at 8 MiB, 256 KiB or 4 KiB
 //! (`(i / 5) % 3`); `--ranks-per-node R` runs R ranks on every node, `--nics K` (2-4) gives every
-//! node K NICs, up to K - 1 of them under a fault at once.
+//! node K NICs, up to K - 1 of them under a fault at once, `--nodes N` (3-8) runs N nodes.
 //!
 //! `--seed S` (S != 0) shifts every fault time by a pseudo-random offset in [-0.5, +0.5) s
 //! (order kept), to shake out timing-dependent bugs; the seed is printed so a run repeats.
@@ -675,8 +675,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let mut seed = 0u64;
     let mut chaos = 0u32;
     let mut storm = false;
-    let mut storm_rpn = 1u32;
-    let mut storm_nics = 2u32;
+    let mut shape = StormShape::default();
     let mut first = 0u32;
     let mut retries = 0u32;
     let mut it = args.iter();
@@ -692,7 +691,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
             }
             "--storm" => storm = true,
             "--ranks-per-node" => {
-                storm_rpn = it
+                shape.ranks_per_node = it
                     .next()
                     .context("--ranks-per-node needs a count")?
                     .parse()
@@ -702,13 +701,19 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
                 first = it.next().context("--first needs an index")?.parse().context("--first: not a number")?;
             }
             "--nics" => {
-                storm_nics = it.next().context("--nics needs a count")?.parse().context("--nics: not a number")?;
-                if !(2..=4).contains(&storm_nics) {
-                    bail!("e2e: --nics must be 2, 3 or 4 (NICs per node of a storm), not {storm_nics}");
+                shape.nics = it.next().context("--nics needs a count")?.parse().context("--nics: not a number")?;
+                if !(2..=4).contains(&shape.nics) {
+                    bail!("e2e: --nics must be 2, 3 or 4 (NICs per node of a storm), not {}", shape.nics);
+                }
+            }
+            "--nodes" => {
+                shape.nodes = it.next().context("--nodes needs a count")?.parse().context("--nodes: not a number")?;
+                if !(3..=8).contains(&shape.nodes) {
+                    bail!("e2e: --nodes must be 3 to 8 (nodes of a storm), not {}", shape.nodes);
                 }
             }
             other => bail!(
-                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N [--first I] [--storm [--ranks-per-node R] [--nics K]]] [--retries N]"
+                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N [--first I] [--storm [--ranks-per-node R] [--nics K] [--nodes N]]] [--retries N]"
             ),
         }
     }
@@ -720,20 +725,14 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         if seed == 0 {
             seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs()) | 1;
         }
-        let how = match (storm, storm_rpn, storm_nics) {
-            (false, ..) => String::new(),
-            (true, 1, 2) => " --storm".into(),
-            (true, r, 2) => format!(" --storm --ranks-per-node {r}"),
-            (true, r, k) => format!(" --storm --ranks-per-node {r} --nics {k}"),
-        };
+        let how = if storm { format!(" --storm{}", shape.flags()) } else { String::new() };
         let from = if first > 0 { format!(" --first {first}") } else { String::new() };
         println!(
             "e2e: chaos: {chaos} random fault timelines, seed {seed} (repeat with --chaos {chaos}{from}{how} --seed {seed})"
         );
         (first..first.saturating_add(chaos))
             .map(|i| {
-                let (name, text) =
-                    if storm { storm_scenario(seed, i, storm_rpn, storm_nics) } else { chaos_scenario(seed, i) };
+                let (name, text) = if storm { storm_scenario(seed, i, shape) } else { chaos_scenario(seed, i) };
                 parse(&name, &text).inspect(|sc| {
                     println!(
                         "e2e: {name}: {}",
@@ -913,12 +912,12 @@ mod tests {
     #[test]
     fn storms_leave_every_node_a_working_nic() {
         for i in 0..20 {
-            let (rpn, nics) = (1 + i % 2, 2 + i % 3);
-            let (name, text) = storm_scenario(7, i, rpn, nics);
+            let (rpn, nics, nodes) = (1 + i % 2, 2 + i % 3, 3 + i % 6);
+            let (name, text) = storm_scenario(7, i, StormShape { ranks_per_node: rpn, nics, nodes });
             let sc = parse(&name, &text).expect("a storm parses");
-            assert_eq!((sc.spec.nodes, sc.spec.nics, sc.ranks_per_node), (4, nics, rpn));
+            assert_eq!((sc.spec.nodes, sc.spec.nics, sc.ranks_per_node), (nodes, nics, rpn));
             assert!(sc.faults.len() >= 20, "{name}: {} faults", sc.faults.len());
-            for node in 0..4 {
+            for node in 0..nodes {
                 // The faults under way on this node's NICs, in time order.
                 let mut on: Vec<(u32, Fault)> = Vec::new();
                 for f in sc.faults.iter().filter(|f| f.node == node) {
@@ -941,7 +940,8 @@ mod tests {
                 assert!(on.is_empty(), "{name}: node {node} ends with a fault");
             }
         }
-        assert_eq!(storm_scenario(7, 3, 1, 2), storm_scenario(7, 3, 1, 2), "seeded");
+        let d = StormShape::default();
+        assert_eq!(storm_scenario(7, 3, d), storm_scenario(7, 3, d), "seeded");
     }
 
     /// Seeded jitter moves faults by less than half a second and keeps their order.
@@ -1020,18 +1020,51 @@ const STORM_COLLECTIVES: [&str; 5] = ["all_reduce", "all_gather", "reduce_scatte
 /// land on plan and agreement boundaries far more often).
 const STORM_SIZES: [&str; 3] = ["8M", "256K", "4K"];
 
-/// Fault storm `i` of `seed` (`--chaos N --storm`): 4 nodes x `nics` NICs, 12 s of collectives
+/// The shape of a fault storm's testbed (`--nodes`, `--nics`, `--ranks-per-node`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StormShape {
+    ranks_per_node: u32,
+    nics: u32,
+    nodes: u32,
+}
+
+impl Default for StormShape {
+    fn default() -> Self {
+        Self { ranks_per_node: 1, nics: 2, nodes: 4 }
+    }
+}
+
+impl StormShape {
+    /// The command-line flags that give this shape (none for the default).
+    fn flags(self) -> String {
+        let d = Self::default();
+        let mut f = String::new();
+        if self.ranks_per_node != d.ranks_per_node {
+            f += &format!(" --ranks-per-node {}", self.ranks_per_node);
+        }
+        if self.nics != d.nics {
+            f += &format!(" --nics {}", self.nics);
+        }
+        if self.nodes != d.nodes {
+            f += &format!(" --nodes {}", self.nodes);
+        }
+        f
+    }
+}
+
+/// Fault storm `i` of `seed` (`--chaos N --storm`): `nodes` (4) nodes x `nics` (2) NICs, 12 s of collectives
 /// (storm `i` runs `STORM_COLLECTIVES[i % 5]` at `STORM_SIZES[(i / 5) % 3]`); from 1.5 s to
 /// 11.5 s a fault episode starts every 0.25-0.6 s on a random healthy NIC of a random node that
 /// has fewer than `nics - 1` NICs under a fault: a flap (down, up), a black hole that heals, or an
 /// egress drop that ends, each 0.2-0.8 s long. Every node keeps a working NIC throughout.
-fn storm_scenario(seed: u64, i: u32, ranks_per_node: u32, nics: u32) -> (String, String) {
+fn storm_scenario(seed: u64, i: u32, shape: StormShape) -> (String, String) {
+    let StormShape { ranks_per_node, nics, nodes } = shape;
     let mut rng = chaos_rng(seed, i);
-    let mut busy_until = vec![vec![0.0f64; nics as usize]; 4];
+    let mut busy_until = vec![vec![0.0f64; nics as usize]; nodes as usize];
     let mut faults: Vec<(f64, String)> = Vec::new();
     let mut at = 1.5;
     while at < 11.5 {
-        let node = rng.below(4) as usize;
+        let node = rng.below(u64::from(nodes)) as usize;
         let free: Vec<usize> = (0..nics as usize).filter(|&n| busy_until[node][n] < at).collect();
         if free.len() > 1 {
             let nic = free[rng.below(free.len() as u64) as usize];
@@ -1053,7 +1086,7 @@ fn storm_scenario(seed: u64, i: u32, ranks_per_node: u32, nics: u32) -> (String,
     let name = format!("storm-{seed}-{i}");
     let size = STORM_SIZES[(i as usize / STORM_COLLECTIVES.len()) % STORM_SIZES.len()];
     let text = format!(
-        "nodes = 4\nnics = {nics}\nranks_per_node = {ranks_per_node}\nrate = \"1gbit\"\nargs = \"{} -b {size} -e {size} -N 0 --duration 12\"\ndeadline_s = 45\nexpect = \"success\"\nfaults = [{}]\n",
+        "nodes = {nodes}\nnics = {nics}\nranks_per_node = {ranks_per_node}\nrate = \"1gbit\"\nargs = \"{} -b {size} -e {size} -N 0 --duration 12\"\ndeadline_s = 45\nexpect = \"success\"\nfaults = [{}]\n",
         STORM_COLLECTIVES[i as usize % STORM_COLLECTIVES.len()],
         list.join(", ")
     );
