@@ -297,6 +297,9 @@ pub struct Engine {
     evidence_at: Duration,
     /// Paths declared failed on the kernel's evidence.
     silent_declared: u64,
+    /// Paths declared failed while their suspect probe was still out: that probe's late answer
+    /// must not bring the path back behind the detector's hold-down (one answer is ignored).
+    abandoned_probes: BTreeSet<PathId>,
     /// Paths whose stall was explained by a probe answer: not suspected again before this time.
     quiet: BTreeMap<PathId, Duration>,
     notified: BTreeSet<PathId>,
@@ -454,6 +457,7 @@ impl Engine {
             suspects: BTreeMap::new(),
             evidence_at: Duration::ZERO,
             silent_declared: 0,
+            abandoned_probes: BTreeSet::new(),
             quiet: BTreeMap::new(),
             notified: BTreeSet::new(),
             down_nics: BTreeSet::new(),
@@ -1088,7 +1092,9 @@ impl Engine {
             .collect();
         for p in lost {
             tracing::warn!(target: subsys::DETECT, rank = %self.rank, path = %p, limit = ?hard, "sends made no progress although probes were answered: path declared failed");
-            self.suspects.remove(&p);
+            if self.suspects.remove(&p).is_some() {
+                self.abandoned_probes.insert(p);
+            }
             self.quiet.remove(&p);
             self.declare_stalled(now, t, p);
         }
@@ -1118,6 +1124,7 @@ impl Engine {
             for p in suspects {
                 if t.path_evidence(now, p, self.cfg.stall_timeout) == PathEvidence::Silent {
                     self.suspects.remove(&p);
+                    self.abandoned_probes.insert(p);
                     self.declare_silent(now, t, p);
                 }
             }
@@ -1562,6 +1569,7 @@ impl Engine {
                         self.declare_stalled(now, t, path);
                     }
                 }
+                SessionEvent::ProbeDone { path, .. } if self.abandoned_probes.remove(&path) => {}
                 SessionEvent::ProbeDone { path, ok, .. } => {
                     if ok && self.session.is_path_down(path) {
                         self.probes.remove(&path);
