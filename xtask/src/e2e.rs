@@ -46,7 +46,9 @@
 //! every NIC of a node at once, so every node keeps a working NIC throughout; storm `i` runs
 //! AllReduce, AllGather, ReduceScatter, AlltoAll or Broadcast (`i % 5`) at 8 MiB, 256 KiB or 4 KiB
 //! (`(i / 5) % 3`); `--ranks-per-node R` runs R ranks on every node, `--nics K` (2-4) gives every
-//! node K NICs, up to K - 1 of them under a fault at once, `--nodes N` (3-8) runs N nodes.
+//! node K NICs, up to K - 1 of them under a fault at once, `--nodes N` (3-8) runs N nodes;
+//! `--harsh` adds slow-NIC episodes (100 Mbit/s for a while) and NICs hot-unplugged for good (at
+//! most K - 2 per node, so transient faults still come and go on two NICs).
 //!
 //! `--seed S` (S != 0) shifts every fault time by a pseudo-random offset in [-0.5, +0.5) s
 //! (order kept), to shake out timing-dependent bugs; the seed is printed so a run repeats.
@@ -706,6 +708,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
                     bail!("e2e: --nics must be 2, 3 or 4 (NICs per node of a storm), not {}", shape.nics);
                 }
             }
+            "--harsh" => shape.harsh = true,
             "--nodes" => {
                 shape.nodes = it.next().context("--nodes needs a count")?.parse().context("--nodes: not a number")?;
                 if !(3..=8).contains(&shape.nodes) {
@@ -713,7 +716,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
                 }
             }
             other => bail!(
-                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N [--first I] [--storm [--ranks-per-node R] [--nics K] [--nodes N]]] [--retries N]"
+                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N [--first I] [--storm [--ranks-per-node R] [--nics K] [--nodes N] [--harsh]]] [--retries N]"
             ),
         }
     }
@@ -911,35 +914,43 @@ mod tests {
     /// a working NIC), each episode ending with the fault that undoes it.
     #[test]
     fn storms_leave_every_node_a_working_nic() {
+        let (mut removed, mut slowed) = (0, 0);
         for i in 0..20 {
-            let (rpn, nics, nodes) = (1 + i % 2, 2 + i % 3, 3 + i % 6);
-            let (name, text) = storm_scenario(7, i, StormShape { ranks_per_node: rpn, nics, nodes });
+            let (rpn, nics, nodes, harsh) = (1 + i % 2, 2 + i % 3, 3 + i % 6, i % 4 == 3);
+            let (name, text) = storm_scenario(7, i, StormShape { ranks_per_node: rpn, nics, nodes, harsh });
             let sc = parse(&name, &text).expect("a storm parses");
             assert_eq!((sc.spec.nodes, sc.spec.nics, sc.ranks_per_node), (nodes, nics, rpn));
+            removed += sc.faults.iter().filter(|f| f.fault == Fault::Remove).count();
+            slowed += sc.faults.iter().filter(|f| matches!(&f.fault, Fault::Rate(r) if r == "100mbit")).count();
             assert!(sc.faults.len() >= 20, "{name}: {} faults", sc.faults.len());
             for node in 0..nodes {
                 // The faults under way on this node's NICs, in time order.
                 let mut on: Vec<(u32, Fault)> = Vec::new();
                 for f in sc.faults.iter().filter(|f| f.node == node) {
-                    let undo = match f.fault {
+                    let undo = match &f.fault {
                         Fault::Down => Fault::Up,
                         Fault::Blackhole => Fault::Restore,
                         Fault::Drop => Fault::Undrop,
-                        Fault::Up | Fault::Restore | Fault::Undrop => {
+                        Fault::Rate(r) if r == "100mbit" && harsh => Fault::Rate("1gbit".into()),
+                        // Lost for good: never undone, never faulted again.
+                        Fault::Remove if harsh => Fault::Remove,
+                        Fault::Up | Fault::Restore | Fault::Undrop | Fault::Rate(_) => {
                             let at = on.iter().position(|o| o.0 == f.nic);
                             let Some(at) = at else { panic!("{name}: node {node} NIC {} healed unhurt", f.nic) };
                             assert_eq!(on.remove(at).1, f.fault, "{name}: the fault that undoes it");
                             continue;
                         }
-                        ref other => panic!("{name}: unexpected {other:?}"),
+                        other => panic!("{name}: unexpected {other:?}"),
                     };
                     assert!(on.iter().all(|o| o.0 != f.nic), "{name}: two faults at once on one NIC");
                     on.push((f.nic, undo));
                     assert!((on.len() as u32) < nics, "{name}: node {node} lost every NIC");
                 }
-                assert!(on.is_empty(), "{name}: node {node} ends with a fault");
+                assert!(on.iter().all(|o| o.1 == Fault::Remove), "{name}: node {node} ends with a fault: {on:?}");
+                assert!(on.len() + 2 <= nics as usize || on.is_empty(), "{name}: node {node} lost {on:?} for good");
             }
         }
+        assert!(removed > 0 && slowed > 0, "harsh storms lose NICs ({removed}) and slow them ({slowed})");
         let d = StormShape::default();
         assert_eq!(storm_scenario(7, 3, d), storm_scenario(7, 3, d), "seeded");
     }
@@ -1026,11 +1037,13 @@ struct StormShape {
     ranks_per_node: u32,
     nics: u32,
     nodes: u32,
+    /// `--harsh`: slow-NIC episodes too, and NICs lost for good.
+    harsh: bool,
 }
 
 impl Default for StormShape {
     fn default() -> Self {
-        Self { ranks_per_node: 1, nics: 2, nodes: 4 }
+        Self { ranks_per_node: 1, nics: 2, nodes: 4, harsh: false }
     }
 }
 
@@ -1048,6 +1061,9 @@ impl StormShape {
         if self.nodes != d.nodes {
             f += &format!(" --nodes {}", self.nodes);
         }
+        if self.harsh {
+            f += " --harsh";
+        }
         f
     }
 }
@@ -1058,9 +1074,10 @@ impl StormShape {
 /// has fewer than `nics - 1` NICs under a fault: a flap (down, up), a black hole that heals, or an
 /// egress drop that ends, each 0.2-0.8 s long. Every node keeps a working NIC throughout.
 fn storm_scenario(seed: u64, i: u32, shape: StormShape) -> (String, String) {
-    let StormShape { ranks_per_node, nics, nodes } = shape;
+    let StormShape { ranks_per_node, nics, nodes, .. } = shape;
     let mut rng = chaos_rng(seed, i);
     let mut busy_until = vec![vec![0.0f64; nics as usize]; nodes as usize];
+    let mut lost = vec![0u32; nodes as usize];
     let mut faults: Vec<(f64, String)> = Vec::new();
     let mut at = 1.5;
     while at < 11.5 {
@@ -1069,15 +1086,30 @@ fn storm_scenario(seed: u64, i: u32, shape: StormShape) -> (String, String) {
         if free.len() > 1 {
             let nic = free[rng.below(free.len() as u64) as usize];
             let end = at + 0.2 + rng.below(600) as f64 / 1000.0;
-            let (on, off) = match rng.below(3) {
-                0 => ("down", "up"),
-                1 => ("blackhole", "restore"),
-                _ => ("drop", "undrop"),
+            let kind = if shape.harsh { rng.below(5) } else { rng.below(3) };
+            // A harsh storm loses at most `nics - 2` NICs of a node for good (hot-unplugged), so
+            // that transient faults still come and go on two.
+            let may_lose = lost[node] + 2 < nics;
+            let (on, off) = match kind {
+                0 => ("down", Some("up")),
+                1 => ("blackhole", Some("restore")),
+                2 => ("drop", Some("undrop")),
+                3 => ("rate=100mbit", Some("rate=1gbit")),
+                _ if may_lose => ("remove", None),
+                _ => ("down", Some("up")),
             };
             faults.push((at, format!("{at:.2} {node} {nic} {on}")));
-            faults.push((end, format!("{end:.2} {node} {nic} {off}")));
-            // A short gap after the episode: the next one on this NIC starts on a healed NIC.
-            busy_until[node][nic] = end + 0.05;
+            match off {
+                Some(off) => {
+                    faults.push((end, format!("{end:.2} {node} {nic} {off}")));
+                    // A short gap after the episode: the next one on this NIC starts on a healed NIC.
+                    busy_until[node][nic] = end + 0.05;
+                }
+                None => {
+                    lost[node] += 1;
+                    busy_until[node][nic] = f64::INFINITY;
+                }
+            }
         }
         at += 0.25 + rng.below(350) as f64 / 1000.0;
     }
