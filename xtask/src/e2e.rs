@@ -921,6 +921,15 @@ mod tests {
             let sc = parse(&name, &text).expect("a storm parses");
             assert_eq!((sc.spec.nodes, sc.spec.nics, sc.ranks_per_node), (nodes, nics, rpn));
             removed += sc.faults.iter().filter(|f| f.fault == Fault::Remove).count();
+            // NICs lost for good never leave two nodes without a rail in common.
+            let kept =
+                |n: u32, r: u32| !sc.faults.iter().any(|f| f.fault == Fault::Remove && f.node == n && f.nic == r);
+            for (a, b) in (0..nodes).flat_map(|a| (a + 1..nodes).map(move |b| (a, b))) {
+                assert!(
+                    (0..nics).any(|r| kept(a, r) && kept(b, r)),
+                    "{name}: nodes {a} and {b} share no rail for good"
+                );
+            }
             slowed += sc.faults.iter().filter(|f| matches!(&f.fault, Fault::Rate(r) if r == "100mbit")).count();
             assert!(sc.faults.len() >= 20, "{name}: {} faults", sc.faults.len());
             for node in 0..nodes {
@@ -1078,6 +1087,7 @@ fn storm_scenario(seed: u64, i: u32, shape: StormShape) -> (String, String) {
     let mut rng = chaos_rng(seed, i);
     let mut busy_until = vec![vec![0.0f64; nics as usize]; nodes as usize];
     let mut lost = vec![0u32; nodes as usize];
+    let mut gone = vec![vec![false; nics as usize]; nodes as usize];
     let mut faults: Vec<(f64, String)> = Vec::new();
     let mut at = 1.5;
     while at < 11.5 {
@@ -1088,8 +1098,12 @@ fn storm_scenario(seed: u64, i: u32, shape: StormShape) -> (String, String) {
             let end = at + 0.2 + rng.below(600) as f64 / 1000.0;
             let kind = if shape.harsh { rng.below(5) } else { rng.below(3) };
             // A harsh storm loses at most `nics - 2` NICs of a node for good (hot-unplugged), so
-            // that transient faults still come and go on two.
-            let may_lose = lost[node] + 2 < nics;
+            // that transient faults still come and go on two, and never one that would leave two
+            // nodes without a rail in common for good: on a rail-only fabric nothing could carry
+            // their transfers then (no relay through a third node: a bounded error, by design).
+            let keeps = |m: usize, r: usize| !(gone[m][r] || (m == node && r == nic));
+            let may_lose = lost[node] + 2 < nics
+                && (0..nodes as usize).all(|m| m == node || (0..nics as usize).any(|r| keeps(node, r) && keeps(m, r)));
             let (on, off) = match kind {
                 0 => ("down", Some("up")),
                 1 => ("blackhole", Some("restore")),
@@ -1107,6 +1121,7 @@ fn storm_scenario(seed: u64, i: u32, shape: StormShape) -> (String, String) {
                 }
                 None => {
                     lost[node] += 1;
+                    gone[node][nic] = true;
                     busy_until[node][nic] = f64::INFINITY;
                 }
             }
