@@ -130,3 +130,21 @@ fn heuristic_versus_exact_on_random_instances() {
     assert!(worst_ratio >= 0.5, "worst bottleneck ratio {worst_ratio}");
     assert!(f64::from(worse_b) <= 0.10 * f64::from(trials), "heuristic bottleneck worse in {worse_b} of {trials}");
 }
+
+/// Two nodes of four keep disjoint rails on a rail-only fabric (node 1 rail 1, node 3 rail 0),
+/// and a ring order keeps them apart: every AllReduce still plans, small and large.
+#[test]
+fn disjoint_nodes_with_a_ring_around_them_still_plan_every_allreduce() {
+    let topo = Topology::uniform(4, 2, 100_000).unwrap().with_spine_permille(0).unwrap();
+    let v = view_with(4, 2, &[(1, 0), (3, 1)]);
+    for bytes in [4u64, 4096, 1 << 20, 64 << 20] {
+        let p =
+            r2ccl_policy::plan(&topo, &v, r2ccl_algo::Collective::AllReduce { op: r2ccl_core::ReduceOp::Sum }, bytes);
+        let p = p.unwrap_or_else(|e| panic!("{bytes} bytes: {e}"));
+        assert_ne!(
+            p.chosen,
+            r2ccl_policy::Strategy::RecursiveDoubling,
+            "{bytes} bytes: recursive doubling pairs 1 with 3"
+        );
+    }
+}
