@@ -481,7 +481,8 @@ struct JobOut {
     rank0_out: String,
     /// Faults as applied: (seconds after t0, text).
     applied: Vec<(f64, String)>,
-    /// When each fault was applied, Unix seconds (to compare with the ranks' log timestamps).
+    /// When each fault was applied (the clock just before its command), Unix seconds, to compare with
+    /// the ranks' log timestamps.
     applied_unix: Vec<f64>,
     /// Every rank's stderr (its log).
     errs: Vec<String>,
@@ -544,10 +545,14 @@ fn run_job(ctx: &Ctx, spec: &Spec, job: &Job, logs: &Path) -> Result<JobOut> {
             continue;
         }
         std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        // The wall clock just before the fault's command: the command takes milliseconds and a
+        // NIC going down is acted on in under one, so a time taken after it let failovers look
+        // earlier than their fault (and left them out of the pause part's figures).
+        let before = unix_now_f64();
         match testbed::fault(spec, step.node, step.nic, &step.fault) {
             Ok(()) => {
                 applied.push((t0.elapsed().as_secs_f64(), text));
-                applied_unix.push(unix_now_f64());
+                applied_unix.push(before);
             }
             Err(e) => problems.push(format!("fault `{text}`: {e:#}")),
         }
@@ -1514,7 +1519,7 @@ fn part_pause(ctx: &Ctx) -> Result<PartResult> {
     }
     drop(bed);
     res.md = format!(
-        "AllReduce {size} timeline runs of {dur} s, {} per kind; the fault hits node {FAULT_NODE} NIC {FAULT_NIC} {t_f} s in (flap: down, up 0.3 s later; blackhole: its switch port stops forwarding, carrier up; drop: the node's egress drops everything). **pause** = what the ranks print for each migration away from {faulted} (`failover ... pause X ms`: from the lane stopping to its replay on the new path; every rank's log, one per migration). **fault to resumed** = from the harness applying the fault to a rank's first such migration being done (wall clocks of one host; includes detection), one per rank that migrated. `other failovers`: migrations off other paths, or before the fault.\n\n{table}",
+        "AllReduce {size} timeline runs of {dur} s, {} per kind; the fault hits node {FAULT_NODE} NIC {FAULT_NIC} {t_f} s in (flap: down, up 0.3 s later; blackhole: its switch port stops forwarding, carrier up; drop: the node's egress drops everything). **pause** = what the ranks print for each migration away from {faulted} (`failover ... pause X ms`: from the lane stopping to its replay on the new path; every rank's log, one per migration). **fault to resumed** = from the harness applying the fault (its clock just before the command) to a rank's first such migration being done (wall clocks of one host; includes detection), one per rank that migrated. `other failovers`: migrations off other paths, or before the fault.\n\n{table}",
         ctx.reps
     );
     res.plot(ctx, "pause.png", |p| {
