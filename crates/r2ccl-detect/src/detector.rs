@@ -27,6 +27,9 @@ pub enum ProbeResult {
     Answered,
     /// The local NIC failed the probe at once.
     LocalError,
+    /// The layer below saw the probe's bytes go unacknowledged for the stall time (the
+    /// kernel's TCP state of the path): the timeout, known before the probe's deadline.
+    Unacknowledged,
 }
 
 /// Why the detector refused an input.
@@ -442,6 +445,7 @@ impl Detector {
         let obs = match result {
             ProbeResult::Answered => Observation::Ok,
             ProbeResult::LocalError => Observation::LocalError,
+            ProbeResult::Unacknowledged => Observation::Timeout,
         };
         self.probe_done(now, probe, obs)
     }

@@ -325,8 +325,8 @@ pub struct Engine {
 /// What a transport probe posted for the detector answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum DetectProbe {
-    /// A probe the detector started (localization, re-probe, or one a peer asked for).
-    Probe(ProbeId),
+    /// A probe the detector started (localization, re-probe, or one a peer asked for), on its path.
+    Probe(ProbeId, PathId),
     /// A heartbeat over an idle path.
     Heartbeat(r2ccl_detect::PathId),
 }
@@ -1116,9 +1116,10 @@ impl Engine {
                 Err(_) => self.declare_stalled(now, t, p),
             }
         }
-        // While a suspect's probe is out, the kernel's evidence is read every EVIDENCE_INTERVAL: a
-        // black hole is then declared as soon as its silence shows, not at the probe's timeout.
-        if !self.suspects.is_empty() && now >= self.evidence_at {
+        // While a suspect's probe or a localization probe is out, the kernel's evidence is read
+        // every EVIDENCE_INTERVAL: a black hole is then declared (or the localization probe
+        // counted as unanswered) as soon as its silence shows, not at the probe's timeout.
+        if self.evidence_due(now) {
             self.evidence_at = now + EVIDENCE_INTERVAL;
             let suspects: Vec<PathId> = self.suspects.keys().copied().collect();
             for p in suspects {
@@ -1126,6 +1127,23 @@ impl Engine {
                     self.suspects.remove(&p);
                     self.abandoned_probes.insert(p);
                     self.declare_silent(now, t, p);
+                }
+            }
+            let quiet = self.cfg.stall_timeout;
+            let probes: Vec<(RequestId, ProbeId, PathId)> = self
+                .detect_reqs
+                .iter()
+                .filter_map(|(&r, &(w, at))| match w {
+                    DetectProbe::Probe(probe, path) if now >= at + quiet => Some((r, probe, path)),
+                    _ => None,
+                })
+                .collect();
+            for (req, probe, path) in probes {
+                if t.path_evidence(now, path, quiet) == PathEvidence::Silent {
+                    tracing::debug!(target: subsys::DETECT, rank = %self.rank, %path, "probe unacknowledged by the peer's kernel: counted as unanswered");
+                    self.detect_reqs.remove(&req);
+                    let _ = t.cancel(now, req);
+                    self.detector.handle_probe_result(now, probe, ProbeResult::Unacknowledged)?;
                 }
             }
         }
@@ -1255,9 +1273,10 @@ impl Engine {
                 }
                 DetectCommand::StartProbe { probe, from, to } => {
                     let Some(peer) = self.rank_on(to.node) else { continue };
-                    match self.session.probe(now, t, PathId { local: from, peer, remote: to }) {
+                    let path = PathId { local: from, peer, remote: to };
+                    match self.session.probe(now, t, path) {
                         Ok(req) => {
-                            self.detect_reqs.insert(req, (DetectProbe::Probe(probe), now));
+                            self.detect_reqs.insert(req, (DetectProbe::Probe(probe, path), now));
                         }
                         Err(_) if self.session.is_nic_down(from) => {
                             self.detector.handle_probe_result(now, probe, ProbeResult::LocalError)?;
@@ -1431,6 +1450,24 @@ impl Engine {
         reachable(self.session.topology(), &self.down_nics, self.cfg.rail_only, a, b)
     }
 
+    /// Whether the kernel's evidence is to be read now: a suspect's probe or a localization
+    /// probe older than the stall time is out, and EVIDENCE_INTERVAL has passed.
+    fn evidence_due(&self, now: Duration) -> bool {
+        now >= self.evidence_at && self.evidence_deadline().is_some_and(|d| now >= d)
+    }
+
+    /// When the kernel's evidence is next worth reading (see [`Engine::evidence_due`]).
+    fn evidence_deadline(&self) -> Option<Duration> {
+        let quiet = self.cfg.stall_timeout;
+        let probe = self
+            .detect_reqs
+            .values()
+            .filter_map(|&(w, at)| matches!(w, DetectProbe::Probe(..)).then_some(at + quiet))
+            .min();
+        let suspect = (!self.suspects.is_empty()).then_some(Duration::ZERO);
+        [probe, suspect].into_iter().flatten().min().map(|d| d.max(self.evidence_at))
+    }
+
     fn declare_silent<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T, p: PathId) {
         tracing::warn!(target: subsys::DETECT, rank = %self.rank, path = %p, quiet = ?self.cfg.stall_timeout, "no progress and no TCP acknowledgement of the bytes in flight: path declared failed");
         self.silent_declared += 1;
@@ -1467,7 +1504,7 @@ impl Engine {
             })
             .min();
         let probe = self.probes.values().chain(self.suspects.values()).copied().min();
-        let evidence = (!self.suspects.is_empty()).then_some(self.evidence_at);
+        let evidence = self.evidence_deadline();
         let retry = self.migrations.values().map(|m| m.sent_at + self.cfg.migrate_retry).min();
         // Just past the no-path deadline of the longest-waiting lane or send.
         let give_up = self
@@ -1546,16 +1583,16 @@ impl Engine {
                 SessionEvent::ProbeDone { path, ok, req } if self.detect_reqs.contains_key(&req) => {
                     let Some((what, _)) = self.detect_reqs.remove(&req) else { continue };
                     let fed = match what {
-                        DetectProbe::Probe(probe) if ok => {
+                        DetectProbe::Probe(probe, _) if ok => {
                             self.detector.handle_probe_result(now, probe, ProbeResult::Answered)
                         }
                         // Only a dead local NIC is a local error; anything else is left to the
                         // detector's probe timeout.
-                        DetectProbe::Probe(probe) if self.session.is_nic_down(path.local) => {
+                        DetectProbe::Probe(probe, _) if self.session.is_nic_down(path.local) => {
                             self.detector.handle_probe_result(now, probe, ProbeResult::LocalError)
                         }
                         DetectProbe::Heartbeat(p) if ok => self.detector.handle_heartbeat(now, p),
-                        DetectProbe::Probe(_) | DetectProbe::Heartbeat(_) => Ok(()),
+                        DetectProbe::Probe(..) | DetectProbe::Heartbeat(_) => Ok(()),
                     };
                     if let Err(e) = fed {
                         tracing::debug!(target: subsys::DETECT, rank = %self.rank, %path, %e, "probe result not fed to the detector");
