@@ -50,7 +50,13 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         cmd("cargo", &["xtask", "e2e", "--chaos", "2", "--storm", "--seed", "2026"])?;
         // And one of small collectives (4 KiB AllGather: thousands of plans and agreements under
         // faults) on 4 x 3 NICs with two of a node's NICs faulted at once at times.
-        cmd("cargo", &["xtask", "e2e", "--chaos", "1", "--first", "11", "--storm", "--nics", "3", "--seed", "2026"])
+        cmd("cargo", &["xtask", "e2e", "--chaos", "1", "--first", "11", "--storm", "--nics", "3", "--seed", "2026"])?;
+        // And a harsh one: 8 MiB ReduceScatter on 4 x 3 NICs with a NIC hot-unplugged for good
+        // at 3.3 s, slow-NIC episodes, black holes and egress drops around it.
+        cmd(
+            "cargo",
+            &["xtask", "e2e", "--chaos", "1", "--first", "2", "--storm", "--harsh", "--nics", "3", "--seed", "2026"],
+        )
     })?;
     step("cargo deny", || cmd("cargo", &["deny", "check", "licenses", "bans", "sources"]))?;
     println!("\nci: all checks passed in {:.0} s", t.elapsed().as_secs_f64());
