@@ -52,8 +52,12 @@ pub(crate) fn judge(samples: &[TcpSample], quiet: Duration) -> TcpVerdict {
     }
 }
 
-/// Samples of this process's established TCP connections from `local` to `remote` (any ports).
-pub(crate) fn samples(local: IpAddr, remote: IpAddr) -> Vec<TcpSample> {
+/// One established TCP connection of this process: (local address, remote address, sample).
+pub(crate) type Connection = (IpAddr, IpAddr, TcpSample);
+
+/// Every established TCP connection of this process, with its sample: one pass over its file
+/// descriptors, which [`of_path`] then filters (several paths judged at one instant share it).
+pub(crate) fn snapshot() -> Vec<Connection> {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
     let mut out = Vec::new();
     for entry in dir.flatten() {
@@ -62,14 +66,17 @@ pub(crate) fn samples(local: IpAddr, remote: IpAddr) -> Vec<TcpSample> {
         if !is_socket {
             continue;
         }
-        if sock_ip(fd, false) != Some(local) || sock_ip(fd, true) != Some(remote) {
-            continue;
-        }
+        let (Some(local), Some(remote)) = (sock_ip(fd, false), sock_ip(fd, true)) else { continue };
         if let Some(s) = tcp_sample(fd) {
-            out.push(s);
+            out.push((local, remote, s));
         }
     }
     out
+}
+
+/// The samples of the connections in `all` from `local` to `remote` (any ports).
+pub(crate) fn of_path(all: &[Connection], local: IpAddr, remote: IpAddr) -> Vec<TcpSample> {
+    all.iter().filter(|c| c.0 == local && c.1 == remote).map(|c| c.2).collect()
 }
 
 /// The local (`peer == false`) or remote address of socket `fd`, for IPv4 and IPv6 sockets.
@@ -183,11 +190,12 @@ mod tests {
         let mut buf = [0u8; 4096];
         b.read_exact(&mut buf).unwrap();
         let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        let found = samples(lo, lo);
+        let all = snapshot();
+        let found = of_path(&all, lo, lo);
         // Both ends (and any other loopback connection of the test binary) are 127.0.0.1 to 127.0.0.1.
         assert!(found.len() >= 2, "{found:?}");
         assert!(found.iter().any(|s| s.since_ack < Duration::from_secs(1)), "{found:?}");
         assert_ne!(judge(&found, Duration::from_secs(1)), TcpVerdict::Silent);
-        assert!(samples(lo, IpAddr::V4(Ipv4Addr::new(198, 18, 255, 254))).is_empty());
+        assert!(of_path(&all, lo, IpAddr::V4(Ipv4Addr::new(198, 18, 255, 254))).is_empty());
     }
 }

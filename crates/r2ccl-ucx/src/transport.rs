@@ -332,6 +332,9 @@ pub struct UcxTransport {
     peers: BTreeMap<Rank, Peer>,
     /// Peers that left the communicator: their endpoints are closed and never reconnected.
     forgotten: std::collections::BTreeSet<Rank>,
+    /// The kernel's TCP state of this process's connections, and the instant it was read at
+    /// ([`Transport::path_evidence`]).
+    tcp_snapshot: Option<(Duration, Vec<crate::tcpinfo::Connection>)>,
     /// `(rail, peer)` pairs whose same-rail path went down: the data connection may have spent the
     /// outage in retransmission backoff (the next retry up to seconds after the link is back), so
     /// the first data send after the path comes back replaces the data endpoint with a fresh one.
@@ -447,6 +450,7 @@ impl UcxTransport {
             node: cfg.node,
             peers: BTreeMap::new(),
             forgotten: std::collections::BTreeSet::new(),
+            tcp_snapshot: None,
             stale: std::collections::BTreeSet::new(),
             events: VecDeque::new(),
             next_req: 1,
@@ -1393,7 +1397,7 @@ impl Transport for UcxTransport {
         self.post(path, Kind::Probe, Held::Probe)
     }
 
-    fn path_evidence(&mut self, _now: Duration, path: PathId, quiet: Duration) -> PathEvidence {
+    fn path_evidence(&mut self, now: Duration, path: PathId, quiet: Duration) -> PathEvidence {
         // Same-rail TCP paths only: the connections run from this NIC's IP to the peer's listener IP.
         if path.local.node != self.node || path.local.rail != path.remote.rail {
             return PathEvidence::Unknown;
@@ -1402,7 +1406,13 @@ impl Transport for UcxTransport {
         let local = self.nics.get(rail).and_then(|n| n.ip);
         let remote = self.peer_address(rail, path.peer).and_then(|a| a.socket_addr().ok()).map(|a| a.ip());
         let (Some(local), Some(remote)) = (local, remote) else { return PathEvidence::Unknown };
-        let samples = crate::tcpinfo::samples(local, remote);
+        // One pass over the process's sockets serves every path judged at the same instant.
+        let fresh = self.tcp_snapshot.as_ref().is_some_and(|(at, _)| *at == now);
+        if !fresh {
+            self.tcp_snapshot = Some((now, crate::tcpinfo::snapshot()));
+        }
+        let all = self.tcp_snapshot.as_ref().map_or(&[][..], |(_, all)| all.as_slice());
+        let samples = crate::tcpinfo::of_path(all, local, remote);
         let verdict = crate::tcpinfo::judge(&samples, quiet);
         tracing::debug!(target: NET, %path, %local, %remote, connections = samples.len(), ?verdict, "kernel TCP evidence");
         match verdict {
