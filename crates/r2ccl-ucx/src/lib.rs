@@ -18,7 +18,9 @@
 //!   exchange through the bootstrap ([`UcxTransport::local_address_blob`], [`UcxTransport::connect_peers`]),
 //!   node-wide registration, sends/receives/probes as UCX tagged requests, probe-and-reply answered by the
 //!   peer's progress, endpoint errors as `PathError`, netlink link state as `LinkState` (a local NIC going
-//!   down fails its requests at once with `LocalNicDown`), and `R2CCL_FAULT` software fault injection.
+//!   down fails its requests at once with `LocalNicDown`), the kernel's TCP evidence on a path
+//!   (`Transport::path_evidence`: `TCP_INFO` of this process's sockets between the two NICs' IPs), and
+//!   `R2CCL_FAULT` software fault injection.
 //! - [`LinkMonitor`]: a non-blocking `NETLINK_ROUTE` socket for link-state changes.
 //!
 //! # `R2CCL_FAULT`
