@@ -43,7 +43,8 @@ use std::time::Duration;
 const FRAME_CTRL: u8 = 0xC0;
 /// First byte of an r2ccl-detect protocol frame on the same channel.
 const FRAME_DETECT: u8 = 0xD0;
-/// How often a suspect path's kernel evidence is read while its probe is out.
+/// How often the kernel's evidence on a path is read while a probe on it is out (an engine
+/// suspect's, or a detector probe older than the stall time).
 const EVIDENCE_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Engine tunables.
@@ -293,7 +294,8 @@ pub struct Engine {
     moved_sends: u64,
     /// Stalled paths being probed, with the time the probe must have answered by.
     suspects: BTreeMap<PathId, Duration>,
-    /// When the suspects' kernel evidence ([`Transport::path_evidence`]) is read next.
+    /// When the kernel's evidence ([`Transport::path_evidence`]) on suspects and on the detector's
+    /// outstanding probes is read next.
     evidence_at: Duration,
     /// Paths declared failed on the kernel's evidence.
     silent_declared: u64,
