@@ -127,8 +127,20 @@ fn helper_levels(
     Ok(())
 }
 
-/// Ring admission window of the four-stage schedule, in chunks (see [`spread`]).
-const RING_WINDOW: u64 = 4;
+/// Ring admission window of the four-stage schedule, in chunks of `k` (see [`spread`]):
+/// a sixteenth of the collective, at least 4 chunks.
+///
+/// Four chunks keep the members' ring and the scatter-in in step in r2ccl-algo's port
+/// model, where a ring that runs ahead only delays the joiners' gather-back (16 chunks of
+/// 64 took 1.18 x the bound there instead of 1.09). On real TCP paths each stage also
+/// waits behind the bytes queued in socket buffers and shapers; with 256 or 512 chunks a
+/// window of 4 is a few milliseconds of data, too little to absorb that, and the ring
+/// stalls: the 4 x 2 testbed with one NIC down took 1.076 x the bound at 64 MiB
+/// (K = 512) with 4, against 1.056-1.063 with 16 to 64 (`cargo xtask bench --part
+/// strategies`, docs/benchmarks.md).
+fn ring_window(k: u64) -> u64 {
+    (k / 16).max(4)
+}
 
 /// One level of the four-stage schedule as this rank sees it.
 struct SpreadLevel {
@@ -168,7 +180,7 @@ impl SpreadLevel {
 /// chunk, level by level, so every rank's program order is the same interleaving), and
 /// dependencies keep the stages at the pace the water-filled plan gives them:
 /// - ring admission: a member starts the reduce-scatter of chunk `c` only once its own
-///   reduce-scatter of chunk `c - RING_WINDOW` is complete (that chunk's scatter-in
+///   reduce-scatter of chunk `c - w` is complete (`w` of [`ring_window`]) (that chunk's scatter-in
 ///   included). Reduced chunks, and with them gather-back, flow from the start instead of
 ///   after the whole reduce-scatter, and a ring runs no more than the window ahead of the
 ///   scatter-in it needs;
@@ -242,7 +254,7 @@ fn spread(cx: &mut Cx<'_>, leaders: &[Rank], me: Option<usize>, levels: &[Level]
                 let mut done = None;
                 for t in 0..s - 1 {
                     let tag = Tag::new(v.ph[1], t as u32, chunk);
-                    let admit: Vec<u32> = match c.checked_sub(RING_WINDOW) {
+                    let admit: Vec<u32> = match c.checked_sub(ring_window(k)) {
                         Some(w) if t == 0 => rs_done[l].get(w as usize).copied().flatten().into_iter().collect(),
                         _ => Vec::new(),
                     };
