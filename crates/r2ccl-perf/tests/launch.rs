@@ -148,6 +148,40 @@ fn nic_failure_mid_run_is_repaired_and_exact() {
     assert!(t.contains("NIC node1/nic0 down"), "the failure is detected and reported to rank 0: {t}");
 }
 
+/// The timeline mode on registered buffers (`-R 1 -N 0`, what the testbed's strategies bench
+/// runs): exact across a NIC failure. The check reads the registered output, zeroed before every
+/// collective, so a run that left it unwritten would count wrong values.
+#[test]
+fn timeline_on_registered_buffers_is_exact_across_a_nic_failure() {
+    let (o, _) = perf(
+        &[
+            "launch",
+            "-n",
+            "3",
+            "--nics",
+            "2",
+            "--fail",
+            "rank=1,nic=0,after_bytes=8M,kind=down",
+            "all_reduce",
+            "-b",
+            "2M",
+            "-e",
+            "2M",
+            "-R",
+            "1",
+            "-N",
+            "0",
+            "--duration",
+            "3",
+        ],
+        &[],
+    );
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("# Out of bounds values : 0 OK"), "{t}");
+    assert!(t.contains("NIC node1/nic0 down"), "the failure is detected and reported to rank 0: {t}");
+}
+
 #[test]
 fn bad_arguments_are_one_line_errors() {
     let (o, _) = perf(&["all_reduce", "-x", "1"], &[]);

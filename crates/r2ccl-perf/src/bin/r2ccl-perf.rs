@@ -370,7 +370,7 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                             match reg {
                                 Some(r) => {
                                     r.output[..out_init.len()].copy_from_slice(&out_init);
-                                    r.run(&comm, &c, dtype)
+                                    r.run(&comm, &c, dtype).map(drop)
                                 }
                                 None => {
                                     last.copy_from_slice(&out_init);
@@ -391,7 +391,9 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                             drill(&extra, rank, &mut calls);
                             let t = Instant::now();
                             match &mut reg {
-                                Some(r) => r.run(&comm, &c, dtype)?,
+                                Some(r) => {
+                                    r.run(&comm, &c, dtype)?;
+                                }
                                 None => run_once(&comm, &c, dtype, in_place, &mut last)?,
                             }
                             spent += t.elapsed();
@@ -465,12 +467,11 @@ impl<'c> Registered<'c> {
         Ok(Self { input, output })
     }
 
-    fn run(&mut self, comm: &Communicator, c: &Case, dtype: DType) -> Result<()> {
-        match &self.input {
+    fn run(&mut self, comm: &Communicator, c: &Case, dtype: DType) -> Result<r2ccl::comm::CollReport> {
+        Ok(match &self.input {
             Some(input) => comm.run_registered(c.coll, dtype, c.count, input, &mut self.output)?,
             None => comm.run_registered_in_place(c.coll, dtype, c.count, &mut self.output)?,
-        };
-        Ok(())
+        })
     }
 }
 
@@ -549,7 +550,10 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
     let mut out = vec![0u8; c.out_len];
     let mut stop = false;
     // Prepared outside the timed span: the input's copy that the communicator takes over.
-    let mut input = if c.ring_p2p { Vec::new() } else { c.input.clone() };
+    let mut input = if c.ring_p2p || args.registered { Vec::new() } else { c.input.clone() };
+    // -R 1: buffers registered with the communicator, read and written in place (out of place
+    // here), so the timed span holds no copy into or out of the library's workspace.
+    let mut reg = if args.registered && !c.ring_p2p { Some(Registered::new(comm, &c, false, &out)?) } else { None };
     while !stop {
         // Rank 0 decides when to stop; everyone follows. The flag travels in a 4-byte AllReduce
         // (max), which no rank leaves before every rank has entered it: it doubles as the barrier
@@ -560,10 +564,15 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
         comm.run(Collective::AllReduce { op: ReduceOp::Max }, DType::U32, 1, &stop_flag.to_le_bytes(), &mut flag)?;
         stop = u32::from_le_bytes(flag) == 1;
         // A stale result must not pass the check.
-        out.fill(0);
+        match reg.as_mut() {
+            Some(r) => r.output.fill(0),
+            None => out.fill(0),
+        }
         let t = Instant::now();
         let rep = if c.ring_p2p {
             ring_sendrecv(comm, dtype, &c.input, &mut out)?
+        } else if let Some(r) = reg.as_mut() {
+            r.run(comm, &c, dtype)?
         } else {
             let (o, rep) = comm
                 .start(c.coll, dtype, c.count, std::mem::take(&mut input), std::mem::take(&mut out), timeout)?
@@ -572,19 +581,23 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
             rep
         };
         let secs = t.elapsed().as_secs_f64();
-        if !c.ring_p2p {
+        if !c.ring_p2p && reg.is_none() {
             input.clone_from(&c.input);
         }
-        let bad = wrong(dtype, &out, &c.expected);
+        let got: &[u8] = match reg.as_ref() {
+            Some(r) => &r.output[..c.out_len],
+            None => &out,
+        };
+        let bad = wrong(dtype, got, &c.expected);
         if bad > 0 {
             // Which collective and where: the first step to finding what wrote over it.
-            let first = first_wrong(dtype, &out, &c.expected).unwrap_or(0);
+            let first = first_wrong(dtype, got, &c.expected).unwrap_or(0);
             eprintln!(
                 "r2ccl-perf: rank {rank}: collective #{} ({:?}) has {bad} wrong values, the first at byte offset {first} (strategy {}): {}",
                 rep.seq,
                 coll,
                 rep.strategy,
-                diagnose_wrong(&c, args, world, &out)
+                diagnose_wrong(&c, args, world, got)
             );
         }
         wrong_total += bad;
