@@ -58,7 +58,7 @@ const FAULT_NODE: u32 = 1;
 /// See [`FAULT_NODE`].
 const FAULT_NIC: u32 = 0;
 /// The per-message latency the communicator's planner assumes, us (`LOOPBACK_ALPHA_S`).
-const LIBRARY_ALPHA_US: &str = "20";
+pub(crate) const LIBRARY_ALPHA_US: &str = "20";
 /// The r2ccl curve of the `loopback` part that its ratios and targets use.
 const LOOPBACK_TARGET_CURVE: &str = "r2ccl -R 1 in place";
 /// The forced strategies of the `strategies` part (`auto` = the library's own choice).
@@ -211,6 +211,12 @@ impl Opts {
         }
         Ok(o)
     }
+}
+
+/// The most TCP payload one shaped NIC carries at tc rate `rate`, in Gb/s (what the planner is
+/// told: see the top of this file).
+pub(crate) fn payload_line_gbps(rate: &str) -> Result<f64> {
+    Ok(rate_bps(rate)? * PAYLOAD_EFFICIENCY / 1e9)
 }
 
 /// A tc rate (`1gbit`, `500mbit`, `100000kbit`, `64000bit`) in bits per second.
@@ -1224,7 +1230,7 @@ fn part_faultfree(ctx: &Ctx) -> Result<PartResult> {
 }
 
 /// A size such as `256K` in bytes (the forms this file passes to r2ccl-perf).
-fn testbed_size(s: &str) -> u64 {
+pub(crate) fn testbed_size(s: &str) -> u64 {
     let (num, mult) = match s.chars().last() {
         Some('K') => (&s[..s.len() - 1], 1u64 << 10),
         Some('M') => (&s[..s.len() - 1], 1 << 20),

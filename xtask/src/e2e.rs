@@ -25,6 +25,17 @@
 //!                                #   no fault touches) contains this text
 //! expect_recovery = 0.8          # success only: the bus bandwidth after the last failover is at
 //!                                #   least this fraction of the one before the first (fail-back)
+//! failovers = "1.."              # success only: lane migrations off failed paths over every rank
+//!                                #   (each rank's `# rank R migrations:` line): "N", "MIN.." or
+//!                                #   "MIN..MAX"; a NIC that goes down between two collectives is
+//!                                #   planned around without one, a silent fault never is
+//! failed_nics = ["node1/nic0"]   # success only: the failed NICs of the health view rank 0 last
+//!                                #   agreed (its last `health epochN: failed NICs [...]` event;
+//!                                #   none if it printed none), exactly: the verdicts' outcome
+//! degraded = 0.7                 # success only, an AllReduce timeline with `failed_nics`: the bus
+//!                                #   bandwidth after the last failover over the one before the
+//!                                #   first is at least this fraction of what the policy predicts
+//!                                #   for those failed NICs (`r2ccl-plan`: t_nf / its choice's time)
 //! env = ["R2CCL_BOOTSTRAP__PEER_TIMEOUT_MS=2000"]   # optional: extra environment of every rank
 //! ranks_per_node = 2             # optional (1 to 8, default 1): rank r runs on node r / 2
 //! launcher = "mpirun"            # optional: start the ranks with OpenMPI's `mpirun -np NODES`
@@ -97,6 +108,12 @@ struct Scenario {
     expect_error: Option<String>,
     /// Bus bandwidth after the last failover, as a fraction of the one before the first, at least.
     expect_recovery: Option<f64>,
+    /// Failovers over every rank, within these bounds.
+    failovers: Option<CountRange>,
+    /// The failed NICs of rank 0's last agreed health view, exactly (sorted).
+    failed_nics: Option<Vec<String>>,
+    /// After / before bus bandwidth at least this fraction of the policy's predicted t_nf / t.
+    degraded: Option<f64>,
     faults: Vec<Step>,
     /// Extra `KEY=VALUE` environment of every rank (e.g. a shorter peer timeout).
     env: Vec<(String, String)>,
@@ -201,6 +218,9 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
         expect: Expect::Success,
         expect_error: None,
         expect_recovery: None,
+        failovers: None,
+        failed_nics: None,
+        degraded: None,
         env: Vec::new(),
         launcher: Launcher::Direct,
         faults: Vec::new(),
@@ -257,6 +277,32 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
                     _ => bail!("{}: `expect_recovery` must be a bare number in (0, 1]", at()),
                 }
             }
+            "failovers" => {
+                let v = string(value)?;
+                sc.failovers = Some(CountRange::parse(&v).with_context(|| {
+                    format!("{}: `failovers` must be \"N\", \"MIN..\" or \"MIN..MAX\", got `{v}`", at())
+                })?);
+            }
+            "failed_nics" => {
+                let Value::List(mut items) = value else {
+                    bail!("{}: failed_nics must be an array of \"nodeN/nicR\" strings", at())
+                };
+                if let Some(bad) = items.iter().find(|i| nic_name(i).is_none()) {
+                    bail!("{}: failed_nics: `{bad}` is not a NIC name such as \"node1/nic0\"", at());
+                }
+                items.sort();
+                sc.failed_nics = Some(items);
+            }
+            "degraded" => {
+                let f = match &value {
+                    Value::Bare(b) => b.parse::<f64>().ok(),
+                    _ => None,
+                };
+                match f {
+                    Some(f) if f > 0.0 && f <= 1.0 => sc.degraded = Some(f),
+                    _ => bail!("{}: `degraded` must be a bare number in (0, 1]", at()),
+                }
+            }
             "launcher" => {
                 sc.launcher = match string(value)?.as_str() {
                     "direct" => Launcher::Direct,
@@ -296,7 +342,141 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
     if sc.expect_error.is_some() && sc.expect == Expect::Success {
         bail!("{name}.toml: expect_error only goes with expect = \"failure\"");
     }
+    if sc.expect == Expect::Failure
+        && (sc.failovers.is_some() || sc.failed_nics.is_some() || sc.degraded.is_some() || sc.expect_recovery.is_some())
+    {
+        bail!("{name}.toml: expect_recovery, failovers, failed_nics and degraded only go with expect = \"success\"");
+    }
+    if let Some(nics) = &sc.failed_nics {
+        if let Some(bad) =
+            nics.iter().find(|n| nic_name(n).is_none_or(|(node, nic)| node >= sc.spec.nodes || nic >= sc.spec.nics))
+        {
+            bail!("{name}.toml: failed_nics names `{bad}`, outside {} x {}", sc.spec.nodes, sc.spec.nics);
+        }
+    }
+    if sc.degraded.is_some() {
+        if sc.failed_nics.as_ref().is_none_or(Vec::is_empty) {
+            bail!("{name}.toml: degraded needs a non-empty failed_nics (the NICs the prediction plans around)");
+        }
+        if sc.args.first().map(String::as_str) != Some("all_reduce") || !sc.args.windows(2).any(|w| w == ["-N", "0"]) {
+            bail!("{name}.toml: degraded needs an AllReduce timeline (`all_reduce ... -N 0`): the policy predicts AllReduce");
+        }
+        if largest_size(&sc.args).is_none() {
+            bail!("{name}.toml: degraded needs the size in args (`-e SIZE`)");
+        }
+    }
     Ok(sc)
+}
+
+/// Inclusive bounds on a count: `"N"`, `"MIN.."` or `"MIN..MAX"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CountRange {
+    min: u64,
+    max: Option<u64>,
+}
+
+impl CountRange {
+    fn parse(s: &str) -> Option<Self> {
+        let r = match s.split_once("..") {
+            None => {
+                let n = s.trim().parse().ok()?;
+                Self { min: n, max: Some(n) }
+            }
+            Some((lo, hi)) => Self {
+                min: lo.trim().parse().ok()?,
+                max: if hi.trim().is_empty() { None } else { Some(hi.trim().parse().ok()?) },
+            },
+        };
+        r.max.is_none_or(|m| m >= r.min).then_some(r)
+    }
+
+    fn contains(self, n: u64) -> bool {
+        n >= self.min && self.max.is_none_or(|m| n <= m)
+    }
+}
+
+impl std::fmt::Display for CountRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.max {
+            Some(m) if m == self.min => write!(f, "{m}"),
+            Some(m) => write!(f, "{}..{m}", self.min),
+            None => write!(f, "{}..", self.min),
+        }
+    }
+}
+
+/// `(node, nic)` of a NIC name such as `node1/nic0`.
+fn nic_name(s: &str) -> Option<(u32, u32)> {
+    let (node, nic) = s.split_once('/')?;
+    Some((node.strip_prefix("node")?.parse().ok()?, nic.strip_prefix("nic")?.parse().ok()?))
+}
+
+/// The `-e SIZE` of r2ccl-perf arguments, in bytes.
+fn largest_size(args: &[String]) -> Option<u64> {
+    let i = args.iter().position(|a| a == "-e")?;
+    let v = args.get(i + 1)?;
+    let n = crate::bench::testbed_size(v);
+    (n > 0).then_some(n)
+}
+
+/// What the policy predicts for `sc`'s failed NICs: t_nf over its chosen strategy's time
+/// (`r2ccl-plan --json` at the scenario's payload line rate and the communicator's alpha).
+fn predicted_ratio(sc: &Scenario, plan: &Path) -> Result<f64> {
+    let failed = sc.failed_nics.as_deref().unwrap_or_default();
+    let bytes = largest_size(&sc.args).context("no -e SIZE")?;
+    let gbps = match sc.spec.rate.as_deref() {
+        Some(r) => crate::bench::payload_line_gbps(r)?,
+        None => 100.0,
+    };
+    let mut cmd = Command::new(plan);
+    cmd.args(["--nodes", &sc.spec.nodes.to_string(), "--nics", &sc.spec.nics.to_string()])
+        .args(["--ranks-per-node", &sc.ranks_per_node.to_string()])
+        .args(["--nic-gbps", &format!("{gbps:.6}"), "--alpha-us", crate::bench::LIBRARY_ALPHA_US])
+        .args(["--bytes", &bytes.to_string(), "--json"]);
+    if !failed.is_empty() {
+        let spec: Vec<String> =
+            failed.iter().filter_map(|n| nic_name(n)).map(|(node, nic)| format!("{node}:{nic}")).collect();
+        cmd.args(["--fail", &spec.join(",")]);
+    }
+    let out = cmd.output().context("running r2ccl-plan")?;
+    if !out.status.success() {
+        bail!("r2ccl-plan failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("r2ccl-plan --json output is not JSON")?;
+    let tnf = v["t_nf"].as_f64().context("r2ccl-plan: no t_nf")?;
+    let chosen = v["chosen"].as_str().context("r2ccl-plan: no chosen strategy")?;
+    let t = v["strategies"][chosen].as_f64().context("r2ccl-plan: no time for its choice")?;
+    if !(t > 0.0 && tnf > 0.0) {
+        bail!("r2ccl-plan: times t_nf {tnf}, {chosen} {t}");
+    }
+    Ok(tnf / t)
+}
+
+/// Failovers over every rank: the sum of the `# rank R migrations: failovers F` lines.
+fn failovers_in(outs: &[String]) -> Option<u64> {
+    let mut seen = false;
+    let mut sum = 0;
+    for line in outs.iter().flat_map(|o| o.lines()) {
+        if let Some(rest) = line.strip_prefix("# rank ").and_then(|l| l.split_once(" migrations: failovers ")) {
+            sum += rest.1.split_whitespace().next()?.parse::<u64>().ok()?;
+            seen = true;
+        }
+    }
+    seen.then_some(sum)
+}
+
+/// The failed NICs of rank 0's last `health epochN: failed NICs [...]` event (sorted; empty if
+/// it printed none).
+fn last_failed_nics(rank0_out: &str) -> Vec<String> {
+    let mut last = Vec::new();
+    for line in rank0_out.lines().filter(|l| l.starts_with("#   event")) {
+        if let Some((_, list)) = line.split_once(": failed NICs [") {
+            let list = list.split(']').next().unwrap_or("");
+            last = list.split(',').map(|s| s.trim().trim_matches('"').to_owned()).filter(|s| !s.is_empty()).collect();
+        }
+    }
+    last.sort();
+    last
 }
 
 /// Every scenario in `dir`, sorted by name.
@@ -386,6 +566,8 @@ enum End {
 struct Outcome {
     ends: Vec<End>,
     rank0_out: String,
+    /// Every rank's stdout (rank 0's too).
+    outs: Vec<String>,
     errs: Vec<String>,
     fault_errors: Vec<String>,
     applied: Vec<String>,
@@ -507,7 +689,8 @@ fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome>
             .collect();
     }
     let errs = (0..sc.world()).map(|i| read(&logs.join(format!("rank{i}.err")))).collect();
-    Ok(Outcome { ends, rank0_out: read(&out0), errs, fault_errors, applied })
+    let outs = (0..sc.world()).map(|i| read(&logs.join(format!("rank{i}.out")))).collect();
+    Ok(Outcome { ends, rank0_out: read(&out0), outs, errs, fault_errors, applied })
 }
 
 /// `(before, during, after)` from r2ccl-perf's `# bus bandwidth before the failure B GB/s, during D
@@ -597,7 +780,8 @@ fn print_hang_evidence(name: &str, logs: &Path) {
 }
 
 /// The problems with an outcome (empty: the scenario passed).
-fn judge(sc: &Scenario, o: &Outcome) -> Vec<String> {
+/// `predicted`: the policy's t_nf / t for `sc.failed_nics` (needed by `sc.degraded`).
+fn judge(sc: &Scenario, o: &Outcome, predicted: Option<f64>) -> Vec<String> {
     let mut bad = o.fault_errors.clone();
     let hung: Vec<String> =
         o.ends.iter().enumerate().filter(|(_, e)| matches!(e, End::Hung)).map(|(r, _)| r.to_string()).collect();
@@ -628,6 +812,31 @@ fn judge(sc: &Scenario, o: &Outcome) -> Vec<String> {
                          before the first (no fail-back?)"
                     )),
                     None => bad.push("rank 0 printed no `# bus bandwidth before the failure` line".into()),
+                }
+            }
+            if let Some(want) = sc.failovers {
+                match failovers_in(&o.outs) {
+                    Some(n) if want.contains(n) => {}
+                    Some(n) => bad.push(format!("{n} failovers over every rank, expected {want}")),
+                    None => bad.push("no rank printed its `# rank R migrations:` line".into()),
+                }
+            }
+            if let Some(want) = &sc.failed_nics {
+                let got = last_failed_nics(&o.rank0_out);
+                if &got != want {
+                    bad.push(format!("rank 0's last agreed health view has failed NICs {got:?}, expected {want:?}"));
+                }
+            }
+            if let Some(frac) = sc.degraded {
+                match (bandwidth_phases(&o.rank0_out), predicted) {
+                    (Some((before, _, after)), Some(p)) if before > 0.0 && after / before >= frac * p => {}
+                    (Some((before, _, after)), Some(p)) => bad.push(format!(
+                        "bus bandwidth after the last failover {after:.3} GB/s is {:.3} of the {before:.3} GB/s before \
+                         the first, under {frac} x the policy's predicted {p:.3}",
+                        after / before.max(1e-12)
+                    )),
+                    (None, _) => bad.push("rank 0 printed no `# bus bandwidth before the failure` line".into()),
+                    (_, None) => bad.push("no prediction for `degraded`".into()),
                 }
             }
         }
@@ -764,6 +973,10 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let _lock = testbed::PrefixLock::take(PREFIX)?;
     crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-perf"])?;
     let exe = root.join("target/release/r2ccl-perf");
+    let plan = root.join("target/release/r2ccl-plan");
+    if scenarios.iter().any(|s| s.degraded.is_some()) {
+        crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-policy", "--bin", "r2ccl-plan"])?;
+    }
     let (mut passed, mut failed) = (0u32, 0u32);
     let mut tally = ChaosTally::default();
     let mut flaky: Vec<String> = Vec::new();
@@ -771,10 +984,14 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         let logs = root.join("target/e2e").join(&sc.name);
         let _ = std::fs::remove_dir_all(&logs);
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        let predicted = match sc.degraded.map(|_| predicted_ratio(sc, &plan)).transpose() {
+            Ok(p) => p,
+            Err(e) => bail!("e2e: {}: predicting `degraded`: {e:#}", sc.name),
+        };
         let mut start = Instant::now();
         let mut result = execute(sc, &exe, &logs, if chaos > 0 { 0 } else { seed });
         let mut problems = match &result {
-            Ok(o) => judge(sc, o),
+            Ok(o) => judge(sc, o, predicted),
             Err(e) => vec![format!("{e:#}")],
         };
         for attempt in 1..=retries {
@@ -799,7 +1016,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
             start = Instant::now();
             result = execute(sc, &exe, &logs, if chaos > 0 { 0 } else { seed });
             problems = match &result {
-                Ok(o) => judge(sc, o),
+                Ok(o) => judge(sc, o, predicted),
                 Err(e) => vec![format!("{e:#}")],
             };
         }
@@ -815,6 +1032,16 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
                 .filter(|l| l.starts_with("#   event") || l.starts_with("# event") || l.starts_with("# bus bandwidth"))
             {
                 println!("  {}: {}", sc.name, line.trim_start_matches('#').trim());
+            }
+            if let (Some(p), Some((before, _, after))) = (predicted, bandwidth_phases(&o.rank0_out)) {
+                println!(
+                    "  {}: bus bandwidth after / before {:.3}, the policy's predicted t_nf / t {p:.3}",
+                    sc.name,
+                    after / before.max(1e-12)
+                );
+            }
+            if let Some(n) = failovers_in(&o.outs) {
+                println!("  {}: {n} failovers over every rank", sc.name);
             }
         }
         if let Ok(o) = &result {
@@ -900,6 +1127,57 @@ mod tests {
             .is_err_and(|e| format!("{e:#}").contains("one rank per node")));
         assert!(parse("x", "nodes = 2\nargs = \"a\"\nexpect_recovery = 1.5").is_err());
         assert!(parse("x", "nodes = 2\nargs = \"a\"\nexpect_recovery = \"0.5\"").is_err());
+    }
+
+    /// The failover, health-view and prediction expectations parse, and bad ones are refused with
+    /// the key named.
+    #[test]
+    fn outcome_expectations_parse_and_bad_ones_are_refused() {
+        let base = "nodes = 4\nnics = 2\nargs = \"all_reduce -b 8M -e 8M -N 0 --duration 6\"\n";
+        let sc = parse(
+            "x",
+            &format!("{base}failovers = \"1..\"\nfailed_nics = [\"node3/nic1\", \"node1/nic0\"]\ndegraded = 0.7"),
+        )
+        .unwrap();
+        assert_eq!(sc.failovers, Some(CountRange { min: 1, max: None }));
+        assert_eq!(sc.failed_nics, Some(vec!["node1/nic0".to_owned(), "node3/nic1".to_owned()]));
+        assert_eq!(sc.degraded, Some(0.7));
+        assert_eq!(CountRange::parse("3"), Some(CountRange { min: 3, max: Some(3) }));
+        assert_eq!(CountRange::parse("2..40"), Some(CountRange { min: 2, max: Some(40) }));
+        assert!(CountRange::parse("5..2").is_none() && CountRange::parse("x..").is_none());
+        assert!(CountRange { min: 2, max: Some(40) }.contains(40) && !CountRange { min: 2, max: None }.contains(1));
+        for (bad, says) in [
+            ("failovers = \"many\"", "failovers"),
+            ("failed_nics = [\"eth0\"]", "failed_nics"),
+            ("failed_nics = [\"node9/nic0\"]", "outside"),
+            ("degraded = 0.7", "failed_nics"),
+            ("degraded = 1.5", "degraded"),
+            ("expect = \"failure\"\nfailovers = \"1..\"", "success"),
+        ] {
+            let e = parse("x", &format!("{base}{bad}")).unwrap_err().to_string();
+            assert!(e.contains(says), "`{bad}`: {e}");
+        }
+        let gather =
+            "nodes = 4\nargs = \"all_gather -b 8M -e 8M -N 0\"\nfailed_nics = [\"node1/nic0\"]\ndegraded = 0.5";
+        assert!(parse("x", gather).unwrap_err().to_string().contains("AllReduce"));
+    }
+
+    /// Failovers are summed over every rank's migrations line; the last health view wins.
+    #[test]
+    fn failovers_and_the_last_health_view_come_out_of_the_ranks_output() {
+        let outs = vec![
+            "x\n# rank 0 migrations: failovers 3 fail-backs 1\n".to_owned(),
+            "# rank 1 migrations: failovers 0 fail-backs 0\n".to_owned(),
+            "# rank 2 migrations: failovers 4 fail-backs 0\n".to_owned(),
+        ];
+        assert_eq!(failovers_in(&outs), Some(7));
+        assert_eq!(failovers_in(&["nothing".to_owned()]), None);
+        let rank0 = "#   event    2189 ms  health epoch1: failed NICs [\"node1/nic0\"]; re-planning\n\
+                     #   event    3000 ms  health epoch2: failed NICs [\"node3/nic1\", \"node1/nic0\"]; re-planning\n";
+        assert_eq!(last_failed_nics(rank0), vec!["node1/nic0".to_owned(), "node3/nic1".to_owned()]);
+        let back = format!("{rank0}#   event    4000 ms  health epoch3: failed NICs []; re-planning\n");
+        assert!(last_failed_nics(&back).is_empty());
+        assert!(last_failed_nics("no events").is_empty());
     }
 
     /// The before/during/after bus bandwidths come out of r2ccl-perf's summary line.
