@@ -26,7 +26,7 @@
 //! expect_recovery = 0.8          # success only: the bus bandwidth after the last failover is at
 //!                                #   least this fraction of the one before the first (fail-back)
 //! failovers = "1.."              # success only: lane migrations off failed paths over every rank
-//!                                #   (each rank's `# rank R migrations:` line): "N", "MIN.." or
+//!                                #   (each rank's `# rank R: failovers F ...` line): "N", "MIN.." or
 //!                                #   "MIN..MAX"; a NIC that goes down between two collectives is
 //!                                #   planned around without one, a silent fault never is
 //! failed_nics = ["node1/nic0"]   # success only: the failed NICs of the health view rank 0 last
@@ -452,17 +452,26 @@ fn predicted_ratio(sc: &Scenario, plan: &Path) -> Result<f64> {
     Ok(tnf / t)
 }
 
-/// Failovers over every rank: the sum of the `# rank R migrations: failovers F` lines.
-fn failovers_in(outs: &[String]) -> Option<u64> {
+/// The sum over every rank's `# rank R: failovers F fail-backs B wrong values W` line of the
+/// number after `what` (`"failovers"`, `"wrong values"`); `None` if no rank printed one.
+fn rank_sum(outs: &[String], what: &str) -> Option<u64> {
     let mut seen = false;
     let mut sum = 0;
     for line in outs.iter().flat_map(|o| o.lines()) {
-        if let Some(rest) = line.strip_prefix("# rank ").and_then(|l| l.split_once(" migrations: failovers ")) {
-            sum += rest.1.split_whitespace().next()?.parse::<u64>().ok()?;
-            seen = true;
-        }
+        let Some((_, rest)) = line.strip_prefix("# rank ").and_then(|l| l.split_once(": failovers ")) else {
+            continue;
+        };
+        let rest = format!("failovers {rest}");
+        let (_, after) = rest.split_once(&format!("{what} "))?;
+        sum += after.split_whitespace().next()?.parse::<u64>().ok()?;
+        seen = true;
     }
     seen.then_some(sum)
+}
+
+/// Failovers over every rank.
+fn failovers_in(outs: &[String]) -> Option<u64> {
+    rank_sum(outs, "failovers")
 }
 
 /// The failed NICs of rank 0's last `health epochN: failed NICs [...]` event (sorted; empty if
@@ -818,7 +827,7 @@ fn judge(sc: &Scenario, o: &Outcome, predicted: Option<f64>) -> Vec<String> {
                 match failovers_in(&o.outs) {
                     Some(n) if want.contains(n) => {}
                     Some(n) => bad.push(format!("{n} failovers over every rank, expected {want}")),
-                    None => bad.push("no rank printed its `# rank R migrations:` line".into()),
+                    None => bad.push("no rank printed its `# rank R: failovers` line".into()),
                 }
             }
             if let Some(want) = &sc.failed_nics {
@@ -1166,11 +1175,13 @@ mod tests {
     #[test]
     fn failovers_and_the_last_health_view_come_out_of_the_ranks_output() {
         let outs = vec![
-            "x\n# rank 0 migrations: failovers 3 fail-backs 1\n".to_owned(),
-            "# rank 1 migrations: failovers 0 fail-backs 0\n".to_owned(),
-            "# rank 2 migrations: failovers 4 fail-backs 0\n".to_owned(),
+            "x\n# rank 0: failovers 3 fail-backs 1 wrong values 0\n".to_owned(),
+            "# rank 1: failovers 0 fail-backs 0 wrong values 5\n".to_owned(),
+            "# rank 2: failovers 4 fail-backs 0 wrong values 0\n".to_owned(),
         ];
         assert_eq!(failovers_in(&outs), Some(7));
+        assert_eq!(rank_sum(&outs, "fail-backs"), Some(1));
+        assert_eq!(rank_sum(&outs, "wrong values"), Some(5));
         assert_eq!(failovers_in(&["nothing".to_owned()]), None);
         let rank0 = "#   event    2189 ms  health epoch1: failed NICs [\"node1/nic0\"]; re-planning\n\
                      #   event    3000 ms  health epoch2: failed NICs [\"node3/nic1\", \"node1/nic0\"]; re-planning\n";
@@ -1269,10 +1280,19 @@ impl ChaosTally {
     fn add(&mut self, o: &Outcome) {
         self.runs += 1;
         self.faults += o.applied.len();
-        self.failovers += o.rank0_out.lines().filter(|l| l.contains("event") && l.contains("failover")).count();
-        for l in o.rank0_out.lines() {
-            if let Some(rest) = l.strip_prefix("# Out of bounds values :") {
-                self.wrong += rest.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
+        // Over every rank where they printed their counts (timelines), else rank 0's.
+        self.failovers += failovers_in(&o.outs).map_or_else(
+            || o.rank0_out.lines().filter(|l| l.contains("event") && l.contains("failover")).count(),
+            |n| n as usize,
+        );
+        match rank_sum(&o.outs, "wrong values") {
+            Some(n) => self.wrong += n,
+            None => {
+                for l in o.rank0_out.lines() {
+                    if let Some(rest) = l.strip_prefix("# Out of bounds values :") {
+                        self.wrong += rest.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
+                    }
+                }
             }
         }
         self.hangs += o.ends.iter().filter(|e| matches!(e, End::Hung)).count() as u32;

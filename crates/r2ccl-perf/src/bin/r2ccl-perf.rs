@@ -656,9 +656,13 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
             )?;
         }
     }
-    // Every rank: its own migrations (rank 0's are also among the events above), for harnesses
-    // that count them over the job (`cargo xtask e2e`'s `failovers`).
+    // Every rank: its own migrations (rank 0's are also among the events above) and wrong values,
+    // for harnesses that count them over the job (`cargo xtask e2e`'s `failovers`, its chaos tally).
     let count = |what: &str| events_all.iter().filter(|e| e.text.starts_with(what)).count();
-    println!("# rank {rank} migrations: failovers {} fail-backs {}", count("failover "), count("fail-back "));
+    println!(
+        "# rank {rank}: failovers {} fail-backs {} wrong values {wrong_total}",
+        count("failover "),
+        count("fail-back ")
+    );
     Ok(wrong_total == 0)
 }
