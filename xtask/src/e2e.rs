@@ -1,4 +1,4 @@
-//! `cargo xtask e2e [--scenario NAME] [--seed S]`: end-to-end fault scenarios on the namespaces testbed.
+//! `cargo xtask e2e [--scenario NAME] [--seed S] [--loopback]`: end-to-end fault scenarios on the namespaces testbed.
 //!
 //! For every scenario in `tests/scenarios/*.toml` (or only `NAME`): build `r2ccl-perf` (release),
 //! bring up a testbed with prefix `r2e` of the scenario's size, start one rank per node with
@@ -63,7 +63,13 @@
 //!
 //! `--seed S` (S != 0) shifts every fault time by a pseudo-random offset in [-0.5, +0.5) s
 //! (order kept), to shake out timing-dependent bugs; the seed is printed so a run repeats.
-//! Needs root; without it the command says SKIPPED and exits 0, except under CI (`CI` set).
+//! The namespace testbed needs root. Without it (or with `--loopback`) the command says so loudly
+//! and runs the LOOPBACK FALLBACK: every rank on this host over `lo` (as many NICs as the scenario's
+//! nodes have), the fault timeline injected in software (`R2CCL_FAULT`: down, black hole, slow;
+//! an egress drop becomes a black hole, see [`software_faults`]), the same checks but the bandwidth
+//! ones (`expect_recovery`, `degraded`), which an unshaped `lo` cannot judge. A scenario whose
+//! faults have no software form is reported SKIPPED with the reason. Under CI (`CI` set) a
+//! missing root is an error: CI runs the real testbed (and three scenarios on the fallback).
 
 use crate::testbed::{self, Fault, Spec};
 use anyhow::{bail, Context, Result};
@@ -544,9 +550,9 @@ fn secret() -> Result<String> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
-/// Kills leftover ranks and tears the testbed down when dropped (normal end, error or panic).
+/// Kills leftover ranks and tears the testbed down (if any) when dropped (normal end, error or panic).
 struct Guard {
-    prefix: String,
+    prefix: Option<String>,
     children: Vec<Child>,
 }
 
@@ -558,8 +564,10 @@ impl Drop for Guard {
                 let _ = c.wait();
             }
         }
-        if let Err(e) = testbed::down(&self.prefix) {
-            eprintln!("e2e: teardown of testbed `{}` failed: {e:#}", self.prefix);
+        if let Some(prefix) = &self.prefix {
+            if let Err(e) = testbed::down(prefix) {
+                eprintln!("e2e: teardown of testbed `{prefix}` failed: {e:#}");
+            }
         }
     }
 }
@@ -588,7 +596,7 @@ fn read(path: &Path) -> String {
 
 fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome> {
     let spec = &sc.spec;
-    let mut guard = Guard { prefix: spec.prefix.clone(), children: Vec::new() };
+    let mut guard = Guard { prefix: Some(spec.prefix.clone()), children: Vec::new() };
     testbed::up(spec).with_context(|| format!("bringing the testbed up for `{}`", sc.name))?;
     let secret = secret()?;
     let nics: Vec<String> = (0..spec.nics).map(|r| format!("rail{r}")).collect();
@@ -700,6 +708,128 @@ fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome>
     let errs = (0..sc.world()).map(|i| read(&logs.join(format!("rank{i}.err")))).collect();
     let outs = (0..sc.world()).map(|i| read(&logs.join(format!("rank{i}.out")))).collect();
     Ok(Outcome { ends, rank0_out: read(&out0), outs, errs, fault_errors, applied })
+}
+
+/// `sc`'s fault timeline as `R2CCL_FAULT` specs for the loopback fallback (one per rank of the
+/// faulted node), or why it cannot be one. A fault and the step that undoes it (down/up,
+/// blackhole/restore, drop/undrop, a rate and the scenario's rate) become one spec with `for_ms`;
+/// a NIC removed for good is a NIC down for good; an egress drop becomes a black hole of the NIC
+/// (software faults have no one-way kind); a lower rate becomes `slow:F`. Times count from the
+/// ranks' connection instead of rank 0's timeline (close: both follow the bootstrap).
+fn software_faults(sc: &Scenario) -> std::result::Result<Vec<String>, String> {
+    let base = match sc.spec.rate.as_deref().map(crate::bench::payload_line_gbps) {
+        Some(Ok(b)) => Some(b),
+        Some(Err(e)) => return Err(format!("rate: {e:#}")),
+        None => None,
+    };
+    // (node, nic) -> (start s, kind) of the fault in effect.
+    let mut open: std::collections::BTreeMap<(u32, u32), (f64, String)> = std::collections::BTreeMap::new();
+    let mut done: Vec<(u32, u32, f64, String, Option<f64>)> = Vec::new();
+    for step in &sc.faults {
+        let key = (step.node, step.nic);
+        let begin = |kind: String, open: &mut std::collections::BTreeMap<(u32, u32), (f64, String)>| {
+            if open.contains_key(&key) {
+                return Err(format!("`{}` starts while another fault holds that NIC", step.text));
+            }
+            open.insert(key, (step.at_s, kind));
+            Ok(())
+        };
+        match &step.fault {
+            Fault::Down | Fault::Remove => begin("down".into(), &mut open)?,
+            Fault::Blackhole | Fault::Drop => begin("blackhole".into(), &mut open)?,
+            Fault::Rate(r) => {
+                let base = base.ok_or("a rate change on an unshaped scenario")?;
+                let f = crate::bench::payload_line_gbps(r).map_err(|e| format!("{e:#}"))? / base;
+                if f >= 0.999 {
+                    let (at, kind) = open.remove(&key).ok_or(format!("`{}` undoes no fault", step.text))?;
+                    done.push((key.0, key.1, at, kind, Some(step.at_s - at)));
+                } else {
+                    begin(format!("slow:{f:.4}"), &mut open)?;
+                }
+            }
+            Fault::Up | Fault::Restore | Fault::Undrop => {
+                let (at, kind) = open.remove(&key).ok_or(format!("`{}` undoes no fault", step.text))?;
+                done.push((key.0, key.1, at, kind, Some(step.at_s - at)));
+            }
+        }
+    }
+    done.extend(open.into_iter().map(|((node, nic), (at, kind))| (node, nic, at, kind, None)));
+    let mut specs = Vec::new();
+    for (node, nic, at, kind, dur) in done {
+        for r in (0..sc.world()).filter(|&r| sc.node_of(r) == node) {
+            let mut spec = format!("rank={r},nic={nic},after_ms={},kind={kind}", (at * 1000.0).round() as u64);
+            if let Some(d) = dur {
+                spec.push_str(&format!(",for_ms={}", (d * 1000.0).round().max(1.0) as u64));
+            }
+            specs.push(spec);
+        }
+    }
+    Ok(specs)
+}
+
+/// The loopback fallback of [`execute`]: every rank on this host over `lo` (as many NICs as the
+/// scenario's nodes have), the faults injected in software (`R2CCL_FAULT`, [`software_faults`]).
+fn execute_loopback(sc: &Scenario, exe: &Path, logs: &Path, faults: &[String]) -> Result<Outcome> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let secret = secret()?;
+    let nics = vec!["lo"; sc.spec.nics as usize].join(",");
+    let mut guard = Guard { prefix: None, children: Vec::new() };
+    let launched = Instant::now();
+    for i in 0..sc.world() {
+        let mut cmd = Command::new(exe);
+        cmd.args(&sc.args);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("R2CCL_") && k != "R2CCL_DEBUG" && k != "R2CCL_DEBUG_SUBSYS" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("R2CCL_RANK", i.to_string())
+            .env("R2CCL_WORLD_SIZE", sc.world().to_string())
+            .env("R2CCL_ROOT", format!("127.0.0.1:{port}"))
+            .env("R2CCL_SECRET", &secret)
+            .env("R2CCL_NICS", &nics)
+            .env("R2CCL_NODE", format!("node{}", sc.node_of(i)))
+            .env("UCX_LOG_LEVEL", std::env::var("UCX_LOG_LEVEL").unwrap_or_else(|_| "fatal".into()))
+            .envs(sc.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(File::create(logs.join(format!("rank{i}.out")))?)
+            .stderr(File::create(logs.join(format!("rank{i}.err")))?);
+        if !faults.is_empty() {
+            cmd.env("R2CCL_FAULT", faults.join("; "));
+        }
+        guard.children.push(cmd.spawn().with_context(|| format!("starting rank {i}"))?);
+    }
+    let deadline = launched + sc.deadline;
+    let mut ends: Vec<Option<End>> = vec![None; guard.children.len()];
+    loop {
+        for (c, end) in guard.children.iter_mut().zip(ends.iter_mut()) {
+            if end.is_none() {
+                if let Some(status) = c.try_wait()? {
+                    *end = Some(End::Exited(status));
+                }
+            }
+        }
+        if ends.iter().all(Option::is_some) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            for (i, (c, end)) in guard.children.iter_mut().zip(ends.iter_mut()).enumerate() {
+                if end.is_none() {
+                    dump_stacks(c.id(), &logs.join(format!("rank{i}.stacks")));
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    *end = Some(End::Hung);
+                }
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(guard);
+    let ends = ends.into_iter().map(|e| e.unwrap_or(End::Hung)).collect();
+    let errs = (0..sc.world()).map(|i| read(&logs.join(format!("rank{i}.err")))).collect();
+    let outs: Vec<String> = (0..sc.world()).map(|i| read(&logs.join(format!("rank{i}.out")))).collect();
+    Ok(Outcome { ends, rank0_out: outs[0].clone(), outs, errs, fault_errors: Vec::new(), applied: faults.to_vec() })
 }
 
 /// `(before, during, after)` from r2ccl-perf's `# bus bandwidth before the failure B GB/s, during D
@@ -898,6 +1028,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let mut shape = StormShape::default();
     let mut first = 0u32;
     let mut retries = 0u32;
+    let mut loopback = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -927,6 +1058,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
                 }
             }
             "--harsh" => shape.harsh = true,
+            "--loopback" => loopback = true,
             "--nodes" => {
                 shape.nodes = it.next().context("--nodes needs a count")?.parse().context("--nodes: not a number")?;
                 if !(3..=8).contains(&shape.nodes) {
@@ -934,7 +1066,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
                 }
             }
             other => bail!(
-                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N [--first I] [--storm [--ranks-per-node R] [--nics K] [--nodes N] [--harsh]]] [--retries N]"
+                "e2e: unknown argument `{other}`; usage: cargo xtask e2e [--scenario NAME] [--seed S] [--chaos N [--first I] [--storm [--ranks-per-node R] [--nics K] [--nodes N] [--harsh]]] [--retries N] [--loopback]"
             ),
         }
     }
@@ -976,31 +1108,63 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         if std::env::var_os("CI").is_some() {
             bail!("e2e: needs root (network namespaces), and CI is set: run CI as root");
         }
-        println!("******** e2e SKIPPED (not root): e2e needs network namespaces ********");
-        return Ok(());
+        loopback = true;
+        println!("******** e2e: not root, so no network namespaces: LOOPBACK FALLBACK ********");
     }
-    let _lock = testbed::PrefixLock::take(PREFIX)?;
+    if loopback {
+        println!(
+            "******** e2e LOOPBACK: every rank on this host over `lo`, faults injected in software (R2CCL_FAULT), \
+             bandwidth checks (expect_recovery, degraded) SKIPPED; the namespace testbed needs root ********"
+        );
+    }
+    let _lock = if loopback { None } else { Some(testbed::PrefixLock::take(PREFIX)?) };
     crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-perf"])?;
     let exe = root.join("target/release/r2ccl-perf");
     let plan = root.join("target/release/r2ccl-plan");
     if scenarios.iter().any(|s| s.degraded.is_some()) {
         crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-policy", "--bin", "r2ccl-plan"])?;
     }
-    let (mut passed, mut failed) = (0u32, 0u32);
+    let (mut passed, mut failed, mut skipped) = (0u32, 0u32, 0u32);
     let mut tally = ChaosTally::default();
     let mut flaky: Vec<String> = Vec::new();
     for sc in &scenarios {
         let logs = root.join("target/e2e").join(&sc.name);
         let _ = std::fs::remove_dir_all(&logs);
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-        let predicted = match sc.degraded.map(|_| predicted_ratio(sc, &plan)).transpose() {
+        let predicted = match sc.degraded.filter(|_| !loopback).map(|_| predicted_ratio(sc, &plan)).transpose() {
             Ok(p) => p,
             Err(e) => bail!("e2e: {}: predicting `degraded`: {e:#}", sc.name),
         };
+        // The loopback fallback: software faults, and no bandwidth checks (lo is not shaped).
+        let soft = if loopback {
+            match software_faults(sc) {
+                Ok(f) => Some(f),
+                Err(why) => {
+                    println!("e2e: SKIPPED {} on loopback: {why}", sc.name);
+                    skipped += 1;
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
+        // What the outcome is judged against.
+        let view = if loopback {
+            if sc.degraded.is_some() || sc.expect_recovery.is_some() {
+                println!("e2e: {}: bandwidth checks SKIPPED on loopback (expect_recovery, degraded)", sc.name);
+            }
+            Scenario { degraded: None, expect_recovery: None, ..sc.clone() }
+        } else {
+            sc.clone()
+        };
+        let run = |logs: &Path| match &soft {
+            Some(f) => execute_loopback(sc, &exe, logs, f),
+            None => execute(sc, &exe, logs, if chaos > 0 { 0 } else { seed }),
+        };
         let mut start = Instant::now();
-        let mut result = execute(sc, &exe, &logs, if chaos > 0 { 0 } else { seed });
+        let mut result = run(&logs);
         let mut problems = match &result {
-            Ok(o) => judge(sc, o, predicted),
+            Ok(o) => judge(&view, o, predicted),
             Err(e) => vec![format!("{e:#}")],
         };
         for attempt in 1..=retries {
@@ -1023,9 +1187,9 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
             let _ = std::fs::rename(&logs, &kept);
             std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
             start = Instant::now();
-            result = execute(sc, &exe, &logs, if chaos > 0 { 0 } else { seed });
+            result = run(&logs);
             problems = match &result {
-                Ok(o) => judge(sc, o, predicted),
+                Ok(o) => judge(&view, o, predicted),
                 Err(e) => vec![format!("{e:#}")],
             };
         }
@@ -1079,9 +1243,15 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         }
     }
     println!(
-        "e2e: {passed} passed, {failed} failed{}",
+        "e2e: {passed} passed, {failed} failed{}{}",
+        if skipped > 0 { format!(", {skipped} SKIPPED (no software form of their faults)") } else { String::new() },
         if seed != 0 { format!(" (seed {seed})") } else { String::new() }
     );
+    if loopback {
+        println!(
+            "e2e: that was the LOOPBACK fallback (software faults, no bandwidth checks), not the namespace testbed"
+        );
+    }
     if !flaky.is_empty() {
         println!("e2e: FLAKY (passed only on a retry or failed twice): {}", flaky.join(" "));
     }
@@ -1169,6 +1339,30 @@ mod tests {
         let gather =
             "nodes = 4\nargs = \"all_gather -b 8M -e 8M -N 0\"\nfailed_nics = [\"node1/nic0\"]\ndegraded = 0.5";
         assert!(parse("x", gather).unwrap_err().to_string().contains("AllReduce"));
+    }
+
+    /// The loopback fallback's software faults: a fault and the step that undoes it become one spec
+    /// per rank of the node, with `for_ms`; what has no software form is refused with the reason.
+    #[test]
+    fn fault_timelines_become_software_fault_specs() {
+        let text = "nodes = 3\nnics = 2\nranks_per_node = 2\nrate = \"1gbit\"\nargs = \"all_reduce -b 8M -e 8M -N 0\"\n\
+                    faults = [\"1.5 0 1 down\", \"2.0 2 0 drop\", \"3.0 0 1 up\", \"3.5 1 0 rate=100mbit\", \"4.0 1 0 rate=1gbit\"]";
+        let sc = parse("x", text).unwrap();
+        assert_eq!(
+            software_faults(&sc).unwrap(),
+            [
+                "rank=0,nic=1,after_ms=1500,kind=down,for_ms=1500",
+                "rank=1,nic=1,after_ms=1500,kind=down,for_ms=1500",
+                "rank=2,nic=0,after_ms=3500,kind=slow:0.1000,for_ms=500",
+                "rank=3,nic=0,after_ms=3500,kind=slow:0.1000,for_ms=500",
+                "rank=4,nic=0,after_ms=2000,kind=blackhole",
+                "rank=5,nic=0,after_ms=2000,kind=blackhole",
+            ]
+        );
+        let undo_nothing = "nodes = 2\nargs = \"all_reduce\"\nfaults = [\"1.0 1 0 up\"]";
+        assert!(software_faults(&parse("x", undo_nothing).unwrap()).unwrap_err().contains("undoes no fault"));
+        let overlap = "nodes = 2\nargs = \"all_reduce\"\nfaults = [\"1.0 1 0 down\", \"1.5 1 0 blackhole\"]";
+        assert!(software_faults(&parse("x", overlap).unwrap()).unwrap_err().contains("another fault"));
     }
 
     /// Failovers are summed over every rank's migrations line; the last health view wins.

@@ -38,7 +38,7 @@
 //! | `for_ms=N` | heal N ms after firing (a flap); default: the fault stays |
 //! | `kind=down` | link down: outstanding and new requests fail at once (`LocalNicDown`), `LinkState` down event |
 //! | `kind=blackhole` | silent: requests on the NIC never complete, no error, no event, probes unanswered |
-//! | `kind=slow:F` | every request on the NIC takes `1/F` times as long (0 < F <= 1) |
+//! | `kind=slow:F` | every send on the NIC takes `1/F` times as long to complete (0 < F <= 1): its egress at about `F` of its speed; receives, posted ahead of their data, are not delayed |
 //!
 //! No trigger means "at connect". Several triggers: the first reached fires. Example:
 //! `R2CCL_FAULT="rank=1,nic=0,after_bytes=64M,kind=down; rank=*,nic=1,after_ms=500,for_ms=200,kind=blackhole"`.
