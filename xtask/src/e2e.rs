@@ -656,44 +656,20 @@ fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome>
             Err(e) => fault_errors.push(format!("fault `{}`: {e:#}", step.text)),
         }
     }
-    let mut ends: Vec<Option<End>> = vec![None; guard.children.len()];
-    loop {
-        for (c, end) in guard.children.iter_mut().zip(ends.iter_mut()) {
-            if end.is_none() {
-                if let Some(status) = c.try_wait()? {
-                    *end = Some(End::Exited(status));
+    let mut ends = wait_ranks(&mut guard.children, deadline, logs, || {
+        if sc.launcher == Launcher::Mpirun {
+            // Evidence first, then the ranks, then mpirun (which then exits).
+            for i in 0..spec.nodes {
+                let pid = read(&logs.join(format!("rank{i}.pid"))).trim().parse::<u32>().ok();
+                if let (Some(pid), false) = (pid, logs.join(format!("rank{i}.rc")).exists()) {
+                    dump_stacks(pid, &logs.join(format!("rank{i}.stacks")));
+                    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
                 }
             }
+            std::thread::sleep(Duration::from_secs(1));
         }
-        if ends.iter().all(Option::is_some) {
-            break;
-        }
-        if Instant::now() >= deadline {
-            if sc.launcher == Launcher::Mpirun {
-                // Evidence first, then the ranks, then mpirun (which then exits).
-                for i in 0..spec.nodes {
-                    let pid = read(&logs.join(format!("rank{i}.pid"))).trim().parse::<u32>().ok();
-                    if let (Some(pid), false) = (pid, logs.join(format!("rank{i}.rc")).exists()) {
-                        dump_stacks(pid, &logs.join(format!("rank{i}.stacks")));
-                        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-                    }
-                }
-                std::thread::sleep(Duration::from_secs(1));
-            }
-            for (i, (c, end)) in guard.children.iter_mut().zip(ends.iter_mut()).enumerate() {
-                if end.is_none() {
-                    dump_stacks(c.id(), &logs.join(format!("rank{i}.stacks")));
-                    let _ = c.kill();
-                    let _ = c.wait();
-                    *end = Some(End::Hung);
-                }
-            }
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    })?;
     drop(guard);
-    let mut ends: Vec<End> = ends.into_iter().map(|e| e.unwrap_or(End::Hung)).collect();
     if sc.launcher == Launcher::Mpirun {
         // One process launched them all: each rank's own exit status is in its `.rc` file.
         ends = (0..spec.nodes)
@@ -708,6 +684,39 @@ fn execute(sc: &Scenario, exe: &Path, logs: &Path, seed: u64) -> Result<Outcome>
     let errs = (0..sc.world()).map(|i| read(&logs.join(format!("rank{i}.err")))).collect();
     let outs = (0..sc.world()).map(|i| read(&logs.join(format!("rank{i}.out")))).collect();
     Ok(Outcome { ends, rank0_out: read(&out0), outs, errs, fault_errors, applied })
+}
+
+/// Waits for every child up to `deadline`. Those still running then have their thread stacks
+/// written to `rank<i>.stacks` and are killed (`Hung`), after `on_deadline` (the mpirun launcher's
+/// own evidence and kills).
+fn wait_ranks(children: &mut [Child], deadline: Instant, logs: &Path, on_deadline: impl FnOnce()) -> Result<Vec<End>> {
+    let mut ends: Vec<Option<End>> = vec![None; children.len()];
+    loop {
+        for (c, end) in children.iter_mut().zip(ends.iter_mut()) {
+            if end.is_none() {
+                if let Some(status) = c.try_wait()? {
+                    *end = Some(End::Exited(status));
+                }
+            }
+        }
+        if ends.iter().all(Option::is_some) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            on_deadline();
+            for (i, (c, end)) in children.iter_mut().zip(ends.iter_mut()).enumerate() {
+                if end.is_none() {
+                    dump_stacks(c.id(), &logs.join(format!("rank{i}.stacks")));
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    *end = Some(End::Hung);
+                }
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(ends.into_iter().map(|e| e.unwrap_or(End::Hung)).collect())
 }
 
 /// `sc`'s fault timeline as `R2CCL_FAULT` specs for the loopback fallback (one per rank of the
@@ -799,34 +808,8 @@ fn execute_loopback(sc: &Scenario, exe: &Path, logs: &Path, faults: &[String]) -
         }
         guard.children.push(cmd.spawn().with_context(|| format!("starting rank {i}"))?);
     }
-    let deadline = launched + sc.deadline;
-    let mut ends: Vec<Option<End>> = vec![None; guard.children.len()];
-    loop {
-        for (c, end) in guard.children.iter_mut().zip(ends.iter_mut()) {
-            if end.is_none() {
-                if let Some(status) = c.try_wait()? {
-                    *end = Some(End::Exited(status));
-                }
-            }
-        }
-        if ends.iter().all(Option::is_some) {
-            break;
-        }
-        if Instant::now() >= deadline {
-            for (i, (c, end)) in guard.children.iter_mut().zip(ends.iter_mut()).enumerate() {
-                if end.is_none() {
-                    dump_stacks(c.id(), &logs.join(format!("rank{i}.stacks")));
-                    let _ = c.kill();
-                    let _ = c.wait();
-                    *end = Some(End::Hung);
-                }
-            }
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let ends = wait_ranks(&mut guard.children, launched + sc.deadline, logs, || {})?;
     drop(guard);
-    let ends = ends.into_iter().map(|e| e.unwrap_or(End::Hung)).collect();
     let errs = (0..sc.world()).map(|i| read(&logs.join(format!("rank{i}.err")))).collect();
     let outs: Vec<String> = (0..sc.world()).map(|i| read(&logs.join(format!("rank{i}.out")))).collect();
     Ok(Outcome { ends, rank0_out: outs[0].clone(), outs, errs, fault_errors: Vec::new(), applied: faults.to_vec() })
