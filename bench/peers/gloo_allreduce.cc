@@ -125,6 +125,10 @@ int main(int argc, char** argv) {
       total_wrong += static_cast<long long>(wrong);
       if (bytes > max_b / factor) break;
     }
+    // No rank leaves before every rank is done: a rank that exits closes its pairs, and a rank
+    // still finishing its last receive then fails with "Connection closed by peer" (rank 0 did,
+    // once, at 64 MiB in `cargo xtask bench` on 2026-12-05).
+    gloo::BarrierAllToAll(context).run();
     return rank == 0 && total_wrong != 0 ? 1 : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gloo_allreduce: rank %d: %s\n", rank, e.what());
