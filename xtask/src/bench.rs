@@ -439,7 +439,7 @@ impl Ctx {
 
     /// Payload line rate of one NIC, Gb/s (`r2ccl-plan --nic-gbps`).
     fn nic_line_gbps(&self) -> f64 {
-        self.rate_bps() * PAYLOAD_EFFICIENCY / 1e9
+        self.spec.rate.as_deref().and_then(|r| payload_line_gbps(r).ok()).unwrap_or(f64::NAN)
     }
 }
 

@@ -246,6 +246,13 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
                 _ => bail!("{}: `{key}` must be a bare number", at()),
             }
         };
+        let fraction = |v: &Value| -> Result<f64> {
+            match v {
+                Value::Bare(b) => b.parse::<f64>().ok().filter(|f| *f > 0.0 && *f <= 1.0),
+                _ => None,
+            }
+            .with_context(|| format!("{}: `{key}` must be a bare number in (0, 1]", at()))
+        };
         let string = |v: Value| -> Result<String> {
             match v {
                 Value::Str(s) => Ok(s),
@@ -273,16 +280,7 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
                 }
             }
             "expect_error" => sc.expect_error = Some(string(value)?),
-            "expect_recovery" => {
-                let f = match &value {
-                    Value::Bare(b) => b.parse::<f64>().ok(),
-                    _ => None,
-                };
-                match f {
-                    Some(f) if f > 0.0 && f <= 1.0 => sc.expect_recovery = Some(f),
-                    _ => bail!("{}: `expect_recovery` must be a bare number in (0, 1]", at()),
-                }
-            }
+            "expect_recovery" => sc.expect_recovery = Some(fraction(&value)?),
             "failovers" => {
                 let v = string(value)?;
                 sc.failovers = Some(CountRange::parse(&v).with_context(|| {
@@ -299,16 +297,7 @@ fn parse(name: &str, text: &str) -> Result<Scenario> {
                 items.sort();
                 sc.failed_nics = Some(items);
             }
-            "degraded" => {
-                let f = match &value {
-                    Value::Bare(b) => b.parse::<f64>().ok(),
-                    _ => None,
-                };
-                match f {
-                    Some(f) if f > 0.0 && f <= 1.0 => sc.degraded = Some(f),
-                    _ => bail!("{}: `degraded` must be a bare number in (0, 1]", at()),
-                }
-            }
+            "degraded" => sc.degraded = Some(fraction(&value)?),
             "launcher" => {
                 sc.launcher = match string(value)?.as_str() {
                     "direct" => Launcher::Direct,

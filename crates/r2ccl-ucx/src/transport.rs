@@ -1151,8 +1151,10 @@ impl UcxTransport {
             // A slow NIC's sends complete 1/F times as late as they did; receives are not delayed:
             // they are posted ahead of their data, so their time since posting is mostly waiting
             // (stretching it held a 6 s run for 18 s and more on loopback).
-            let is_send = matches!(o.kind, Kind::Send | Kind::SplitSend);
-            if let (Some(f), false, true) = (self.nics[rail].slow, matches!(o.state, State::Delayed(..)), is_send) {
+            let slowed = self.nics[rail]
+                .slow
+                .filter(|_| matches!(o.kind, Kind::Send | Kind::SplitSend) && !matches!(o.state, State::Delayed(..)));
+            if let Some(f) = slowed {
                 let extra = now.duration_since(o.posted).mul_f64(1.0 / f - 1.0);
                 let old = std::mem::replace(&mut o.state, State::Delayed(kind, now + extra));
                 self.retire(o.path, o.kind, old, false);
