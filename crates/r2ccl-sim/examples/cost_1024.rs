@@ -6,8 +6,11 @@
 //! its own, with both failures and with the known one only, to measure what coalescing chunks would change.
 //! `merged` times the planner's choice with merged rail parts (`convert::MergeRails`, an approximation) and then
 //! exactly, and prints the approximation's error: makespan and every rank's finish time against the exact run
-//! (`merged alone`: the merged run only). Run with `cargo run --release -p r2ccl-sim --example cost_1024 [planner |
-//! merged [alone] | algo | chunks K...]`.
+//! (`merged alone`: the merged run only; `merged known`: with the known failure only). `floor` measures what any
+//! exact event-driven run of the planner's DAG must at least do, with none of the engine's work: every task taken
+//! once from a binary heap in time order (durations without sharing, queues or failures) and every edge walked
+//! once; and the same walk in FIFO order, with no time order at all. Run with `cargo run --release -p r2ccl-sim
+//! --example cost_1024 [planner | merged [alone] [known] | algo | floor | chunks K...]`.
 #![allow(clippy::print_stdout, reason = "an example that prints its measurements")]
 #![allow(clippy::disallowed_methods, reason = "it measures wall-clock time")]
 
@@ -16,9 +19,11 @@ use r2ccl_sim::collective::{build_allreduce, AllReduceJob, Strategy};
 use r2ccl_sim::convert::{
     append_allreduce, append_allreduce_with, append_schedules, plan_allreduce, Choice, MergeRails,
 };
-use r2ccl_sim::engine::{simulate, Dag};
+use r2ccl_sim::engine::{simulate, Dag, Op};
 use r2ccl_sim::workload::plan_health;
 use r2ccl_sim::{EngineConfig, Fabric, FabricSpec, Failure, RepairMode, SimError};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::time::Instant;
 
 fn main() -> Result<(), SimError> {
@@ -33,7 +38,12 @@ fn main() -> Result<(), SimError> {
             chunks(&fab, &job, &fails, &ks)
         }
         Some("planner") => phases(&fab, &job, &fails, &[Strategy::Planner]),
-        Some("merged") => merged(&fab, &job, &fails, args.get(1).is_some_and(|a| a == "alone")),
+        Some("floor") => floor(&fab, &job, &fails),
+        Some("merged") => {
+            let known = args.iter().any(|a| a == "known");
+            let fails = if known { &fails[..1] } else { &fails[..] };
+            merged(&fab, &job, fails, args.iter().any(|a| a == "alone"))
+        }
         _ => phases(
             &fab,
             &job,
@@ -173,5 +183,90 @@ fn chunks(fab: &Fabric, job: &AllReduceJob, fails: &[Failure], ks: &[u32]) -> Re
             );
         }
     }
+    Ok(())
+}
+
+/// The floor of an exact event-driven run of the planner's DAG (see the file's doc).
+fn floor(fab: &Fabric, job: &AllReduceJob, fails: &[Failure]) -> Result<(), SimError> {
+    let h = plan_health(fab, fails);
+    let t = Instant::now();
+    let mut dag = Dag::new();
+    append_allreduce(&mut dag, fab, &h, job, Choice::Planner, None)?;
+    let built = t.elapsed().as_secs_f64();
+    // Untimed: successor lists (CSR), dependency counts and each task's duration alone on its path.
+    let n = dag.len();
+    let mut start = vec![0u32; n + 1];
+    let mut deps = vec![0u32; n];
+    for &(a, b) in dag.edges() {
+        start[a as usize + 1] += 1;
+        deps[b as usize] += 1;
+    }
+    for i in 0..n {
+        start[i + 1] += start[i];
+    }
+    let mut at = start.clone();
+    let mut succ = vec![0u32; dag.edges().len()];
+    for &(a, b) in dag.edges() {
+        succ[at[a as usize] as usize] = b;
+        at[a as usize] += 1;
+    }
+    let caps = fab.capacities();
+    let mut path = Vec::new();
+    let dur: Vec<f64> = dag
+        .ops()
+        .map(|op| match op {
+            Op::Delay(d) => d.max(0.0),
+            Op::Transfer { src, dst, bytes, .. } | Op::Pinned { src, dst, bytes, .. } => {
+                let (rs, rd) = match op {
+                    Op::Pinned { src_rail, dst_rail, .. } => (src_rail, dst_rail),
+                    _ => (0, 0),
+                };
+                fab.path(src, dst, rs, rd, &mut path);
+                let c = path.iter().map(|&l| caps[l as usize]).fold(f64::INFINITY, f64::min);
+                fab.path_latency(src, dst) + if c.is_finite() && c > 0.0 { bytes / c } else { 0.0 }
+            }
+        })
+        .collect();
+    // Times are non-negative, so their bit patterns order like the times.
+    let mut left = deps.clone();
+    let t = Instant::now();
+    let mut heap: BinaryHeap<Reverse<(u64, u32)>> =
+        (0..n as u32).filter(|&i| left[i as usize] == 0).map(|i| Reverse((dur[i as usize].to_bits(), i))).collect();
+    let mut end = 0.0f64;
+    while let Some(Reverse((bits, task))) = heap.pop() {
+        let now = f64::from_bits(bits);
+        end = end.max(now);
+        for &s in &succ[start[task as usize] as usize..start[task as usize + 1] as usize] {
+            let l = &mut left[s as usize];
+            *l -= 1;
+            if *l == 0 {
+                heap.push(Reverse(((now + dur[s as usize]).to_bits(), s)));
+            }
+        }
+    }
+    let timed = t.elapsed().as_secs_f64();
+    let mut left = deps;
+    let t = Instant::now();
+    let mut fifo: VecDeque<u32> = (0..n as u32).filter(|&i| left[i as usize] == 0).collect();
+    let mut walked = 0usize;
+    while let Some(task) = fifo.pop_front() {
+        walked += 1;
+        for &s in &succ[start[task as usize] as usize..start[task as usize + 1] as usize] {
+            let l = &mut left[s as usize];
+            *l -= 1;
+            if *l == 0 {
+                fifo.push_back(s);
+            }
+        }
+    }
+    let walk = t.elapsed().as_secs_f64();
+    println!(
+        "floor of the planner's case: schedule {built:.3} s; {n} tasks and {} edges taken in time order from a binary \
+         heap {timed:.3} s (makespan without sharing {:.6} ms); the same walk in FIFO order {walk:.3} s ({walked} \
+         tasks); schedule + heap pass {:.3} s",
+        dag.edges().len(),
+        end * 1e3,
+        built + timed
+    );
     Ok(())
 }

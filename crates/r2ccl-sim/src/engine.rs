@@ -216,6 +216,11 @@ impl Dag {
         self.table.get(at as usize).copied()
     }
 
+    /// The dependencies `(before, after)`, in the order they were added.
+    pub fn edges(&self) -> &[(TaskId, TaskId)] {
+        &self.edges
+    }
+
     /// The tasks' ops, in task order.
     pub fn ops(&self) -> impl Iterator<Item = Op> + '_ {
         self.op_of.iter().filter_map(|&at| self.table.get(at as usize).copied())
