@@ -47,7 +47,7 @@ fn main() -> Result<()> {
             }
         }
         Some("reproduce") => {
-            // --extended: also the planner's choice with ten failures on 512 GPUs (about a minute more).
+            // --extended: the formula four-stage schedule at every failure count on 512 GPUs (minutes more).
             let extended = match args.get(1).map(String::as_str) {
                 None => false,
                 Some("--extended") => true,
@@ -57,9 +57,9 @@ fn main() -> Result<()> {
             let mut tables = Vec::new();
             type Gen = fn() -> r2ccl_sim::Result<reproduce::Table>;
             let scale_512: Gen = if extended {
-                || reproduce::scale_512(10, &reproduce::PLANNER_FAILURES_512_EXTENDED)
+                || reproduce::scale_512(10, &reproduce::FOUR_STAGE_FAILURES_512_EXTENDED)
             } else {
-                || reproduce::scale_512(10, &reproduce::PLANNER_FAILURES_512)
+                || reproduce::scale_512(10, &reproduce::FOUR_STAGE_FAILURES_512)
             };
             let gens: [(&str, Gen); 7] = [
                 ("closed forms", || reproduce::closed_form_table(16)),
