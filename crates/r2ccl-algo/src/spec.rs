@@ -93,6 +93,14 @@ pub enum Algorithm {
     /// AllReduce only: chain-reduce inside each node to a leader, ring AllReduce among
     /// the node leaders, chain-broadcast inside each node.
     Hierarchical,
+    /// AllReduce only, rail-parallel: a ring reduce-scatter inside each node leaves segment
+    /// `i` of `G` (the ranks per node) reduced over the node at the node's `i`-th rank; the
+    /// `i`-th ranks of all nodes run a ring AllReduce of segment `i` on their own rails (rail
+    /// `i % NICs`, or the NICs `r` with `r % G == i` when a node has more NICs than ranks;
+    /// rails unusable at either end are split around per the strategy); a ring all-gather
+    /// inside each node. Each rank sends `1/G` of the buffer across nodes. Nodes that hold
+    /// different numbers of ranks run [`Algorithm::Hierarchical`] instead.
+    Rails,
 }
 
 /// Parameters of R2CCL-AllReduce (MECHANISMS.md section 5.2).

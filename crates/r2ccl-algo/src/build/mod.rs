@@ -233,6 +233,7 @@ pub fn build_rank_schedule(fabric: &Fabric, req: &ScheduleRequest, rank: Rank) -
             Algorithm::Hierarchical => nested::hierarchical(&mut cx, &ring, n, |cx, leaders, _| {
                 prims::ring_allreduce(cx, leaders, out, RailMask::ALL)
             })?,
+            Algorithm::Rails => nested::rails(&mut cx, &ring, n)?,
         },
         (Collective::ReduceScatter { .. }, _) => prims::reduce_scatter(&mut cx, &ring, n)?,
         (Collective::AllGather, _) => prims::all_gather(&mut cx, &ring, n)?,
@@ -341,6 +342,7 @@ fn validate(fabric: &Fabric, req: &ScheduleRequest) -> Result<(), AlgoError> {
         Algorithm::Hierarchical if !is_allreduce => {
             Err(AlgoError::NotApplicable { what: "hierarchical", collective: name })
         }
+        Algorithm::Rails if !is_allreduce => Err(AlgoError::NotApplicable { what: "rails", collective: name }),
         _ => Ok(()),
     }
 }

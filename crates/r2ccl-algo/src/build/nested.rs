@@ -43,6 +43,48 @@ pub(crate) fn hierarchical(
     prims::chain_copy(cx, &local, out, RailMask::ALL)
 }
 
+/// The rail-parallel AllReduce ([`crate::Algorithm::Rails`]): a ring reduce-scatter inside
+/// each node into `G` segments (`G` ranks per node), a ring AllReduce of segment `i` among
+/// the `i`-th ranks of every node (nodes in ring order, ranks of a node in ring order) on
+/// [`rails_of_group`]`(i)`, a ring all-gather inside each node. Layouts whose nodes hold
+/// different numbers of ranks run [`hierarchical`] with a ring among the leaders.
+pub(crate) fn rails(cx: &mut Cx<'_>, ring: &[Rank], n: u64) -> Result<(), AlgoError> {
+    let layout = cx.fab.layout();
+    let mut order: Vec<usize> = Vec::with_capacity(layout.nodes());
+    let mut members: Vec<Vec<Rank>> = vec![Vec::new(); layout.nodes()];
+    for &r in ring {
+        let node = layout.node_idx(r);
+        if members[node].is_empty() {
+            order.push(node);
+        }
+        members[node].push(r);
+    }
+    let out = Elems::new(Buf::Output, 0, n);
+    let g = order.first().map_or(1, |&node| members[node].len());
+    if order.iter().any(|&node| members[node].len() != g) {
+        return hierarchical(cx, ring, n, |cx, leaders, _| prims::ring_allreduce(cx, leaders, out, RailMask::ALL));
+    }
+    cx.copy(Elems::new(Buf::Input, 0, n), out);
+    let local = std::mem::take(&mut members[layout.node_idx(cx.me)]);
+    let seg = |i: usize| out.part(g as u64, i as u64);
+    prims::ring_rs(cx, &local, &seg, RailMask::ALL)?;
+    let pos = local.iter().position(|&r| r == cx.me).unwrap_or(0);
+    members[layout.node_idx(cx.me)].clone_from(&local);
+    let group: Vec<Rank> = order.iter().map(|&node| members[node][pos]).collect();
+    prims::ring_allreduce(cx, &group, seg(pos), rails_of_group(pos, g, layout.nics_per_node()))?;
+    prims::ring_ag(cx, &local, &seg, RailMask::ALL)
+}
+
+/// Rails of the `i`-th rail group of [`rails`] with `g` ranks and `k` NICs per node: rail
+/// `i % k` when `g >= k`, else every rail `r` with `r % g == i` (one rank per node: all).
+pub(crate) fn rails_of_group(i: usize, g: usize, k: usize) -> RailMask {
+    if g >= k {
+        RailMask(1u64 << ((i % k) % 64))
+    } else {
+        RailMask((0..k.min(64)).filter(|r| r % g.max(1) == i).fold(0u64, |m, r| m | 1u64 << r))
+    }
+}
+
 /// One level of a nested schedule: `members` (indices into the leader list, ring order)
 /// run a ring AllReduce of `range`; the other leaders join it.
 struct Level {
