@@ -353,6 +353,16 @@ impl Fabric {
         RailMask(m)
     }
 
+    /// Whether NIC `rail` of `node` is usable but below its nominal rate.
+    pub fn is_slowed(&self, node: NodeId, rail: RailId) -> bool {
+        let k = self.layout.nics_per_node();
+        let x = node.index() * k + rail.index();
+        match (self.usable.get(x), self.nominal.get(x)) {
+            (Some(&u), Some(&n)) => rail.index() < k && u > 0 && u < n,
+            _ => false,
+        }
+    }
+
     /// Whether any NIC of the fabric is failed or degraded.
     pub fn is_degraded(&self) -> bool {
         self.usable.iter().zip(&self.nominal).any(|(u, n)| u < n)

@@ -36,7 +36,9 @@ mod sim;
 mod spec;
 mod traffic;
 
-pub use build::{build_all, build_p2p_group, build_rank_schedule, even_part, p2p_group_lens, P2pOp};
+pub use build::{
+    build_all, build_p2p_group, build_rank_schedule, even_part, p2p_group_lens, rails_group_mask, rails_of_group, P2pOp,
+};
 pub use error::{AlgoError, ExecError, SimError};
 pub use exec::{execute, ExecOrder};
 pub use layout::{Fabric, Layout, RailMask, RailPart, RailPolicy, RailSplit};

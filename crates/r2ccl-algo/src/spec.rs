@@ -97,7 +97,9 @@ pub enum Algorithm {
     /// `i` of `G` (the ranks per node) reduced over the node at the node's `i`-th rank; the
     /// `i`-th ranks of all nodes run a ring AllReduce of segment `i` on their own rails (rail
     /// `i % NICs`, or the NICs `r` with `r % G == i` when a node has more NICs than ranks;
-    /// rails unusable at either end are split around per the strategy); a ring all-gather
+    /// a transfer whose rails are unusable at either end is split over the others per the
+    /// strategy, and under Balance a group one of whose rails runs below its nominal rate
+    /// somewhere spreads over every rail by bandwidth); a ring all-gather
     /// inside each node. Each rank sends `1/G` of the buffer across nodes. Nodes that hold
     /// different numbers of ranks run [`Algorithm::Hierarchical`] instead.
     Rails,

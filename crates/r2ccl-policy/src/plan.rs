@@ -167,6 +167,10 @@ pub struct StrategyParams {
     /// Whether the strategy follows the re-ranked ring order (`Plan::ring_order`) rather than
     /// node-id order.
     pub reranked: bool,
+    /// Ring / Balance / single backup AllReduce with several ranks per node: runs r2ccl-algo's
+    /// rail-parallel [`Algorithm::Rails`] rather than [`Algorithm::Hierarchical`].
+    #[serde(default)]
+    pub rails: bool,
 }
 
 /// Predicted bytes per NIC, `[node * rails + rail]`, sent and received. They equal the
@@ -284,9 +288,9 @@ impl Plan {
         let is_allreduce = matches!(self.collective, Collective::AllReduce { .. });
         let hier = is_allreduce && self.ranks_per_node > 1;
         let (algorithm, strategy, chunks) = match s {
-            Strategy::Ring | Strategy::Balance if hier => (Algorithm::Hierarchical, r2ccl_algo::Strategy::Balance, k),
+            Strategy::Ring | Strategy::Balance if hier => (node_algorithm(c), r2ccl_algo::Strategy::Balance, k),
             Strategy::Ring | Strategy::Balance => (Algorithm::Ring, r2ccl_algo::Strategy::Balance, k),
-            Strategy::SingleBackup if hier => (Algorithm::Hierarchical, r2ccl_algo::Strategy::SingleBackup, k),
+            Strategy::SingleBackup if hier => (node_algorithm(c), r2ccl_algo::Strategy::SingleBackup, k),
             Strategy::SingleBackup => (Algorithm::Ring, r2ccl_algo::Strategy::SingleBackup, k),
             Strategy::RecursiveDoubling => (Algorithm::Tree, r2ccl_algo::Strategy::Balance, 1),
             Strategy::R2cclAllReduce => {
@@ -335,6 +339,15 @@ const HELPER_CHUNKS: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
 /// schedule on paper and differ by rounding only.
 const HELPER_TIE: f64 = 1e-9;
 
+/// The AllReduce a plain candidate with several ranks per node runs.
+fn node_algorithm(c: &Candidate) -> Algorithm {
+    if c.params.rails {
+        Algorithm::Rails
+    } else {
+        Algorithm::Hierarchical
+    }
+}
+
 /// Everything a candidate evaluation needs.
 struct Ctx<'a> {
     net: Net<'a>,
@@ -346,6 +359,8 @@ struct Ctx<'a> {
     /// Bytes of one block / buffer (`count * elem`).
     block: f64,
     alpha: f64,
+    /// Per-hop latency inside a node.
+    intra_alpha: f64,
 }
 
 impl Ctx<'_> {
@@ -359,6 +374,21 @@ impl Ctx<'_> {
 
     fn hop(&self, r: Rate) -> f64 {
         self.alpha * if r.cross { 2.0 } else { 1.0 }
+    }
+
+    /// The busiest NIC's time for the bytes of `acc`: the most it sends or receives over its
+    /// usable bandwidth (0 without bytes; infinite on a failed NIC with bytes).
+    fn busiest(&self, acc: &Acc) -> f64 {
+        let k = self.k();
+        let mut worst: f64 = 0.0;
+        for (x, (&tx, &rx)) in acc.tx.iter().zip(&acc.rx).enumerate() {
+            let bytes = tx.max(rx);
+            if bytes > 0 {
+                let bw = self.net.f.nic(x / k, x % k) as f64 * BYTES_PER_MBPS;
+                worst = worst.max(if bw > 0.0 { bytes as f64 / bw } else { f64::INFINITY });
+            }
+        }
+        worst
     }
 
     /// Node of each position of the flat rank ring that follows `order` (ranks of a node
@@ -400,8 +430,11 @@ fn basic(
             let g = f64::from(c.g);
             let time = |kf: f64| {
                 let ring = if c.n < 2 { 0.0 } else { 2.0 * (n - 1.0) * (kf * c.hop(r) + c.block / n * r.spb) };
-                let chain =
-                    if c.g > 1 { 2.0 * (g - 1.0 + kf - 1.0) * (c.alpha + c.block / kf * c.net.intra_spb) } else { 0.0 };
+                let chain = if c.g > 1 {
+                    2.0 * (g - 1.0 + kf - 1.0) * (c.intra_alpha + c.block / kf * c.net.intra_spb)
+                } else {
+                    0.0
+                };
                 ring + chain
             };
             let mut best = (time(1.0), 1u32);
@@ -415,9 +448,19 @@ fn basic(
                 }
             }
             let (t, kk) = best;
-            c.net.ring(&mut acc, order, &[], c.count, kk, RailMask::ALL, pol, true, true)?;
-            let params = if c.g > 1 { StrategyParams { chunks: Some(kk), ..params } } else { params };
-            (t, 2.0 * (n - 1.0) * c.block, params)
+            // The rail-parallel AllReduce instead, when it is faster.
+            let rails = if c.g > 1 { Some(rails_allreduce(c, order, pol)?) } else { None };
+            match rails {
+                Some((tr, rk, racc)) if tr < t => {
+                    acc = racc;
+                    (tr, 2.0 * (n - 1.0) * c.block, StrategyParams { rails: true, chunks: Some(rk), ..params })
+                }
+                _ => {
+                    c.net.ring(&mut acc, order, &[], c.count, kk, RailMask::ALL, pol, true, true)?;
+                    let params = if c.g > 1 { StrategyParams { chunks: Some(kk), ..params } } else { params };
+                    (t, 2.0 * (n - 1.0) * c.block, params)
+                }
+            }
         }
         Collective::ReduceScatter { .. } | Collective::AllGather => {
             let rs = matches!(c.coll, Collective::ReduceScatter { .. });
@@ -480,6 +523,51 @@ fn basic(
         }
     };
     Ok(t.is_finite().then(|| c.candidate(s, t, params, acc, total)))
+}
+
+/// r2ccl-algo's rail-parallel AllReduce ([`Algorithm::Rails`]) for `c.g` ranks per node along
+/// `order`, in `k` chunks per message: a ring reduce-scatter and a ring all-gather inside each
+/// node, `g - 1` hops each of `1/g` of the buffer on the same NVLink links, and between them one
+/// ring AllReduce per rank of a node over its segment on its rails, all at once (`2 (n - 1)`
+/// hops, the busiest NIC's bytes over its bandwidth). Every message of a connection goes after
+/// the one before, each with its hop. The NVLink phases and the NIC phase use different links,
+/// so with `k` chunks they overlap but for `1/k` of the shorter one. Returns the time, the
+/// chunk count and the bytes per NIC.
+fn rails_allreduce(c: &mut Ctx<'_>, order: &[usize], pol: RailPolicy) -> Result<(f64, u32, Acc), PlanError> {
+    let (n, g) = (c.n as f64, f64::from(c.g));
+    let mut probe = c.acc();
+    let mut hop: f64 = 0.0;
+    for i in 0..c.g as usize {
+        let (_, len) = r2ccl_algo::even_part(c.count, u64::from(c.g), i as u64);
+        let mask = r2ccl_algo::rails_group_mask(c.net.af, i, c.g as usize, pol);
+        let r = c.net.ring(&mut probe, order, &[], len, 1, mask, pol, true, true)?;
+        hop = hop.max(c.hop(r));
+    }
+    let nic_bytes = if c.n < 2 { 0.0 } else { c.busiest(&probe) };
+    let nvlink_bytes = 2.0 * (g - 1.0) * c.block / g * c.net.intra_spb;
+    let time = |kf: f64| {
+        let nvlink = 2.0 * (g - 1.0) * kf * c.intra_alpha + nvlink_bytes;
+        let nic = if c.n < 2 { 0.0 } else { 2.0 * (n - 1.0) * kf * hop + nic_bytes };
+        nvlink.max(nic) + nvlink.min(nic) / kf
+    };
+    let mut best = (time(1.0), 1u32);
+    for kk in CHUNK_CHOICES {
+        if u64::from(kk) * u64::from(c.g) > c.count.max(1) {
+            break;
+        }
+        let t = time(f64::from(kk));
+        if t < best.0 {
+            best = (t, kk);
+        }
+    }
+    let (t, kk) = best;
+    let mut acc = c.acc();
+    for i in 0..c.g as usize {
+        let (_, len) = r2ccl_algo::even_part(c.count, u64::from(c.g), i as u64);
+        let mask = r2ccl_algo::rails_group_mask(c.net.af, i, c.g as usize, pol);
+        c.net.ring(&mut acc, order, &[], len, kk, mask, pol, true, true)?;
+    }
+    Ok((t, kk, acc))
 }
 
 /// Usable Mbit/s of each node along `order`, as the nested builders see them.
@@ -708,16 +796,28 @@ fn recursive_doubling(c: &mut Ctx<'_>, order: &[usize]) -> Result<Option<Candida
     let mut acc = c.acc();
     let (mut t, mut total) = (0.0, 0.0);
     let pol = RailPolicy::Balance;
+    // A round: its intra-node pairs take a hop inside the node and their buffer at the intra-node
+    // rate. Its inter-node pairs take a hop and their buffer at their transfer's rate, and as they
+    // share their nodes' NICs, at least the busiest NIC's bytes of the round over its bandwidth.
     let mut round = |c: &mut Ctx<'_>, acc: &mut Acc, pairs: &[(usize, usize)]| -> Result<f64, PlanError> {
         let mut worst: f64 = 0.0;
+        let mut hop: Option<f64> = None;
+        let mut ra = c.acc();
         for &(a, b) in pairs {
-            let r = c.net.send(acc, flat[a], flat[b], &msgs, RailMask::ALL, pol)?;
+            let r = c.net.send(&mut ra, flat[a], flat[b], &msgs, RailMask::ALL, pol)?;
             if flat[a] != flat[b] {
                 total += c.block;
+                hop = Some(hop.unwrap_or(0.0).max(c.hop(r)));
+                worst = worst.max(c.hop(r) + c.block * r.spb);
+            } else {
+                worst = worst.max(c.intra_alpha + c.block * r.spb);
             }
-            worst = worst.max(c.hop(r) + c.block * r.spb);
         }
-        Ok(worst)
+        for (x, (tx, rx)) in ra.tx.iter().zip(&ra.rx).enumerate() {
+            acc.tx[x] += tx;
+            acc.rx[x] += rx;
+        }
+        Ok(worst.max(hop.map_or(0.0, |h| h + c.busiest(&ra))))
     };
     let fold: Vec<(usize, usize)> = (0..extra).map(|e| (2 * e, 2 * e + 1)).collect();
     if extra > 0 {
@@ -749,7 +849,7 @@ fn intra(topo: &Topology, d: f64, k: u32) -> f64 {
     }
     let bw = topo.intra_gbps() * 1e9 / 8.0;
     let kf = f64::from(k.max(1));
-    2.0 * (g - 1.0 + kf - 1.0) * (topo.alpha_s() + d / kf / bw)
+    2.0 * (g - 1.0 + kf - 1.0) * (topo.intra_alpha_s() + d / kf / bw)
 }
 
 /// Lower bound on the inter-node time (bandwidth model) with `d` bytes per rank.
@@ -915,6 +1015,7 @@ pub fn plan_payload(
         count,
         block,
         alpha: topology.alpha_s(),
+        intra_alpha: topology.intra_alpha_s(),
     };
     let is_allreduce = matches!(collective, Collective::AllReduce { .. });
 

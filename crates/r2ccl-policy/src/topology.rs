@@ -70,6 +70,8 @@ pub struct Topology {
     nodes: Vec<NodeSpec>,
     ranks_per_node: u32,
     alpha_s: f64,
+    /// Per-hop latency inside a node; `None`: the same as `alpha_s`.
+    intra_alpha_s: Option<f64>,
     intra_gbps: f64,
     spine_permille: u32,
 }
@@ -90,6 +92,7 @@ impl Topology {
             nodes,
             ranks_per_node: 1,
             alpha_s: DEFAULT_ALPHA_S,
+            intra_alpha_s: None,
             intra_gbps: DEFAULT_INTRA_GBPS,
             spine_permille: DEFAULT_SPINE_PERMILLE,
         };
@@ -117,6 +120,16 @@ impl Topology {
             return Err(TopologyError::BadAlpha(alpha_s));
         }
         self.alpha_s = alpha_s;
+        Ok(self)
+    }
+
+    /// Set the per-hop latency of intra-node transfers (NVLink/PCIe/shared memory) in seconds;
+    /// without it intra-node hops cost [`Topology::alpha_s`] as well.
+    pub fn with_intra_alpha(mut self, alpha_s: f64) -> Result<Self, TopologyError> {
+        if !alpha_s.is_finite() || alpha_s < 0.0 {
+            return Err(TopologyError::BadAlpha(alpha_s));
+        }
+        self.intra_alpha_s = Some(alpha_s);
         Ok(self)
     }
 
@@ -187,6 +200,11 @@ impl Topology {
     /// Per-hop latency in seconds.
     pub const fn alpha_s(&self) -> f64 {
         self.alpha_s
+    }
+
+    /// Per-hop latency of intra-node transfers, seconds ([`Topology::alpha_s`] unless set).
+    pub fn intra_alpha_s(&self) -> f64 {
+        self.intra_alpha_s.unwrap_or(self.alpha_s)
     }
 
     /// Intra-node bandwidth per rank, Gbit/s.

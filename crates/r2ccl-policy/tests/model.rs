@@ -215,3 +215,40 @@ fn single_backup_doubles_and_balance_spreads() {
     // Rail 1 carries its own channel and the failed rail 0's (to within element rounding).
     assert!(sbc.nic_bytes.tx(0, 1).abs_diff(2 * sbc.nic_bytes.tx(0, 2)) <= 8, "{:?}", sbc.nic_bytes);
 }
+
+/// Several ranks per node: the plain strategies run r2ccl-algo's rail-parallel AllReduce when the
+/// model puts it ahead of the hierarchical one: one chunk for a latency-bound buffer, pipelined
+/// chunks for a large one; recursive doubling's cross-node round pays its busiest NIC.
+#[test]
+fn multi_rank_nodes_run_the_rail_parallel_allreduce() {
+    let topo = Topology::uniform(2, 8, 400_000)
+        .unwrap()
+        .with_ranks_per_node(8)
+        .unwrap()
+        .with_alpha(4e-6)
+        .unwrap()
+        .with_intra_alpha(1e-6)
+        .unwrap()
+        .with_intra_gbps(3600.0)
+        .unwrap();
+    let sum = Collective::AllReduce { op: ReduceOp::Sum };
+    for (bytes, pipelined) in [(1u64 << 20, false), (2_700_000_000, true)] {
+        for failed in [None, Some(NicId::new(1, 0))] {
+            let mut view = HealthView::uniform(2, 8, 400_000);
+            if let Some(nic) = failed {
+                view.set_failed(nic).unwrap();
+            }
+            let p = plan(&topo, &view, sum, bytes).unwrap();
+            let req = p.schedule_request().unwrap();
+            assert_eq!(req.algorithm, r2ccl_algo::Algorithm::Rails, "{bytes} bytes, {failed:?}: {:?}", p.chosen);
+            assert_eq!(req.chunks > 1, pipelined, "{bytes} bytes: {} chunks", req.chunks);
+        }
+    }
+    // 1 MiB: three NVLink rounds (1 us + 1 MiB at 450 GB/s each), then 8 MiB per node over 8 NICs of 50 GB/s
+    // after a 4 us hop.
+    let p = plan(&topo, &HealthView::uniform(2, 8, 400_000), sum, 1 << 20).unwrap();
+    let rd = p.candidate(Strategy::RecursiveDoubling).unwrap().time_s;
+    let mib = 1048576.0;
+    let want = 3.0 * (1e-6 + mib / 450e9) + 4e-6 + 8.0 * mib / (8.0 * 50e9);
+    assert!(rel(rd, want) < 1e-9, "recursive doubling {rd} against {want}");
+}

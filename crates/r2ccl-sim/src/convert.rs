@@ -392,7 +392,7 @@ pub enum Choice {
 }
 
 /// The planner's input for `nodes` nodes of `fabric` with `ranks_per_node` ranks each: NIC line rates,
-/// per-hop latency `2 x nic_latency` (NIC to switch to NIC), NVLink as the intra-node bandwidth and the
+/// per-hop latency `2 x nic_latency` (NIC to switch to NIC), NVLink's latency and bandwidth inside a node, and the
 /// spine share `1000 / spine_oversubscription` per mille.
 pub fn topology(fabric: &Fabric, nodes: usize, ranks_per_node: u32) -> Result<Topology, SimError> {
     let s = fabric.spec();
@@ -404,6 +404,8 @@ pub fn topology(fabric: &Fabric, nodes: usize, ranks_per_node: u32) -> Result<To
         .with_ranks_per_node(ranks_per_node)
         .map_err(conv)?
         .with_alpha(2.0 * s.nic_latency_us * 1e-6)
+        .map_err(conv)?
+        .with_intra_alpha(s.nvlink_latency_us * 1e-6)
         .map_err(conv)?
         .with_intra_gbps(s.nvlink_gbps)
         .map_err(conv)?

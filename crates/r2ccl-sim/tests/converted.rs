@@ -318,7 +318,9 @@ fn planner_request_runs_exactly_what_it_planned() {
 
 #[test]
 fn merged_rail_parts_keep_the_bytes_and_come_close_to_the_exact_run() {
-    // 8 nodes x 4 GPUs x 4 NICs, the planner's choice with one NIC known down and one failing in flight: merging
+    // 8 nodes x 4 GPUs x 4 NICs, the four-stage schedule (every message split over the NICs; the planner picks the
+    // rail-parallel AllReduce here, whose messages have one part each) with one NIC known down and one failing in
+    // flight: merging
     // the rail parts of messages between the other nodes leaves the byte accounting as it is, makes fewer flows,
     // keeps every part of the failed nodes' messages, and stays close to the exact run.
     let mut s = FabricSpec::new(8, 4, 4, 100.0);
@@ -333,7 +335,8 @@ fn merged_rail_parts_keep_the_bytes_and_come_close_to_the_exact_run() {
     let mut runs = Vec::new();
     for m in [None, Some(&merge)] {
         let mut dag = Dag::new();
-        let (_, c) = append_allreduce_with(&mut dag, &fab, &h, &job, Choice::Planner, None, m).unwrap();
+        let four_stage = Choice::Candidate(r2ccl_policy::Strategy::FourStage);
+        let (_, c) = append_allreduce_with(&mut dag, &fab, &h, &job, four_stage, None, m).unwrap();
         let r = simulate(&fab, &dag, &fails, &cfg).unwrap();
         assert!(!r.stalled);
         // Pinned transfers that touch a node with a failure, and pinned transfers in all.

@@ -9,6 +9,7 @@ mod nested;
 mod prims;
 
 pub use group::{build_p2p_group, p2p_group_lens, P2pOp};
+pub use nested::{rails_group_mask, rails_of_group};
 
 use crate::layout::{Fabric, RailMask, RailPolicy};
 use crate::schedule::{Buf, RankSchedule, Region, ScheduleBuilder, SplitRef, StepKind, Tag};

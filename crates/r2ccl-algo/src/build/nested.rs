@@ -3,12 +3,12 @@
 //! level engine behind R2CCL-AllReduce, recursive AllReduce and the four-stage schedule.
 
 use super::{prims, Cx, Elems};
-use crate::layout::RailMask;
+use crate::layout::{RailMask, RailPolicy};
 use crate::model::{self, LevelPlan};
 use crate::schedule::{Buf, SplitRef, Tag};
 use crate::spec::R2cclParams;
 use crate::AlgoError;
-use r2ccl_core::Rank;
+use r2ccl_core::{NodeId, RailId, Rank};
 
 /// Run `inner` among one leader per node (the node's first rank on the ring), wrapped
 /// in an intra-node chain reduce to the leader before and a chain broadcast after.
@@ -71,13 +71,31 @@ pub(crate) fn rails(cx: &mut Cx<'_>, ring: &[Rank], n: u64) -> Result<(), AlgoEr
     let pos = local.iter().position(|&r| r == cx.me).unwrap_or(0);
     members[layout.node_idx(cx.me)].clone_from(&local);
     let group: Vec<Rank> = order.iter().map(|&node| members[node][pos]).collect();
-    prims::ring_allreduce(cx, &group, seg(pos), rails_of_group(pos, g, layout.nics_per_node()))?;
+    prims::ring_allreduce(cx, &group, seg(pos), rails_group_mask(cx.fab, pos, g, cx.policy))?;
     prims::ring_ag(cx, &local, &seg, RailMask::ALL)
+}
+
+/// The rails the `i`-th group of [`rails`] (`g` ranks per node) sends on under `policy`: its
+/// own rails ([`rails_of_group`]), or every rail under [`RailPolicy::Balance`] and
+/// [`RailPolicy::Spread`] when one of them runs below its nominal rate on some node (a
+/// degraded NIC that is still usable would otherwise carry its group's whole share; spread
+/// over all rails by bandwidth, it carries its bandwidth's share). A failed rail needs no
+/// such rule: a transfer whose rails are unusable at either end is split over every rail.
+pub fn rails_group_mask(fab: &crate::Fabric, i: usize, g: usize, policy: RailPolicy) -> RailMask {
+    let k = fab.layout().nics_per_node();
+    let own = rails_of_group(i, g, k);
+    let slowed = (0..fab.layout().nodes())
+        .any(|node| (0..k).filter(|&r| own.contains(r)).any(|r| fab.is_slowed(NodeId(node as u32), RailId(r as u16))));
+    if slowed && policy != RailPolicy::SingleBackup {
+        RailMask::ALL
+    } else {
+        own
+    }
 }
 
 /// Rails of the `i`-th rail group of [`rails`] with `g` ranks and `k` NICs per node: rail
 /// `i % k` when `g >= k`, else every rail `r` with `r % g == i` (one rank per node: all).
-pub(crate) fn rails_of_group(i: usize, g: usize, k: usize) -> RailMask {
+pub fn rails_of_group(i: usize, g: usize, k: usize) -> RailMask {
     if g >= k {
         RailMask(1u64 << ((i % k) % 64))
     } else {

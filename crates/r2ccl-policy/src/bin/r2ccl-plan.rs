@@ -209,6 +209,9 @@ fn print_text(a: &Args, p: &Plan) {
         if let Some(f) = pp.ring_fraction {
             extra.push(format!("f={f:.4}"));
         }
+        if pp.rails {
+            extra.push("rail-parallel".into());
+        }
     }
     println!("chosen: {} {}", p.chosen.name(), extra.join(" "));
 }
