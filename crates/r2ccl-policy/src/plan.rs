@@ -498,15 +498,7 @@ fn basic(
         Collective::AlltoAll => {
             let g = u64::from(c.g);
             c.net.all_pairs(&mut acc, c.count, g * g, 1, pol)?;
-            let k = c.k();
-            let mut worst: f64 = 0.0;
-            for (x, (&tx, &rx)) in acc.tx.iter().zip(&acc.rx).enumerate() {
-                let bytes = tx.max(rx);
-                if bytes > 0 {
-                    let bw = c.net.f.nic(x / k, x % k) as f64 * BYTES_PER_MBPS;
-                    worst = worst.max(if bw > 0.0 { bytes as f64 / bw } else { f64::INFINITY });
-                }
-            }
+            let worst = c.busiest(&acc);
             let gf = f64::from(c.g);
             ((p - 1.0) * c.alpha + worst, n * (n - 1.0) * gf * gf * c.block, params)
         }
