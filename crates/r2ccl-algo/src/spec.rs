@@ -93,15 +93,16 @@ pub enum Algorithm {
     /// AllReduce only: chain-reduce inside each node to a leader, ring AllReduce among
     /// the node leaders, chain-broadcast inside each node.
     Hierarchical,
-    /// AllReduce only, rail-parallel: a ring reduce-scatter inside each node leaves segment
-    /// `i` of `G` (the ranks per node) reduced over the node at the node's `i`-th rank; the
-    /// `i`-th ranks of all nodes run a ring AllReduce of segment `i` on their own rails (rail
-    /// `i % NICs`, or the NICs `r` with `r % G == i` when a node has more NICs than ranks;
-    /// a transfer whose rails are unusable at either end is split over the others per the
-    /// strategy, and under Balance a group one of whose rails runs below its nominal rate
-    /// somewhere spreads over every rail by bandwidth); a ring all-gather
-    /// inside each node. Each rank sends `1/G` of the buffer across nodes. Nodes that hold
-    /// different numbers of ranks run [`Algorithm::Hierarchical`] instead.
+    /// AllReduce only, rail-parallel. A direct reduce-scatter inside each node (each rank
+    /// sends segment `j` straight to the node's `j`-th rank: one hop on a switched intra-node
+    /// fabric) leaves segment `i` of `G` (the ranks per node) reduced over the node at its
+    /// `i`-th rank. The `i`-th ranks of all nodes run a ring AllReduce of segment `i` on their
+    /// own rails: rail `i % NICs`, or the NICs `r` with `r % G == i` when a node has more NICs
+    /// than ranks. A transfer whose rails are unusable at either end is split over the others
+    /// per the strategy; under Balance a group one of whose rails runs below its nominal rate
+    /// somewhere spreads over every rail by bandwidth. A direct all-gather inside each node
+    /// ends it. Each rank sends `1/G` of the buffer across nodes. Nodes that hold different
+    /// numbers of ranks run [`Algorithm::Hierarchical`] instead.
     Rails,
 }
 

@@ -518,13 +518,13 @@ fn basic(
 }
 
 /// r2ccl-algo's rail-parallel AllReduce ([`Algorithm::Rails`]) for `c.g` ranks per node along
-/// `order`, in `k` chunks per message: a ring reduce-scatter and a ring all-gather inside each
-/// node, `g - 1` hops each of `1/g` of the buffer on the same NVLink links, and between them one
-/// ring AllReduce per rank of a node over its segment on its rails, all at once (`2 (n - 1)`
-/// hops, the busiest NIC's bytes over its bandwidth). Every message of a connection goes after
-/// the one before, each with its hop. The NVLink phases and the NIC phase use different links,
-/// so with `k` chunks they overlap but for `1/k` of the shorter one. Returns the time, the
-/// chunk count and the bytes per NIC.
+/// `order`, in `k` chunks per message: a direct reduce-scatter and a direct all-gather inside
+/// each node, one hop each, every rank's links carrying `(g - 1) / g` of the buffer each way,
+/// and between them one ring AllReduce per rank of a node over its segment on its rails, all
+/// at once (`2 (n - 1)` hops, the busiest NIC's bytes over its bandwidth). Every message of a
+/// connection goes after the one before, each with its hop. The intra-node phases and the NIC
+/// phase use different links, so with `k` chunks they overlap but for `1/k` of the shorter
+/// one. Returns the time, the chunk count and the bytes per NIC.
 fn rails_allreduce(c: &mut Ctx<'_>, order: &[usize], pol: RailPolicy) -> Result<(f64, u32, Acc), PlanError> {
     let (n, g) = (c.n as f64, f64::from(c.g));
     let mut probe = c.acc();
@@ -538,7 +538,7 @@ fn rails_allreduce(c: &mut Ctx<'_>, order: &[usize], pol: RailPolicy) -> Result<
     let nic_bytes = if c.n < 2 { 0.0 } else { c.busiest(&probe) };
     let nvlink_bytes = 2.0 * (g - 1.0) * c.block / g * c.net.intra_spb;
     let time = |kf: f64| {
-        let nvlink = 2.0 * (g - 1.0) * kf * c.intra_alpha + nvlink_bytes;
+        let nvlink = 2.0 * kf * c.intra_alpha + nvlink_bytes;
         let nic = if c.n < 2 { 0.0 } else { 2.0 * (n - 1.0) * kf * hop + nic_bytes };
         nvlink.max(nic) + nvlink.min(nic) / kf
     };

@@ -52,9 +52,10 @@ fn the_2p7b_bucket_runs_rail_parallel_and_is_bound_by_each_gpus_nvlink() {
 }
 
 #[test]
-fn decode_runs_rail_parallel_and_a_lost_nic_costs_it_under_one_percent() {
+fn decode_runs_rail_parallel_as_fast_as_the_formula_balance() {
     // 1 MiB per rank over TP = 16 on 2 x 8 GPUs: the planner predicts the rail-parallel AllReduce and recursive
-    // doubling within 3% of what they simulate, and picks the rail-parallel one, with a NIC down too.
+    // doubling within 3% of what they simulate, and picks the rail-parallel one, with a NIC down too. It runs as
+    // fast as the formula Balance.
     let job = AllReduceJob { nodes: vec![0, 1], bytes: 1048576.0, intra: true, chunks: 1 };
     let fab = fabric(3600.0, 2.0);
     let mut times = Vec::new();
@@ -72,8 +73,12 @@ fn decode_runs_rail_parallel_and_a_lost_nic_costs_it_under_one_percent() {
         append_allreduce(&mut dag, &fab, &h, &job, Choice::Candidate(P::RecursiveDoubling), None).unwrap();
         let rd = simulate(&fab, &dag, &f, &EngineConfig::with_repair(RepairMode::Spread)).unwrap().makespan;
         assert!((rd_pred / rd - 1.0).abs() < 0.03, "recursive doubling predicted {rd_pred}, simulated {rd}");
-        assert!(rails < 0.9 * rd, "rail-parallel {rails} vs recursive doubling {rd}");
+        assert!(rails < 0.6 * rd, "rail-parallel {rails} vs recursive doubling {rd}");
+        // The direct exchanges inside the node take one NVLink hop each, as the formula Balance models them.
+        let formula = run(&fab, Strategy::Balance, &job, &failed);
+        assert!((rails / formula - 1.0).abs() < 0.02, "rail-parallel {rails}, formula Balance {formula}");
         times.push(rails);
     }
-    assert!(times[1] / times[0] < 1.01, "a lost NIC: {} against {}", times[1], times[0]);
+    // A lost NIC moves its rail's ring onto the other seven: about 1% per AllReduce.
+    assert!(times[1] / times[0] < 1.02, "a lost NIC: {} against {}", times[1], times[0]);
 }

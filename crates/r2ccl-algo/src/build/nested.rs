@@ -43,10 +43,10 @@ pub(crate) fn hierarchical(
     prims::chain_copy(cx, &local, out, RailMask::ALL)
 }
 
-/// The rail-parallel AllReduce ([`crate::Algorithm::Rails`]): a ring reduce-scatter inside
+/// The rail-parallel AllReduce ([`crate::Algorithm::Rails`]): a direct reduce-scatter inside
 /// each node into `G` segments (`G` ranks per node), a ring AllReduce of segment `i` among
 /// the `i`-th ranks of every node (nodes in ring order, ranks of a node in ring order) on
-/// [`rails_of_group`]`(i)`, a ring all-gather inside each node. Layouts whose nodes hold
+/// [`rails_group_mask`]`(i)`, a direct all-gather inside each node. Layouts whose nodes hold
 /// different numbers of ranks run [`hierarchical`] with a ring among the leaders.
 pub(crate) fn rails(cx: &mut Cx<'_>, ring: &[Rank], n: u64) -> Result<(), AlgoError> {
     let layout = cx.fab.layout();
@@ -67,12 +67,12 @@ pub(crate) fn rails(cx: &mut Cx<'_>, ring: &[Rank], n: u64) -> Result<(), AlgoEr
     cx.copy(Elems::new(Buf::Input, 0, n), out);
     let local = std::mem::take(&mut members[layout.node_idx(cx.me)]);
     let seg = |i: usize| out.part(g as u64, i as u64);
-    prims::ring_rs(cx, &local, &seg, RailMask::ALL)?;
+    prims::direct_rs(cx, &local, &seg, RailMask::ALL)?;
     let pos = local.iter().position(|&r| r == cx.me).unwrap_or(0);
     members[layout.node_idx(cx.me)].clone_from(&local);
     let group: Vec<Rank> = order.iter().map(|&node| members[node][pos]).collect();
     prims::ring_allreduce(cx, &group, seg(pos), rails_group_mask(cx.fab, pos, g, cx.policy))?;
-    prims::ring_ag(cx, &local, &seg, RailMask::ALL)
+    prims::direct_ag(cx, &local, &seg, RailMask::ALL)
 }
 
 /// The rails the `i`-th group of [`rails`] (`g` ranks per node) sends on under `policy`: its

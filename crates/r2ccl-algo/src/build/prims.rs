@@ -68,6 +68,57 @@ pub(crate) fn ring_ag(
     Ok(())
 }
 
+/// Direct reduce-scatter among `group`: each member sends segment `seg(j)` of its buffer
+/// straight to the member at position `j` and reduces what the others send into its own
+/// segment, so afterwards the member at position `i` holds `seg(i)` reduced over all members,
+/// after one hop instead of a ring's `s - 1` (for a switched intra-node fabric, where every
+/// pair has its own path). In round `d` a member sends to the member `d` positions ahead and
+/// receives from the one `d` behind, so program order stays valid. Segments are chunked into
+/// `cx.chunks` messages per pair.
+pub(crate) fn direct_rs(
+    cx: &mut Cx<'_>,
+    group: &[Rank],
+    seg: &dyn Fn(usize) -> Elems,
+    mask: RailMask,
+) -> Result<(), AlgoError> {
+    let ph = cx.phase();
+    let s = group.len();
+    let Some(pos) = position(group, cx.me) else { return Ok(()) };
+    let chunks = u64::from(cx.chunks);
+    for c in 0..chunks {
+        for d in 1..s {
+            let (to, from) = ((pos + d) % s, (pos + s - d) % s);
+            let tag = Tag::new(ph, 0, c as u32);
+            cx.send(group[to], tag, seg(to).part(chunks, c), mask, &[])?;
+            cx.recv(group[from], tag, seg(pos).part(chunks, c), true, mask)?;
+        }
+    }
+    Ok(())
+}
+
+/// Direct all-gather among `group`: each member sends its segment `seg(i)` straight to every
+/// other member (one hop), in the rounds of [`direct_rs`].
+pub(crate) fn direct_ag(
+    cx: &mut Cx<'_>,
+    group: &[Rank],
+    seg: &dyn Fn(usize) -> Elems,
+    mask: RailMask,
+) -> Result<(), AlgoError> {
+    let ph = cx.phase();
+    let s = group.len();
+    let Some(pos) = position(group, cx.me) else { return Ok(()) };
+    let chunks = u64::from(cx.chunks);
+    for c in 0..chunks {
+        for d in 1..s {
+            let (to, from) = ((pos + d) % s, (pos + s - d) % s);
+            let tag = Tag::new(ph, 0, c as u32);
+            cx.send(group[to], tag, seg(pos).part(chunks, c), mask, &[])?;
+            cx.recv(group[from], tag, seg(from).part(chunks, c), false, mask)?;
+        }
+    }
+    Ok(())
+}
+
 /// Ring AllReduce of `region` (already holding each member's contribution) among `group`.
 pub(crate) fn ring_allreduce(cx: &mut Cx<'_>, group: &[Rank], region: Elems, mask: RailMask) -> Result<(), AlgoError> {
     let s = group.len() as u64;
