@@ -700,6 +700,18 @@ fn recursive(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, PlanError> {
     for l in &lv {
         chains.push(chain_rate(c, &l.members)?);
     }
+    // The closed form water-fills stage 1: each level's ring gets just the share of a member's
+    // NICs that ends all levels together. The built schedule runs every level's ring on all
+    // rails, and a NIC serves its connections alike, so stage 1 takes longer: what it adds.
+    let shared_stage1 = {
+        let bplan = model::recursive_plan(&bytes_bw)?;
+        let closed = model::level_loads(&bytes_bw, &bplan, false)
+            .iter()
+            .zip(&bytes_bw)
+            .map(|(l, b)| l * c.block / b)
+            .fold(0.0, f64::max);
+        (rings_shared_time(&bytes_bw, &bplan, c.block) - closed).max(0.0)
+    };
     let mut best: Option<(f64, u32)> = None;
     for k in HELPER_CHUNKS {
         let kf = f64::from(k);
@@ -710,7 +722,10 @@ fn recursive(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, PlanError> {
             .zip(&chains)
             .map(|(l, &r)| chain_tail(c, l.members.len(), !l.excluded.is_empty(), l.fraction * c.block / kf, r))
             .fold(0.0, f64::max);
-        let t = model::recursive_time(&bytes_bw, c.block, Some(k))? + (2.0 * (n - 1.0) + kf + 1.0) * c.alpha + tail;
+        let t = model::recursive_time(&bytes_bw, c.block, Some(k))?
+            + shared_stage1
+            + (2.0 * (n - 1.0) + kf + 1.0) * c.alpha
+            + tail;
         if best.is_none_or(|b| t < b.0) {
             best = Some((t, k));
         }
@@ -735,6 +750,69 @@ fn recursive(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, PlanError> {
         ..StrategyParams::default()
     };
     Ok(c.candidate(Strategy::Recursive, t, params, acc, total))
+}
+
+/// How long the rings of the levels of `plan` take together when they share every member
+/// node's bandwidth (`bw`, bytes/s) alike per ring, for a buffer of `d` bytes: a fluid model.
+/// Level `l` rings `fraction_l * d` among the nodes at or above its threshold, `2 (s - 1) / s`
+/// of it out of each member; the levels' rates are max-min fair over the nodes (each level
+/// uses every member node, whose bandwidth its levels share), recomputed whenever a level ends.
+fn rings_shared_time(bw: &[f64], plan: &model::LevelPlan, d: f64) -> f64 {
+    let levels = plan.thresholds.len().min(plan.fractions.len());
+    let member = |l: usize, i: usize| bw[i] >= plan.thresholds[l];
+    let mut left: Vec<f64> = (0..levels)
+        .map(|l| {
+            let s = (0..bw.len()).filter(|&i| member(l, i)).count() as f64;
+            if s > 1.0 {
+                plan.fractions[l].max(0.0) * d * 2.0 * (s - 1.0) / s
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mut t = 0.0;
+    for _ in 0..levels {
+        let active: Vec<usize> = (0..levels).filter(|&l| left[l] > 0.0).collect();
+        if active.is_empty() {
+            break;
+        }
+        // Progressive filling: raise the unfrozen levels' rates together until a node is full.
+        let mut rate = vec![0.0f64; levels];
+        let mut frozen = vec![false; levels];
+        let mut spare: Vec<f64> = bw.to_vec();
+        while active.iter().any(|&l| !frozen[l]) {
+            let count = |i: usize| active.iter().filter(|&&l| !frozen[l] && member(l, i)).count();
+            let step = (0..bw.len())
+                .filter(|&i| count(i) > 0)
+                .map(|i| spare[i].max(0.0) / count(i) as f64)
+                .fold(f64::INFINITY, f64::min);
+            if !step.is_finite() {
+                break;
+            }
+            for &l in &active {
+                if !frozen[l] {
+                    rate[l] += step;
+                }
+            }
+            for (i, sp) in spare.iter_mut().enumerate() {
+                *sp -= step * count(i) as f64;
+            }
+            for &l in &active {
+                if !frozen[l] && (0..bw.len()).any(|i| member(l, i) && spare[i] <= 1e-9 * bw[i]) {
+                    frozen[l] = true;
+                }
+            }
+        }
+        let dt = active.iter().filter(|&&l| rate[l] > 0.0).map(|&l| left[l] / rate[l]).fold(f64::INFINITY, f64::min);
+        if !dt.is_finite() {
+            return f64::INFINITY;
+        }
+        t += dt;
+        for &l in &active {
+            left[l] = if left[l] - rate[l] * dt <= 1e-9 * d { 0.0 } else { left[l] - rate[l] * dt };
+        }
+    }
+    t
 }
 
 /// The four-stage AllReduce (section 7) with `r2ccl_algo::model::four_stage_plan`.

@@ -54,13 +54,27 @@ proptest! {
         // ...and never worse than the paper's Y = X at the same K.
         let paper = model::r2ccl_allreduce_time(n, dd, b, x, x, Some(kk)).unwrap().total + chain(x);
         prop_assert!(r.time_s <= paper * (1.0 + 1e-12));
-        // Recursive: the closed form plus the chain of its level without the degraded node.
+        // Recursive: the closed form plus the chain of its level without the degraded node, plus
+        // what stage 1 loses when its two rings (all nodes: f0; the healthy ones: f1) share every
+        // NIC alike instead of water-filled: while both run, the all-node ring gets half a healthy
+        // node's bandwidth (at most the degraded node's), the healthy ring the rest; then the one
+        // left runs alone.
         let rc = p.candidate(Strategy::Recursive).unwrap();
         let rk = rc.params.chunks.unwrap();
         let top = *rc.params.level_fractions.last().unwrap();
         let mut bw = vec![b; n];
         bw[d] = (1.0 - x) * b;
-        let rec = model::recursive_time(&bw, dd, Some(rk)).unwrap() + (n as f64 - 2.0) * top * dd / (f64::from(rk) * b);
+        let nf = n as f64;
+        let f0 = rc.params.level_fractions[0];
+        let f1 = rc.params.level_fractions.get(1).copied().unwrap_or(0.0);
+        let (v0, v1) = (f0 * dd * 2.0 * (nf - 1.0) / nf, f1 * dd * 2.0 * (nf - 2.0) / (nf - 1.0));
+        let (x0, x1) = ((b / 2.0).min((1.0 - x) * b), b - (b / 2.0).min((1.0 - x) * b));
+        let both = (v0 / x0).min(if v1 > 0.0 { v1 / x1 } else { 0.0 });
+        let shared = both + (v0 - x0 * both) / ((1.0 - x) * b) + (v1 - x1 * both).max(0.0) / b;
+        let water = ((v0 + v1) / b).max(v0 / ((1.0 - x) * b));
+        let rec = model::recursive_time(&bw, dd, Some(rk)).unwrap()
+            + (nf - 2.0) * top * dd / (f64::from(rk) * b)
+            + (shared - water).max(0.0);
         prop_assert!(rel(rc.time_s, rec) < 1e-9, "recursive {} vs {}", rc.time_s, rec);
         // Lower bound and four-stage.
         let lb = model::lower_bound_single(n, dd, b, 1.0 - x).unwrap();
