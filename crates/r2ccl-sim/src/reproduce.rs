@@ -376,11 +376,11 @@ pub fn scale_512(max: u32, four_stage_at: &[u32]) -> Result<Table, SimError> {
     let mut sc = scenario("dp_512gpu")?;
     let nodes = sc.fabric.nodes;
     let k = sc.fabric.nics_per_node;
-    let mut formula = sc.strategies.clone();
-    formula.push(Strategy::Planner);
+    let mut every_count = sc.strategies.clone();
+    every_count.push(Strategy::Planner);
     let mut rows = Vec::new();
     for f in 1..=max {
-        sc.strategies.clone_from(&formula);
+        sc.strategies.clone_from(&every_count);
         if four_stage_at.contains(&f) {
             sc.strategies.push(Strategy::FourStage);
         }
