@@ -418,6 +418,13 @@ impl Handle {
 impl Communicator {
     /// Start a communicator; returns when every rank is connected or with a bounded error.
     pub fn init(opts: CommOptions) -> Result<Self, CommError> {
+        Self::init_with(opts, None)
+    }
+
+    /// [`Communicator::init`]; rank 0 serves the rendezvous on `root_listener` when given (a
+    /// listener already bound to `opts.root`, so that no other socket can take its port
+    /// between choosing it and binding it).
+    fn init_with(opts: CommOptions, root_listener: Option<TcpListener>) -> Result<Self, CommError> {
         if opts.world == 0 || opts.rank >= opts.world {
             return Err(CommError::Invalid(format!("rank {} of world {}", opts.rank, opts.world)));
         }
@@ -435,7 +442,7 @@ impl Communicator {
             crate::wake::pair().map_err(|e| CommError::Bootstrap(format!("cannot create the wake-up socket: {e}")))?;
         let thread = std::thread::Builder::new()
             .name(format!("r2ccl-progress-{}", opts.rank))
-            .spawn(move || match Progress::init(opts, sh, wake_rx) {
+            .spawn(move || match Progress::init(opts, root_listener, sh, wake_rx) {
                 Ok(p) => {
                     let _ = init_tx.send(Ok(p.node_of.clone()));
                     p.run(&rx);
@@ -475,12 +482,14 @@ impl Communicator {
         // The new rank 0 of each color picks the rendezvous address and secret.
         const BLOB: usize = 96;
         let mut blob = [0u8; BLOB];
+        // The leader keeps the listener it picked the port with and serves the rendezvous on it.
+        let mut listener = None;
         if members.first() == Some(&(self.rank as usize)) {
             let ip = oob_bind_addr(&self.template.root);
-            let port = TcpListener::bind((ip, 0))
-                .and_then(|l| l.local_addr())
-                .map_err(|e| CommError::Bootstrap(format!("split: no free port on {ip}: {e}")))?
-                .port();
+            let l = TcpListener::bind((ip, 0))
+                .map_err(|e| CommError::Bootstrap(format!("split: no free port on {ip}: {e}")))?;
+            let port = l.local_addr().map_err(|e| CommError::Bootstrap(format!("split: {e}")))?.port();
+            listener = Some(l);
             let secret = Secret::generate().map_err(|e| CommError::Bootstrap(format!("split: {e}")))?;
             let text = format!("{}|{}", SocketAddr::new(ip, port), secret.to_hex());
             blob[..text.len().min(BLOB)].copy_from_slice(&text.as_bytes()[..text.len().min(BLOB)]);
@@ -503,7 +512,7 @@ impl Communicator {
             env_faults: false,
             ..self.template.clone()
         };
-        Communicator::init(opts).map(Some)
+        Communicator::init_with(opts, listener).map(Some)
     }
 
     /// This rank.
@@ -825,7 +834,12 @@ struct Current {
 }
 
 impl Progress {
-    fn init(opts: CommOptions, shared: Arc<Shared>, wake_rx: WakeReceiver) -> Result<Self, CommError> {
+    fn init(
+        opts: CommOptions,
+        root_listener: Option<TcpListener>,
+        shared: Arc<Shared>,
+        wake_rx: WakeReceiver,
+    ) -> Result<Self, CommError> {
         let cfg = opts.config.clone();
         let deadline = Instant::now() + Duration::from_millis(cfg.bootstrap.connect_timeout_ms);
         let bind_ip = if cfg.bootstrap.oob_iface.is_empty() {
@@ -854,7 +868,10 @@ impl Progress {
                 .ok()
                 .and_then(|mut a| a.next())
                 .ok_or_else(|| CommError::Invalid(format!("cannot resolve rendezvous address {}", opts.root)))?;
-            let root = Root::bind(addr, opts.secret.clone()).map_err(|e| CommError::Bootstrap(e.to_string()))?;
+            let root = match root_listener {
+                Some(l) => Root::from_listener(l, opts.secret.clone()),
+                None => Root::bind(addr, opts.secret.clone()).map_err(|e| CommError::Bootstrap(e.to_string()))?,
+            };
             let (table, stats) = root.run(opts.world, me, deadline).map_err(|e| CommError::Bootstrap(e.to_string()))?;
             if stats.rejected > 0 {
                 crate::metrics::count_rejected("bootstrap", stats.rejected);

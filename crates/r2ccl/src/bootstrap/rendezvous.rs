@@ -201,6 +201,12 @@ impl Root {
         Ok(Self { listener, secret })
     }
 
+    /// Serve the rendezvous on an already bound `listener` (a port chosen by binding port 0
+    /// and kept, so no other socket can take it in between).
+    pub fn from_listener(listener: TcpListener, secret: Secret) -> Self {
+        Self { listener, secret }
+    }
+
     /// The id to hand to every other rank.
     pub fn unique_id(&self) -> Result<UniqueId, BootstrapError> {
         let root = self.listener.local_addr().map_err(io_err("reading the listener address"))?;
