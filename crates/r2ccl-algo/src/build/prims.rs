@@ -72,28 +72,14 @@ pub(crate) fn ring_ag(
 /// straight to the member at position `j` and reduces what the others send into its own
 /// segment, so afterwards the member at position `i` holds `seg(i)` reduced over all members,
 /// after one hop instead of a ring's `s - 1` (for a switched intra-node fabric, where every
-/// pair has its own path). In round `d` a member sends to the member `d` positions ahead and
-/// receives from the one `d` behind, so program order stays valid. Segments are chunked into
-/// `cx.chunks` messages per pair.
+/// pair has its own path). Segments are chunked into `cx.chunks` messages per pair.
 pub(crate) fn direct_rs(
     cx: &mut Cx<'_>,
     group: &[Rank],
     seg: &dyn Fn(usize) -> Elems,
     mask: RailMask,
 ) -> Result<(), AlgoError> {
-    let ph = cx.phase();
-    let s = group.len();
-    let Some(pos) = position(group, cx.me) else { return Ok(()) };
-    let chunks = u64::from(cx.chunks);
-    for c in 0..chunks {
-        for d in 1..s {
-            let (to, from) = ((pos + d) % s, (pos + s - d) % s);
-            let tag = Tag::new(ph, 0, c as u32);
-            cx.send(group[to], tag, seg(to).part(chunks, c), mask, &[])?;
-            cx.recv(group[from], tag, seg(pos).part(chunks, c), true, mask)?;
-        }
-    }
-    Ok(())
+    direct_exchange(cx, group, seg, mask, true)
 }
 
 /// Direct all-gather among `group`: each member sends its segment `seg(i)` straight to every
@@ -104,6 +90,20 @@ pub(crate) fn direct_ag(
     seg: &dyn Fn(usize) -> Elems,
     mask: RailMask,
 ) -> Result<(), AlgoError> {
+    direct_exchange(cx, group, seg, mask, false)
+}
+
+/// One hop between every pair of `group`: in round `d` a member sends to the member `d`
+/// positions ahead and receives from the one `d` behind (so program order stays valid).
+/// Reduce-scatter (`reduce`): it sends the receiver's segment and reduces into its own;
+/// all-gather: it sends its own segment and receives the sender's.
+fn direct_exchange(
+    cx: &mut Cx<'_>,
+    group: &[Rank],
+    seg: &dyn Fn(usize) -> Elems,
+    mask: RailMask,
+    reduce: bool,
+) -> Result<(), AlgoError> {
     let ph = cx.phase();
     let s = group.len();
     let Some(pos) = position(group, cx.me) else { return Ok(()) };
@@ -111,9 +111,10 @@ pub(crate) fn direct_ag(
     for c in 0..chunks {
         for d in 1..s {
             let (to, from) = ((pos + d) % s, (pos + s - d) % s);
+            let (out, into) = if reduce { (seg(to), seg(pos)) } else { (seg(pos), seg(from)) };
             let tag = Tag::new(ph, 0, c as u32);
-            cx.send(group[to], tag, seg(pos).part(chunks, c), mask, &[])?;
-            cx.recv(group[from], tag, seg(from).part(chunks, c), false, mask)?;
+            cx.send(group[to], tag, out.part(chunks, c), mask, &[])?;
+            cx.recv(group[from], tag, into.part(chunks, c), reduce, mask)?;
         }
     }
     Ok(())
