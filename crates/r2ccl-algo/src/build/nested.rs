@@ -65,14 +65,13 @@ pub(crate) fn rails(cx: &mut Cx<'_>, ring: &[Rank], n: u64) -> Result<(), AlgoEr
         return hierarchical(cx, ring, n, |cx, leaders, _| prims::ring_allreduce(cx, leaders, out, RailMask::ALL));
     }
     cx.copy(Elems::new(Buf::Input, 0, n), out);
-    let local = std::mem::take(&mut members[layout.node_idx(cx.me)]);
+    let local = &members[layout.node_idx(cx.me)];
     let seg = |i: usize| out.part(g as u64, i as u64);
-    prims::direct_rs(cx, &local, &seg, RailMask::ALL)?;
+    prims::direct_rs(cx, local, &seg, RailMask::ALL)?;
     let pos = local.iter().position(|&r| r == cx.me).unwrap_or(0);
-    members[layout.node_idx(cx.me)].clone_from(&local);
     let group: Vec<Rank> = order.iter().map(|&node| members[node][pos]).collect();
     prims::ring_allreduce(cx, &group, seg(pos), rails_group_mask(cx.fab, pos, g, cx.policy))?;
-    prims::direct_ag(cx, &local, &seg, RailMask::ALL)
+    prims::direct_ag(cx, local, &seg, RailMask::ALL)
 }
 
 /// The rails the `i`-th group of [`rails`] (`g` ranks per node) sends on under `policy`: its
