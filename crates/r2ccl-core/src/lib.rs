@@ -19,5 +19,7 @@ pub mod subsys;
 
 pub use dtype::{DType, ParseNameError, ReduceOp};
 pub use error::{HealthError, KernelError};
+pub use half::{bf16, f16};
 pub use health::{HealthEpoch, HealthView, NicHealth, NodeHealth};
 pub use ids::{NicId, NodeId, RailId, Rank};
+pub use kernels::Element;

@@ -216,6 +216,25 @@ const REMEMBER: Duration = Duration::from_secs(10);
 
 impl Detector {
     /// A detector for rank `me` in a cluster of `members` (every rank with its node).
+    ///
+    /// Errors: an invalid configuration ([`DetectConfig::validate`]) or a `me` that is not
+    /// in `members`.
+    ///
+    /// ```rust
+    /// use r2ccl_core::{NodeId, Rank};
+    /// use r2ccl_detect::{DetectConfig, DetectError, Detector, Member};
+    ///
+    /// let members = [Member { rank: Rank(0), node: NodeId(0) }, Member { rank: Rank(1), node: NodeId(1) }];
+    /// let det = Detector::new(DetectConfig::default(), Rank(1), &members)?;
+    /// assert_eq!(det.rank(), Rank(1));
+    /// assert_eq!(det.poll_timeout(), None); // no connection yet, so no timer
+    ///
+    /// let stranger = Detector::new(DetectConfig::default(), Rank(7), &members);
+    /// assert_eq!(stranger.err(), Some(DetectError::UnknownMember(Rank(7))));
+    /// let bad = DetectConfig { good_probes: 0, ..DetectConfig::default() };
+    /// assert!(matches!(Detector::new(bad, Rank(0), &members), Err(DetectError::Config(_))));
+    /// # Ok::<(), DetectError>(())
+    /// ```
     pub fn new(cfg: DetectConfig, me: Rank, members: &[Member]) -> Result<Self, DetectError> {
         cfg.validate()?;
         let mut members = members.to_vec();

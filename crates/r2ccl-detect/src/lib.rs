@@ -22,6 +22,34 @@
 //! Driving loop: feed inputs with `handle_*(now, ...)`, call
 //! [`Detector::handle_timeout`] when [`Detector::poll_timeout`] is reached, and after each
 //! call drain [`Detector::poll_command`] and [`Detector::poll_event`].
+//!
+//! # Example
+//!
+//! Rank 0 (node 0) sends to rank 1 (node 1) on the NIC pair of rail 0, with rail 1 as the
+//! backup. Its rail-0 NIC reports link down: the detector blames that NIC at once and asks
+//! rank 1 to move the connection to rail 1. `examples/detect_alone.rs` drives three
+//! detectors through whole failovers, fail-backs and triangulations.
+//!
+//! ```rust
+//! use r2ccl_core::{NicId, NodeId, Rank};
+//! use r2ccl_detect::{Command, ConnId, DetectConfig, Detector, Member, OobMessage, PathPair, Verdict};
+//! use std::time::Duration;
+//!
+//! let members = [Member { rank: Rank(0), node: NodeId(0) }, Member { rank: Rank(1), node: NodeId(1) }];
+//! let mut det = Detector::new(DetectConfig::default(), Rank(0), &members)?;
+//! let pair = |rail| PathPair { src_nic: NicId::new(0, rail), dst_nic: NicId::new(1, rail) };
+//! let conn = ConnId::new(0, 1, 0);
+//! det.add_connection(Duration::ZERO, conn, vec![pair(0), pair(1)])?;
+//!
+//! det.handle_link_down(Duration::from_millis(5), NicId::new(0, 0))?;
+//! let commands: Vec<Command> = std::iter::from_fn(|| det.poll_command()).collect();
+//! assert!(commands.iter().any(|c| matches!(c,
+//!     Command::DeclareFailed { verdict: Verdict::LocalNic(nic), .. } if *nic == NicId::new(0, 0))));
+//! assert!(commands.iter().any(|c| matches!(c,
+//!     Command::SendOob { to: Rank(1), msg: OobMessage::FailoverReq { index: 1, .. } })));
+//! assert!(det.is_failing_over(&conn)); // until rank 1's FAILOVER_ACK arrives
+//! # Ok::<(), r2ccl_detect::DetectError>(())
+//! ```
 
 mod config;
 mod detector;

@@ -22,6 +22,31 @@
 //! What it does not do: no IO, clocks or threads (sans-IO); it builds no schedules itself
 //! (that is `r2ccl-algo`) and discovers no hardware (that is `r2ccl-topo`, which converts its
 //! description into a [`Topology`]).
+//!
+//! # Example
+//!
+//! An AllReduce of 64 MiB per rank on 4 nodes x 2 NICs of 100 Gb/s, healthy and with NIC 1
+//! of node 2 failed (`examples/plan_failure.rs` prints every candidate of both plans).
+//!
+//! ```rust
+//! use r2ccl_core::{HealthView, NicId, ReduceOp};
+//! use r2ccl_policy::{plan, Collective, Strategy, Topology};
+//!
+//! let topo = Topology::uniform(4, 2, 100_000)?; // line rates in Mbit/s
+//! let allreduce = Collective::AllReduce { op: ReduceOp::Sum };
+//! let healthy = plan(&topo, &HealthView::uniform(4, 2, 100_000), allreduce, 64 << 20)?;
+//! assert_eq!(healthy.chosen, Strategy::Ring);
+//!
+//! let mut view = HealthView::uniform(4, 2, 100_000);
+//! view.set_failed(NicId::new(2, 1))?;
+//! let degraded = plan(&topo, &view, allreduce, 64 << 20)?;
+//! assert!(degraded.candidate(Strategy::Ring).is_none()); // the plain ring needs every NIC
+//! assert!(degraded.time_s > healthy.time_s);
+//! assert!(degraded.time_s >= degraded.lower_bound_s);
+//! // What r2ccl-algo builds on `schedule_fabric(&topo, &view)?`.
+//! let _request = degraded.schedule_request()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod fabric;
 mod mirror;

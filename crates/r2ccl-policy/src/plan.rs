@@ -1034,6 +1034,28 @@ fn rerank_fabric(f: &Fabric) -> Vec<usize> {
 /// Shorthand for [`plan_payload`] with one-byte elements: `count = bytes` for AllReduce,
 /// Broadcast, Reduce and Send/Recv, `count = bytes / ranks` (rounded down) for the blocked
 /// collectives, whose `bytes` are the whole per-rank input, output or send buffer.
+///
+/// The choice depends on the size: latency wins for small messages, bandwidth for large.
+///
+/// ```rust
+/// use r2ccl_core::{HealthView, ReduceOp};
+/// use r2ccl_policy::{plan, Collective, Strategy, Topology};
+///
+/// let topo = Topology::uniform(8, 4, 400_000)?;
+/// let view = HealthView::uniform(8, 4, 400_000);
+/// let allreduce = Collective::AllReduce { op: ReduceOp::Sum };
+/// let small = plan(&topo, &view, allreduce, 4 << 10)?;
+/// let large = plan(&topo, &view, allreduce, 1 << 30)?;
+/// assert_eq!((small.chosen, large.chosen), (Strategy::RecursiveDoubling, Strategy::Ring));
+/// for p in [&small, &large] {
+///     let fastest = p.candidates.iter().map(|c| c.time_s).fold(f64::INFINITY, f64::min);
+///     assert_eq!(p.time_s, fastest);
+///     assert!(p.time_s >= p.lower_bound_s);
+/// }
+/// // Equal inputs give identical plans (every rank plans on its own).
+/// assert_eq!(plan(&topo, &view, allreduce, 1 << 30)?, large);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn plan(topology: &Topology, health: &HealthView, collective: Collective, bytes: u64) -> Result<Plan, PlanError> {
     let count = if is_blocked(collective) { bytes / topology.rank_count().max(1) } else { bytes };
     plan_payload(topology, health, collective, DType::U8, count)

@@ -36,6 +36,37 @@
 //! hwloc, NVML, the description and dump files); the model, validation, selection
 //! and merging are pure.
 //!
+//! # Example
+//!
+//! Two nodes with two 100 Gb/s NICs each, described inline, resolved into a validated
+//! view; the rank on node 1 gets a primary NIC and a backup chain that skips failed NICs.
+//! `examples/discover_dump.rs` discovers this machine and dumps it, and loads a preset.
+//!
+//! ```rust
+//! use r2ccl_core::{NicId, Rank};
+//! use r2ccl_topo::TopologyDescription;
+//!
+//! let desc = TopologyDescription::from_toml_str(
+//!     r#"
+//!     [[nodes]]
+//!     hostname = "n{i}"
+//!     count = 2
+//!     nics = [{ name = "eth0", speed_mbps = 100000 }, { name = "eth1", speed_mbps = 100000 }]
+//!     "#,
+//! )?;
+//! let cluster = desc.resolve()?;
+//! assert_eq!((cluster.nodes().len(), cluster.rails(), cluster.ranks().len()), (2, 2, 2));
+//! assert_eq!(cluster.nodes()[1].hostname, "n1");
+//!
+//! let selection = cluster.select_nics(Rank(1)).ok_or("rank 1 has no NICs")?;
+//! let mut health = cluster.health_view();
+//! let primary = selection.first_usable(&health).ok_or("no usable NIC")?;
+//! health.set_failed(primary)?;
+//! let backup = selection.first_usable(&health).ok_or("no usable NIC")?;
+//! assert_eq!((primary, backup), (NicId::new(1, 0), NicId::new(1, 1)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Why `hwlocality` and not `hwloc2`
 //!
 //! The design card named the `hwloc2` crate. Its 2.2.0 release panics on NUMA and PCI
@@ -76,6 +107,23 @@ use std::path::Path;
 
 /// Read a description file (TOML, or JSON for `*.json`) and resolve it on its own
 /// into a validated cluster view.
+///
+/// This is how presets (`configs/topo/*.toml`) are loaded:
+///
+/// ```rust
+/// use std::path::Path;
+///
+/// let presets = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/topo");
+/// let cluster = r2ccl_topo::load_cluster_file(&presets.join("h100-8gpu-8nic.toml"))?;
+/// assert_eq!(cluster.name(), Some("h100-8gpu-8nic"));
+/// assert_eq!((cluster.nodes().len(), cluster.rails(), cluster.ranks().len()), (2, 8, 16));
+/// assert!(cluster.nodes().iter().all(|n| n.nic_mbps() == 8 * 400_000));
+///
+/// // A missing or invalid file is an error that names the path.
+/// let err = r2ccl_topo::load_cluster_file(&presets.join("no-such-preset.toml")).unwrap_err();
+/// assert!(err.to_string().contains("no-such-preset.toml"));
+/// # Ok::<(), r2ccl_topo::LoadError>(())
+/// ```
 pub fn load_cluster_file(path: &Path) -> Result<ClusterTopology, LoadError> {
     let desc = TopologyDescription::from_file(path)?;
     desc.resolve().map_err(|source| LoadError::Invalid { path: Some(path.into()), source })

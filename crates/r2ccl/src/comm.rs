@@ -13,9 +13,12 @@
 //! arguments end the call with an error naming them.
 
 use crate::agree::{decode_view, encode_view, Agreement};
-use crate::bootstrap::{join, LaunchInfo, PeerInfo, Root, Secret};
+use crate::bootstrap::{join, PeerInfo, Root, Secret};
+use crate::call::{Access, Reply};
 use crate::engine::{Engine, EngineConfig, EngineEvent};
+use crate::error::CommError;
 use crate::oob::{Channel, OobEvent, OobMesh};
+use crate::report::{CollReport, CommEvent, Schedule};
 use crate::wake::{WakeReceiver, Waker};
 use crossbeam_channel::{Receiver, Sender};
 use r2ccl_algo::{
@@ -30,55 +33,9 @@ use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Why a communicator call failed. Every variant says what was seen.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CommError {
-    /// Bootstrap or OOB setup failed.
-    #[error("bootstrap: {0}")]
-    Bootstrap(String),
-    /// The transport could not be set up.
-    #[error("transport setup: {0}")]
-    Transport(String),
-    /// Invalid options or arguments.
-    #[error("invalid argument: {0}")]
-    Invalid(String),
-    /// A peer process is gone (its OOB connection closed or went silent).
-    #[error("rank {rank} is lost: {why}")]
-    PeerLost {
-        /// The lost rank.
-        rank: u32,
-        /// What was seen.
-        why: String,
-    },
-    /// Ranks called the collective with different arguments.
-    #[error("collective arguments differ across ranks: {0}")]
-    Mismatch(String),
-    /// The collective did not finish by its deadline.
-    #[error("collective #{seq} timed out after {waited_ms} ms; waiting on: {waiting}")]
-    Timeout {
-        /// Collective sequence number.
-        seq: u64,
-        /// How long it ran.
-        waited_ms: u64,
-        /// What it was waiting for.
-        waiting: String,
-    },
-    /// The engine failed (for example a node lost every NIC).
-    #[error("collective #{seq} failed: {why}")]
-    Failed {
-        /// Collective sequence number.
-        seq: u64,
-        /// Why.
-        why: String,
-    },
-    /// The communicator was aborted (locally or by a peer).
-    #[error("communicator aborted: {0}")]
-    Aborted(String),
-}
-
-/// How to start a communicator.
+/// How to start a communicator (made by [`crate::CommBuilder`]).
 #[derive(Clone, Debug)]
-pub struct CommOptions {
+pub(crate) struct CommOptions {
     /// This rank.
     pub rank: u32,
     /// Number of ranks.
@@ -93,84 +50,51 @@ pub struct CommOptions {
     pub nics: Vec<String>,
     /// Validated configuration (deadlines, chunking, detection timing).
     pub config: Config,
-    /// Read `R2CCL_FAULT` for software fault injection.
+    /// Read `R2CCL_FAULT` for software fault injection (tests and drills only).
     pub env_faults: bool,
 }
 
 impl CommOptions {
-    /// Options from the launcher environment (`R2CCL_UNIQUE_ID`, `R2CCL_*`, OpenMPI, Slurm,
-    /// torchrun) and the loaded configuration. Data NICs default to those `topo.file` lists for
-    /// this node, else to the discovered physical NICs other than the OOB interface (`lo` when
-    /// there are none: a single-host run); the
-    /// OOB listener binds `R2CCL_OOB_IFACE`'s address, or the one that routes to the root;
-    /// node identity defaults to the host name.
-    pub fn from_env(config: Config) -> Result<Self, CommError> {
-        let launch = LaunchInfo::from_process_env().map_err(|e| CommError::Invalid(e.to_string()))?;
-        if launch.secret_is_derived {
-            tracing::warn!(target: subsys::BOOTSTRAP, "no R2CCL_SECRET or unique id: using a secret derived from the job id");
-        }
-        let node = if config.bootstrap.node.is_empty() {
+    /// The node identity: `bootstrap.node`, else the host name.
+    pub(crate) fn default_node(config: &Config) -> String {
+        if config.bootstrap.node.is_empty() {
             r2ccl_topo::discover::hostname()
         } else {
             config.bootstrap.node.clone()
-        };
-        let nics = if !config.transport.nics.is_empty() {
+        }
+    }
+
+    /// The data NICs: `transport.nics`, else those `topo.file` lists for `node`, else the
+    /// discovered physical NICs other than the OOB interface (`lo` when there are none: a
+    /// single-host run). The OOB interface is `R2CCL_OOB_IFACE`, or the one that routes to
+    /// `root`.
+    pub(crate) fn default_nics(config: &Config, node: &str, root: &str) -> Result<Vec<String>, CommError> {
+        Ok(if !config.transport.nics.is_empty() {
             config.transport.nics.clone()
         } else if !config.topo.file.is_empty() {
             // The static description names this node's data NICs.
-            let nics = file_nics(&topo_file_node(&config.topo.file, &node)?);
+            let nics = file_nics(&topo_file_node(&config.topo.file, node)?);
             tracing::info!(target: subsys::INIT, ?nics, file = %config.topo.file, "data NICs from topo.file");
             nics
         } else {
             // Discovered physical NICs, keeping the OOB interface (configured, or the one that
             // routes to the root) out of the data path when there are others.
             let oob = if config.bootstrap.oob_iface.is_empty() {
-                crate::netif::iface_of(oob_bind_addr(&launch.root))
+                crate::netif::iface_of(oob_bind_addr(root))
             } else {
                 Some(config.bootstrap.oob_iface.clone())
             };
             let nics = crate::netif::default_data_nics(oob.as_deref());
             tracing::info!(target: subsys::INIT, ?nics, ?oob, "data NICs discovered (set R2CCL_NICS to choose)");
             nics
-        };
-        Ok(Self {
-            rank: launch.rank,
-            world: launch.world_size,
-            root: launch.root,
-            secret: launch.secret,
-            node,
-            nics,
-            config,
-            env_faults: true,
         })
     }
 }
 
-/// What a finished collective reports besides its data.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CollReport {
-    /// Collective sequence number.
-    pub seq: u64,
-    /// Strategy the plan chose.
-    pub strategy: &'static str,
-    /// Health epoch the plan used.
-    pub epoch: u64,
-    /// Wall time inside the progress thread.
-    pub seconds: f64,
-}
-
-/// A failover or health event, rendered for logs and tools.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CommEvent {
-    /// Milliseconds since the communicator started.
-    pub at_ms: u64,
-    /// One line describing it.
-    pub text: String,
-}
-
-/// The caller's memory for one collective: owned (non-blocking [`Communicator::start`]) or
-/// borrowed for the duration of a blocking [`Communicator::run`], which saves two copies.
-enum Bufs {
+/// The caller's memory for one collective: owned (non-blocking [`Communicator::start`]),
+/// borrowed (a blocking call or a [`crate::Scope`]'s: touched only under the call's
+/// [`crate::call::Access`]), or registered.
+pub(crate) enum Bufs {
     Owned {
         input: Vec<u8>,
         output: Vec<u8>,
@@ -199,9 +123,9 @@ enum Bufs {
     },
 }
 
-// SAFETY: a `Borrowed` pair is only created by `Communicator::run`, which blocks without a
-// timeout until the progress thread has replied; the progress thread replies only after its
-// last access to the buffers, so the pointers are valid and unaliased whenever it uses them.
+// SAFETY: borrowed pointers travel with the call's `Access`; the progress thread dereferences
+// them only while holding its lock and finding the caller still waiting, and the caller keeps
+// the memory borrowed until it has either had the reply or revoked the access (call.rs).
 unsafe impl Send for Bufs {}
 
 impl Bufs {
@@ -255,57 +179,9 @@ fn in_place_offsets(in_len: usize, out_len: usize, rank: u32) -> (usize, usize) 
     }
 }
 
-/// Memory registered with every NIC of this rank ([`Communicator::alloc`], NCCL's
-/// `ncclMemAlloc` with its buffer registration): collectives on it
-/// ([`Communicator::run_registered`], [`Communicator::run_registered_in_place`]) read and
-/// write it where it is, with no copy into the library's workspace or out of it. It derefs to
-/// its bytes (zeroed at first) and is freed when dropped.
-pub struct CommBuf<'c> {
-    handle: MemHandle,
-    ptr: *mut u8,
-    len: usize,
-    /// Keeps the mapping alive whatever the progress thread does.
-    _region: Arc<r2ccl_ucx::MemRegion>,
-    /// Which communicator registered it.
-    owner: Arc<Shared>,
-    tx: Sender<Req>,
-    waker: Waker,
-    _comm: std::marker::PhantomData<&'c Communicator>,
-}
-
-impl std::fmt::Debug for CommBuf<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CommBuf").field("handle", &self.handle).field("len", &self.len).finish()
-    }
-}
-
-impl std::ops::Deref for CommBuf<'_> {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `_region` keeps the `len` bytes at `ptr` mapped; the library touches them only
-        // during a collective call, which borrows this buffer for its whole duration.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl std::ops::DerefMut for CommBuf<'_> {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `deref`; `&mut self` makes this the only view.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for CommBuf<'_> {
-    fn drop(&mut self) {
-        // The region leaves the transport; its memory goes with the last `Arc`.
-        let _ = self.tx.send(Req::Free(self.handle));
-        self.waker.wake();
-    }
-}
-
 /// What a request runs: a collective, or a group of point-to-point operations.
 #[derive(Clone, Debug)]
-enum Work {
+pub(crate) enum Work {
     /// A collective of every rank.
     Coll(Collective),
     /// This rank's sends and receives of a group (every rank calls one, possibly empty).
@@ -332,36 +208,25 @@ fn pair_desc(me: u32, q: u32, dtype: DType, ops: &[P2pOp]) -> String {
     format!("group of {dtype}: rank {lo} -> {hi} {up:?}, rank {hi} -> {lo} {down:?}")
 }
 
-/// One operation of [`Communicator::group`] (like `ncclSend` / `ncclRecv` between
-/// `ncclGroupStart` and `ncclGroupEnd`).
-#[derive(Debug)]
-pub enum P2p<'a> {
-    /// Send `data` to rank `peer`.
-    Send {
-        /// The receiver.
-        peer: u32,
-        /// The bytes (a whole number of elements).
-        data: &'a [u8],
-    },
-    /// Receive into `buf` from rank `peer` (exactly `buf.len()` bytes).
-    Recv {
-        /// The sender.
-        peer: u32,
-        /// Where the bytes go.
-        buf: &'a mut [u8],
-    },
+/// A region registered for a caller: its handle, first byte and mapping.
+pub(crate) type Registered = (MemHandle, usize, Arc<r2ccl_ucx::MemRegion>);
+
+/// One call as the caller hands it over: what to run, on what, and who guards the memory.
+pub(crate) struct Call {
+    pub(crate) work: Work,
+    pub(crate) dtype: DType,
+    pub(crate) count: u64,
+    pub(crate) bufs: Bufs,
+    /// Present when `bufs` borrows the caller's memory.
+    pub(crate) access: Option<Access>,
 }
 
-/// A region registered for a caller: its handle, first byte and mapping.
-type Registered = (MemHandle, usize, Arc<r2ccl_ucx::MemRegion>);
-
-enum Req {
+pub(crate) enum Req {
     Coll {
-        work: Work,
-        dtype: DType,
-        count: u64,
-        bufs: Bufs,
-        reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
+        call: Call,
+        /// When the call must have finished (or failed) on this rank.
+        deadline: Instant,
+        reply: Sender<Reply>,
     },
     /// Register a region of this many bytes for a [`CommBuf`].
     Alloc {
@@ -371,60 +236,47 @@ enum Req {
     /// A [`CommBuf`] was dropped.
     Free(MemHandle),
     Abort(String),
-    Shutdown,
+    /// Leave: fail what is left, say goodbye, linger for the peers when asked; answer with the
+    /// ranks that had not left.
+    Shutdown {
+        linger: bool,
+        reply: Sender<Vec<u32>>,
+    },
 }
 
 /// A communicator of `world` ranks. Cheap to call from one thread; the work happens on its
 /// progress thread.
 pub struct Communicator {
-    rank: u32,
-    world: u32,
+    pub(crate) rank: u32,
+    pub(crate) world: u32,
     node_of: Vec<u32>,
-    tx: Sender<Req>,
+    pub(crate) tx: Sender<Req>,
     /// Wakes the progress thread after every request (it may be asleep in `poll(2)`).
-    waker: Waker,
+    pub(crate) waker: Waker,
     thread: Option<std::thread::JoinHandle<()>>,
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     /// How this communicator was started (node, NICs, configuration) for [`Communicator::split`].
-    template: CommOptions,
+    pub(crate) template: CommOptions,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator").field("rank", &self.rank).field("world", &self.world).finish_non_exhaustive()
+    }
 }
 
 #[derive(Default)]
-struct Shared {
+pub(crate) struct Shared {
     error: Mutex<Option<CommError>>,
     events: Mutex<Vec<CommEvent>>,
 }
 
-/// A collective started with [`Communicator::start`].
-pub struct Handle {
-    rx: Receiver<Result<(Vec<u8>, CollReport), CommError>>,
-    deadline: Duration,
-}
-
-impl Handle {
-    /// Wait for completion (bounded by the collective deadline plus a margin).
-    pub fn wait(self) -> Result<(Vec<u8>, CollReport), CommError> {
-        self.rx
-            .recv_timeout(self.deadline + Duration::from_secs(5))
-            .unwrap_or_else(|_| Err(CommError::Aborted("the progress thread stopped answering".into())))
-    }
-
-    /// The result if the collective finished, without waiting.
-    pub fn test(&self) -> Option<Result<(Vec<u8>, CollReport), CommError>> {
-        self.rx.try_recv().ok()
-    }
-}
-
 impl Communicator {
     /// Start a communicator; returns when every rank is connected or with a bounded error.
-    pub fn init(opts: CommOptions) -> Result<Self, CommError> {
-        Self::init_with(opts, None)
-    }
-
-    /// [`Communicator::init`]; rank 0 serves the rendezvous on `root_listener` when given (a
-    /// listener already bound to `opts.root`, so that no other socket can take its port
-    /// between choosing it and binding it).
-    fn init_with(opts: CommOptions, root_listener: Option<TcpListener>) -> Result<Self, CommError> {
+    /// Rank 0 serves the rendezvous on `root_listener` when given (a listener already bound to
+    /// `opts.root`, so that no other socket can take its port between choosing it and binding
+    /// it).
+    pub(crate) fn init_with(opts: CommOptions, root_listener: Option<TcpListener>) -> Result<Self, CommError> {
         if opts.world == 0 || opts.rank >= opts.world {
             return Err(CommError::Invalid(format!("rank {} of world {}", opts.rank, opts.world)));
         }
@@ -516,8 +368,8 @@ impl Communicator {
     }
 
     /// This rank.
-    pub const fn rank(&self) -> u32 {
-        self.rank
+    pub const fn rank(&self) -> Rank {
+        Rank(self.rank)
     }
 
     /// Number of ranks.
@@ -525,220 +377,9 @@ impl Communicator {
         self.world
     }
 
-    /// Node index of every rank.
-    pub fn node_of(&self) -> &[u32] {
-        &self.node_of
-    }
-
-    /// Start a collective without waiting. `input` is this rank's send buffer and `output`
-    /// the receive buffer's current contents, sized as the collective needs (see
-    /// [`r2ccl_algo::Collective`]).
-    pub fn start(
-        &self,
-        coll: Collective,
-        dtype: DType,
-        count: u64,
-        input: Vec<u8>,
-        output: Vec<u8>,
-        deadline: Duration,
-    ) -> Result<Handle, CommError> {
-        if let Some(e) = self.async_error() {
-            return Err(e);
-        }
-        let (reply, rx) = crossbeam_channel::bounded(1);
-        self.tx
-            .send(Req::Coll { work: Work::Coll(coll), dtype, count, bufs: Bufs::Owned { input, output }, reply })
-            .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
-        self.waker.wake();
-        Ok(Handle { rx, deadline })
-    }
-
-    /// Run a collective and wait for it: `output` receives the result.
-    pub fn run(
-        &self,
-        coll: Collective,
-        dtype: DType,
-        count: u64,
-        input: &[u8],
-        output: &mut [u8],
-    ) -> Result<CollReport, CommError> {
-        let bufs = Bufs::Borrowed {
-            input: input.as_ptr(),
-            in_len: input.len(),
-            output: output.as_mut_ptr(),
-            out_len: output.len(),
-        };
-        self.run_borrowed(coll, dtype, count, bufs)
-    }
-
-    /// Hand a collective over borrowed memory to the progress thread and wait for its reply.
-    fn run_borrowed(&self, coll: Collective, dtype: DType, count: u64, bufs: Bufs) -> Result<CollReport, CommError> {
-        if let Some(e) = self.async_error() {
-            return Err(e);
-        }
-        let (reply, rx) = crossbeam_channel::bounded(1);
-        self.tx
-            .send(Req::Coll { work: Work::Coll(coll), dtype, count, bufs, reply })
-            .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
-        self.waker.wake();
-        // No timeout here on purpose: the progress thread bounds every collective by its own
-        // deadline and always replies (or drops the sender when it exits), and the borrowed
-        // buffers must stay alive until it has.
-        match rx.recv() {
-            Ok(r) => r.map(|(_, report)| report),
-            Err(_) => Err(CommError::Aborted("the progress thread stopped".into())),
-        }
-    }
-
-    /// Run a group of point-to-point operations and wait for all of them (NCCL's `ncclSend`
-    /// and `ncclRecv` between `ncclGroupStart` and `ncclGroupEnd`): every operation is in
-    /// flight at once, so the order of the list does not matter for deadlock.
-    ///
-    /// The k-th send from rank A to rank B pairs with B's k-th receive from A, and both must
-    /// have the same length; a send to oneself pairs with a receive from oneself. Like a
-    /// collective, a group is a step of the communicator's sequence: every rank calls `group`
-    /// at the same point (a rank with nothing to do passes an empty list), and ranks whose
-    /// operations do not mirror each other all get [`CommError::Mismatch`] naming the pair.
-    pub fn group(&self, dtype: DType, ops: &mut [P2p<'_>]) -> Result<CollReport, CommError> {
-        let elem = dtype.size();
-        let mut plan = Vec::with_capacity(ops.len());
-        let mut input = Vec::new();
-        let mut out_len = 0usize;
-        for (i, op) in ops.iter().enumerate() {
-            let (peer, len, send) = match op {
-                P2p::Send { peer, data } => (*peer, data.len(), true),
-                P2p::Recv { peer, buf } => (*peer, buf.len(), false),
-            };
-            if peer >= self.world {
-                return Err(CommError::Invalid(format!(
-                    "group operation {i}: rank {peer} is outside 0..{}",
-                    self.world
-                )));
-            }
-            if len % elem != 0 {
-                return Err(CommError::Invalid(format!(
-                    "group operation {i}: {len} bytes is not a whole number of {dtype} elements"
-                )));
-            }
-            let count = (len / elem) as u64;
-            plan.push(if send {
-                P2pOp::Send { peer: Rank(peer), count }
-            } else {
-                P2pOp::Recv { peer: Rank(peer), count }
-            });
-            match op {
-                P2p::Send { data, .. } => input.extend_from_slice(data),
-                P2p::Recv { .. } => out_len += len,
-            }
-        }
-        if let Some(e) = self.async_error() {
-            return Err(e);
-        }
-        let (reply, rx) = crossbeam_channel::bounded(1);
-        let bufs = Bufs::Owned { input, output: vec![0; out_len] };
-        self.tx
-            .send(Req::Coll { work: Work::Group(plan), dtype, count: 0, bufs, reply })
-            .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
-        self.waker.wake();
-        // The progress thread bounds the group by the collective deadline and always replies.
-        let (output, report) = rx.recv().map_err(|_| CommError::Aborted("the progress thread stopped".into()))??;
-        let mut at = 0;
-        for op in ops.iter_mut() {
-            if let P2p::Recv { buf, .. } = op {
-                let src = output.get(at..at + buf.len()).ok_or_else(|| CommError::Failed {
-                    seq: report.seq,
-                    why: format!("group output holds {} bytes", output.len()),
-                })?;
-                buf.copy_from_slice(src);
-                at += buf.len();
-            }
-        }
-        Ok(report)
-    }
-
-    /// Register `len` zeroed bytes with every NIC of this rank, for collectives that read and
-    /// write them in place ([`Communicator::run_registered`]).
-    pub fn alloc(&self, len: usize) -> Result<CommBuf<'_>, CommError> {
-        let (reply, rx) = crossbeam_channel::bounded(1);
-        self.tx
-            .send(Req::Alloc { len, reply })
-            .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
-        self.waker.wake();
-        let (handle, ptr, region) = rx
-            .recv_timeout(Duration::from_secs(30))
-            .map_err(|_| CommError::Aborted("the progress thread did not answer an allocation".into()))??;
-        Ok(CommBuf {
-            handle,
-            ptr: ptr as *mut u8,
-            len,
-            _region: region,
-            owner: self.shared.clone(),
-            tx: self.tx.clone(),
-            waker: self.waker.clone(),
-            _comm: std::marker::PhantomData,
-        })
-    }
-
-    /// Run a collective on registered memory and wait for it: it reads the first bytes of
-    /// `input` and writes the first bytes of `output` where they are (each at least as long as
-    /// the collective's buffer), with no copy in or out.
-    pub fn run_registered(
-        &self,
-        coll: Collective,
-        dtype: DType,
-        count: u64,
-        input: &CommBuf<'_>,
-        output: &mut CommBuf<'_>,
-    ) -> Result<CollReport, CommError> {
-        self.check_owner(input)?;
-        self.check_owner(output)?;
-        let bufs = Bufs::Registered { input: (input.handle, input.len), output: (output.handle, output.len) };
-        self.run_borrowed(coll, dtype, count, bufs)
-    }
-
-    /// As [`Communicator::run_in_place`], on registered memory read and written where it is.
-    pub fn run_registered_in_place(
-        &self,
-        coll: Collective,
-        dtype: DType,
-        count: u64,
-        buf: &mut CommBuf<'_>,
-    ) -> Result<CollReport, CommError> {
-        self.check_owner(buf)?;
-        self.run_borrowed(coll, dtype, count, Bufs::RegisteredInPlace { buf: buf.handle, len: buf.len })
-    }
-
-    fn check_owner(&self, buf: &CommBuf<'_>) -> Result<(), CommError> {
-        if Arc::ptr_eq(&buf.owner, &self.shared) {
-            Ok(())
-        } else {
-            Err(CommError::Invalid("a registered buffer of another communicator".into()))
-        }
-    }
-
-    /// Run a collective in place and wait for it (NCCL's convention: AllGather reads this
-    /// rank's block of `buf`, ReduceScatter writes its result to this rank's block; the others
-    /// read and write all of it). `buf` holds the larger of the input and the output.
-    pub fn run_in_place(
-        &self,
-        coll: Collective,
-        dtype: DType,
-        count: u64,
-        buf: &mut [u8],
-    ) -> Result<CollReport, CommError> {
-        self.run_borrowed(coll, dtype, count, Bufs::InPlace { buf: buf.as_mut_ptr(), len: buf.len() })
-    }
-
-    /// AllReduce of `count` elements of `dtype` (in place when `input` and `output` hold the same bytes).
-    pub fn all_reduce(
-        &self,
-        input: &[u8],
-        output: &mut [u8],
-        dtype: DType,
-        op: r2ccl_core::ReduceOp,
-    ) -> Result<CollReport, CommError> {
-        let count = (input.len() / dtype.size()) as u64;
-        self.run(Collective::AllReduce { op }, dtype, count, input, output)
+    /// The node of every rank, by rank (nodes numbered by first appearance in rank order).
+    pub fn nodes(&self) -> Vec<NodeId> {
+        self.node_of.iter().map(|&n| NodeId(n)).collect()
     }
 
     /// The communicator's asynchronous error, if one happened (a lost peer, an abort).
@@ -756,15 +397,56 @@ impl Communicator {
         let _ = self.tx.send(Req::Abort(reason.to_owned()));
         self.waker.wake();
     }
+
+    /// Leave the communicator gracefully (NCCL's `ncclCommFinalize` then `ncclCommDestroy`):
+    /// every call already submitted finishes first; then this rank says goodbye and keeps
+    /// serving its peers (acknowledging their last transfers) until each has left too, by
+    /// `bootstrap.peer_timeout_ms`. [`CommError::Timeout`] names the ranks that had not left
+    /// by then (this rank has left all the same).
+    pub fn finalize(mut self) -> Result<(), CommError> {
+        let staying = self.leave(true);
+        match staying {
+            Some(ranks) if !ranks.is_empty() => Err(CommError::Timeout {
+                seq: 0,
+                waited_ms: self.template.config.bootstrap.peer_timeout_ms,
+                waiting: format!("rank(s) {ranks:?} to leave the communicator"),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Leave at once (NCCL's `ncclCommDestroy` after `ncclCommAbort`): calls not finished
+    /// fail with [`CommError::Aborted`], peers are told this rank left, and nothing waits for
+    /// them. Peers still in a collective with this rank get [`CommError::PeerLost`].
+    pub fn destroy(mut self) {
+        let _ = self.leave(false);
+    }
+
+    /// Stop the progress thread, lingering for the peers when `linger`; the ranks that had
+    /// not left when it stopped (`None` when it had stopped already).
+    fn leave(&mut self, linger: bool) -> Option<Vec<u32>> {
+        let thread = self.thread.take()?;
+        let (reply, rx) = crossbeam_channel::bounded(1);
+        let _ = self.tx.send(Req::Shutdown { linger, reply });
+        self.waker.wake();
+        let staying = rx.recv().ok();
+        let _ = thread.join();
+        staying
+    }
+
+    /// How long a call may take by default (from its submission): twelve peer timeouts, at
+    /// least 12 s, the deadline the progress thread enforces too.
+    pub fn collective_timeout(&self) -> Duration {
+        Duration::from_millis(self.template.config.bootstrap.peer_timeout_ms.max(1000) * 12)
+    }
 }
 
 impl Drop for Communicator {
+    /// As [`Communicator::finalize`], ignoring its result: may wait up to
+    /// `bootstrap.peer_timeout_ms` for peers that have not left; [`Communicator::destroy`]
+    /// leaves at once.
     fn drop(&mut self) {
-        let _ = self.tx.send(Req::Shutdown);
-        self.waker.wake();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        let _ = self.leave(true);
     }
 }
 
@@ -793,7 +475,7 @@ struct Progress {
     /// Per-NIC `(tx, rx)` byte counts already exported as metrics.
     nic_bytes_seen: Vec<(u64, u64)>,
     /// Schedules already planned, by collective, type, count and agreed view.
-    plan_cache: BTreeMap<String, (r2ccl_algo::RankSchedule, &'static str)>,
+    plan_cache: BTreeMap<String, (r2ccl_algo::RankSchedule, Schedule)>,
     transport: UcxTransport,
     engine: Engine,
     shared: Arc<Shared>,
@@ -821,13 +503,16 @@ struct Progress {
 
 struct Current {
     seq: u64,
-    reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
-    /// The caller's output buffer of a blocking call (written here, never after the reply).
+    reply: Sender<Reply>,
+    /// The caller's borrowed output buffer (written here, never after the reply, and only
+    /// under `access`).
     borrowed: Option<(*mut u8, usize)>,
+    /// Guards `borrowed`.
+    access: Option<Access>,
     /// The collective ran on registered memory: its result is in place already.
     registered: bool,
     out_len: usize,
-    strategy: &'static str,
+    strategy: Schedule,
     epoch: u64,
     started: Instant,
     deadline: Instant,
@@ -942,7 +627,7 @@ impl Progress {
                 {
                     blobs[from as usize] = Some(payload);
                 }
-                Some(OobEvent::PeerLost { rank, why }) => return Err(CommError::PeerLost { rank, why }),
+                Some(OobEvent::PeerLost { rank, why }) => return Err(CommError::PeerLost { rank: Rank(rank), why }),
                 Some(ev) => early_oob.push(ev),
                 None => {
                     let missing: Vec<usize> =
@@ -1322,7 +1007,7 @@ impl Progress {
             let now = self.now();
             self.engine.abandon(now, &mut self.transport);
             // A failure only this rank saw must not leave the others waiting for their deadline.
-            if matches!(e, CommError::Failed { .. } | CommError::Timeout { .. }) {
+            if e.is_local_failure() {
                 let mut msg = vec![ABORT_REASON];
                 msg.extend_from_slice(e.to_string().as_bytes());
                 self.mesh.broadcast(Channel::Abort, &msg);
@@ -1378,12 +1063,32 @@ impl Progress {
         let mut queue: std::collections::VecDeque<(Instant, Req)> = std::collections::VecDeque::new();
         let mut last_moved = (0, 0, 0);
         let mut idle_spins = 0u32;
+        // A graceful shutdown waiting for the calls submitted before it.
+        let mut shutdown: Option<(bool, Sender<Vec<u32>>)> = None;
         loop {
+            if shutdown.is_some() && ((current.is_none() && queue.is_empty()) || self.broken.is_some()) {
+                if let Some((linger, reply)) = shutdown.take() {
+                    self.fail_queued(&mut queue);
+                    let _ = reply.send(self.depart(&mut current, linger));
+                    return;
+                }
+            }
             // try_recv, not recv_timeout(ZERO): the latter backs off (spins, then yields) before
             // it gives up, on every round of this loop.
             match rx.try_recv() {
-                Ok(Req::Shutdown) | Err(crossbeam_channel::TryRecvError::Disconnected) => {
-                    self.depart(&mut current);
+                Ok(Req::Shutdown { linger, reply }) => {
+                    // Calls submitted before the shutdown finish first (a graceful leave).
+                    if linger && (current.is_some() || !queue.is_empty()) && self.broken.is_none() {
+                        shutdown = Some((linger, reply));
+                    } else {
+                        self.fail_queued(&mut queue);
+                        let _ = reply.send(self.depart(&mut current, linger));
+                        return;
+                    }
+                }
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    self.fail_queued(&mut queue);
+                    self.depart(&mut current, true);
                     return;
                 }
                 Ok(Req::Abort(reason)) => {
@@ -1405,14 +1110,21 @@ impl Progress {
             }
             if current.is_none() {
                 if let Some((queued, req)) = queue.front() {
-                    let blocked = if self.broken.is_some() { None } else { self.unstartable(*queued) };
+                    let blocked = if self.broken.is_some() { None } else { self.unstartable(*queued, req) };
                     if let Some(e) = self.broken.clone().or(blocked) {
+                        if self.broken.is_none() && e.is_local_failure() {
+                            // Peers waiting in this collective must not wait for their deadline.
+                            let mut msg = vec![ABORT_REASON];
+                            msg.extend_from_slice(e.to_string().as_bytes());
+                            self.mesh.broadcast(Channel::Abort, &msg);
+                            self.set_broken(CommError::Aborted(format!("rank {}: {e}", self.rank)));
+                        }
                         if let Some((_, Req::Coll { reply, .. })) = queue.pop_front() {
                             let _ = reply.send(Err(e));
                         }
                     } else if self.ready_to_plan(matches!(req, Req::Coll { .. })) {
-                        if let Some((_, Req::Coll { work, dtype, count, bufs, reply })) = queue.pop_front() {
-                            current = self.start_coll(&work, dtype, count, bufs, reply);
+                        if let Some((_, Req::Coll { call, deadline, reply })) = queue.pop_front() {
+                            current = self.start_coll(call, deadline, reply);
                         }
                     }
                 }
@@ -1423,8 +1135,8 @@ impl Progress {
                 if let Some((rank, last)) = gone {
                     let seq = c.seq;
                     let why = format!("it left the communicator after collective #{last}, so #{seq} cannot complete");
-                    self.set_broken(CommError::PeerLost { rank, why: why.clone() });
-                    self.fail(&mut current, CommError::PeerLost { rank, why });
+                    self.set_broken(CommError::PeerLost { rank: Rank(rank), why: why.clone() });
+                    self.fail(&mut current, CommError::PeerLost { rank: Rank(rank), why });
                 }
             }
             while let Some(ev) = self.mesh.recv_deadline(Instant::now()) {
@@ -1433,7 +1145,7 @@ impl Progress {
             let now = self.now();
             if let Err(e) = self.engine.drive(now, &mut self.transport) {
                 let seq = current.as_ref().map_or(0, |c| c.seq);
-                self.fail(&mut current, CommError::Failed { seq, why: e.to_string() });
+                self.fail(&mut current, CommError::from_engine(seq, &e));
             }
             self.flush_engine();
             if let Some(c) = &current {
@@ -1442,20 +1154,27 @@ impl Progress {
                         let out = match c.borrowed {
                             _ if c.registered => Ok(Vec::new()),
                             Some((ptr, len)) => {
-                                // SAFETY: the caller is blocked in `run` until the reply below.
-                                let dst = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-                                self.engine.output_into(&self.transport, dst).map(|()| Vec::new())
+                                let (engine, transport) = (&self.engine, &self.transport);
+                                let copy_out = || {
+                                    // SAFETY: under the call's access lock with its caller still
+                                    // waiting, so the borrow is alive (call.rs).
+                                    let dst = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+                                    engine.output_into(transport, dst).map(|()| Vec::new())
+                                };
+                                // A caller that gave up wants nothing written any more.
+                                c.access
+                                    .as_ref()
+                                    .map_or_else(|| Some(copy_out()), |a| a.with(copy_out))
+                                    .unwrap_or(Ok(Vec::new()))
                             }
                             None => self.engine.output(&self.transport, c.out_len),
                         };
                         let secs = c.started.elapsed().as_secs_f64();
                         self.last_done = c.seq;
-                        crate::metrics::record_collective("collective", c.strategy, secs);
+                        crate::metrics::record_collective("collective", c.strategy.name(), secs);
                         self.export_nic_bytes();
                         let report = CollReport { seq: c.seq, strategy: c.strategy, epoch: c.epoch, seconds: secs };
-                        let _ = c.reply.send(
-                            out.map(|o| (o, report)).map_err(|e| CommError::Failed { seq: c.seq, why: e.to_string() }),
-                        );
+                        let _ = c.reply.send(out.map(|o| (o, report)).map_err(|e| CommError::from_engine(c.seq, &e)));
                     }
                 } else if Instant::now() > c.deadline {
                     let waiting = self.engine.waiting().join("; ");
@@ -1486,9 +1205,19 @@ impl Progress {
         }
     }
 
-    /// Leave: tell every peer, then keep serving them (acknowledgements of their last
-    /// transfers) until each has left too or the peer timeout passes.
-    fn depart(&mut self, current: &mut Option<Current>) {
+    /// Answer every queued call: the communicator is going away.
+    fn fail_queued(&mut self, queue: &mut std::collections::VecDeque<(Instant, Req)>) {
+        for (_, req) in queue.drain(..) {
+            if let Req::Coll { reply, .. } = req {
+                let _ = reply.send(Err(CommError::Aborted("communicator destroyed".into())));
+            }
+        }
+    }
+
+    /// Leave: tell every peer, then (when `linger`) keep serving them (acknowledgements of
+    /// their last transfers) until each has left too or the peer timeout passes. Returns the
+    /// ranks that had not left.
+    fn depart(&mut self, current: &mut Option<Current>, linger: bool) -> Vec<u32> {
         self.fail(current, CommError::Aborted("communicator destroyed".into()));
         let mut bye = vec![DEPART];
         bye.extend_from_slice(&self.last_done.to_le_bytes());
@@ -1498,7 +1227,7 @@ impl Progress {
             self.transport.forget_peer(Rank(peer));
         }
         let deadline = Instant::now() + Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms);
-        while (self.departed.len() as u32) < self.world && Instant::now() < deadline {
+        while linger && (self.departed.len() as u32) < self.world && Instant::now() < deadline {
             while let Some(ev) = self.mesh.recv_deadline(Instant::now() + Duration::from_millis(1)) {
                 self.on_oob(ev, current);
             }
@@ -1506,21 +1235,31 @@ impl Progress {
             let _ = self.engine.drive(now, &mut self.transport);
             self.flush_engine();
         }
+        (0..self.world).filter(|r| !self.departed.contains(r)).collect()
     }
 
     /// Why the next collective (queued at `queued`) can never start, if it cannot: a rank whose
     /// health view it still needs has left the communicator, or the views did not all arrive
     /// within the collective deadline.
-    fn unstartable(&self, queued: Instant) -> Option<CommError> {
+    fn unstartable(&self, queued: Instant, req: &Req) -> Option<CommError> {
+        let next = self.seq + 1;
+        if let Req::Coll { deadline, .. } = req {
+            if Instant::now() > *deadline {
+                return Some(CommError::Timeout {
+                    seq: next,
+                    waited_ms: queued.elapsed().as_millis() as u64,
+                    waiting: "its turn: the calls queued before it ran past its deadline".into(),
+                });
+            }
+        }
         let a = self.agreement.as_ref()?;
         if a.is_complete() {
             return None;
         }
         let missing = a.missing();
-        let next = self.seq + 1;
         if let Some(&rank) = missing.iter().find(|r| self.departed.contains(r)) {
             let why = format!("it left the communicator before collective #{next}");
-            return Some(CommError::PeerLost { rank, why });
+            return Some(CommError::PeerLost { rank: Rank(rank), why });
         }
         let waited = queued.elapsed();
         (waited > self.coll_deadline()).then(|| CommError::Timeout {
@@ -1547,14 +1286,9 @@ impl Progress {
         }
     }
 
-    fn start_coll(
-        &mut self,
-        work: &Work,
-        dtype: DType,
-        count: u64,
-        bufs: Bufs,
-        reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
-    ) -> Option<Current> {
+    fn start_coll(&mut self, call: Call, deadline: Instant, reply: Sender<Reply>) -> Option<Current> {
+        let Call { work, dtype, count, bufs, access } = call;
+        let work = &work;
         // Adopt the view agreed in the previous round.
         if let Some(a) = self.agreement.take() {
             if let Some(mut v) = a.result() {
@@ -1619,8 +1353,8 @@ impl Progress {
                     let text =
                         format!("collective #{seq}: rank {from} called {theirs}, rank {} called {desc}", self.rank);
                     self.broadcast_mismatch(seq, &text);
-                    let _ = reply.send(Err(CommError::Mismatch(text.clone())));
-                    self.set_broken(CommError::Mismatch(text));
+                    let _ = reply.send(Err(CommError::Mismatch { seq, detail: text.clone() }));
+                    self.set_broken(CommError::Mismatch { seq, detail: text });
                     return None;
                 }
                 Some(_) => {}
@@ -1672,55 +1406,77 @@ impl Progress {
             }
             let now = self.now();
             if let Err(e) = self.engine.start_registered(now, &mut self.transport, seq, sched, input, output) {
-                let _ = reply.send(Err(CommError::Failed { seq, why: e.to_string() }));
+                let _ = reply.send(Err(CommError::from_engine(seq, &e)));
                 return None;
             }
-            return Some(self.current(seq, reply, None, true, out_len, strategy));
+            return Some(self.current(seq, reply, (None, None, true), out_len, strategy, deadline));
         }
-        let Some((input, output, borrowed)) = bufs.split(in_len, out_len, self.rank) else {
-            let got = match &bufs {
-                Bufs::Owned { input, output } => format!("got {} and {}", input.len(), output.len()),
-                Bufs::Borrowed { in_len, out_len, .. } => format!("got {in_len} and {out_len}"),
-                Bufs::InPlace { len, .. } => format!("got one in-place buffer of {len}"),
-                Bufs::Registered { .. } | Bufs::RegisteredInPlace { .. } => String::new(),
+        let rank = self.rank;
+        let copy_in = |engine: &mut Engine, transport: &mut UcxTransport, now: Duration| {
+            let Some((input, output, borrowed)) = bufs.split(in_len, out_len, rank) else {
+                return Err(None);
             };
-            let _ = reply.send(Err(CommError::Invalid(format!(
-                "{} needs a {}-byte input and a {}-byte output (in place: one buffer of the larger), {got}",
-                work.name(),
-                sched.input_len,
-                out_len,
-            ))));
-            return None;
+            engine.start(now, transport, seq, sched.clone(), input, output).map_err(Some)?;
+            Ok(borrowed)
         };
         let now = self.now();
-        if let Err(e) = self.engine.start(now, &mut self.transport, seq, sched, input, output) {
-            let _ = reply.send(Err(CommError::Failed { seq, why: e.to_string() }));
-            return None;
-        }
-        Some(self.current(seq, reply, borrowed, false, out_len, strategy))
+        let (engine, transport) = (&mut self.engine, &mut self.transport);
+        let started = match &access {
+            // SAFETY (of `bufs.split`'s views): under the access lock, the caller still waiting.
+            Some(a) => a.with(|| copy_in(engine, transport, now)),
+            None => Some(copy_in(engine, transport, now)),
+        };
+        let borrowed = match started {
+            // The caller stopped waiting before the call started: nothing to do or say.
+            None => return None,
+            Some(Ok(borrowed)) => borrowed,
+            Some(Err(Some(e))) => {
+                let _ = reply.send(Err(CommError::from_engine(seq, &e)));
+                return None;
+            }
+            Some(Err(None)) => {
+                let got = match &bufs {
+                    Bufs::Owned { input, output } => format!("got {} and {}", input.len(), output.len()),
+                    Bufs::Borrowed { in_len, out_len, .. } => format!("got {in_len} and {out_len}"),
+                    Bufs::InPlace { len, .. } => format!("got one in-place buffer of {len}"),
+                    Bufs::Registered { .. } | Bufs::RegisteredInPlace { .. } => String::new(),
+                };
+                let _ = reply.send(Err(CommError::Invalid(format!(
+                    "{} needs a {}-byte input and a {}-byte output (in place: one buffer of the larger), {got}",
+                    work.name(),
+                    sched.input_len,
+                    out_len,
+                ))));
+                return None;
+            }
+        };
+        Some(self.current(seq, reply, (borrowed, access, false), out_len, strategy, deadline))
     }
 
     /// The record of collective `seq`, started now.
+    /// `memory`: the borrowed output, its guard, and whether the call runs on registered memory.
     fn current(
         &self,
         seq: u64,
-        reply: Sender<Result<(Vec<u8>, CollReport), CommError>>,
-        borrowed: Option<(*mut u8, usize)>,
-        registered: bool,
+        reply: Sender<Reply>,
+        memory: (Option<(*mut u8, usize)>, Option<Access>, bool),
         out_len: usize,
-        strategy: &'static str,
+        strategy: Schedule,
+        deadline: Instant,
     ) -> Current {
         let started = Instant::now();
+        let (borrowed, access, registered) = memory;
         Current {
             seq,
             reply,
             borrowed,
+            access,
             registered,
             out_len,
             strategy,
             epoch: self.agreed.epoch().0,
             started,
-            deadline: started + self.coll_deadline(),
+            deadline: deadline.min(started + self.coll_deadline()),
         }
     }
 
@@ -1741,7 +1497,7 @@ impl Progress {
         coll: Collective,
         dtype: DType,
         count: u64,
-    ) -> Result<(r2ccl_algo::RankSchedule, &'static str), CommError> {
+    ) -> Result<(r2ccl_algo::RankSchedule, Schedule), CommError> {
         let failed = |why: String| CommError::Failed { seq: self.seq, why };
         if let Some(topo) = &self.policy_topo {
             let (plan, view) =
@@ -1765,7 +1521,7 @@ impl Progress {
             let fabric = r2ccl_policy::schedule_fabric(topo, &view).map_err(|e| failed(e.to_string()))?;
             let sched =
                 build_rank_schedule(&fabric, &req, Rank(self.rank)).map_err(|e| CommError::Invalid(e.to_string()))?;
-            return Ok((sched, strategy.name()));
+            return Ok((sched, Schedule::Planned(strategy)));
         }
         let fabric = Fabric::new(self.layout()?, self.agreed.clone()).map_err(|e| failed(e.to_string()))?;
         let bytes = count * dtype.size() as u64;
@@ -1776,12 +1532,12 @@ impl Progress {
         let req = pipeline_ring(req, self.node_of.len(), self.nics, self.nic_mbps);
         let sched =
             build_rank_schedule(&fabric, &req, Rank(self.rank)).map_err(|e| CommError::Invalid(e.to_string()))?;
-        Ok((sched, if small { "tree" } else { "balance" }))
+        Ok((sched, if small { Schedule::FallbackTree } else { Schedule::FallbackBalance }))
     }
 
     /// This rank's schedule for a point-to-point group on the agreed view (sends split over
     /// the NICs by Balance weights).
-    fn plan_group(&self, dtype: DType, ops: &[P2pOp]) -> Result<(r2ccl_algo::RankSchedule, &'static str), CommError> {
+    fn plan_group(&self, dtype: DType, ops: &[P2pOp]) -> Result<(r2ccl_algo::RankSchedule, Schedule), CommError> {
         let failed = |why: String| CommError::Failed { seq: self.seq, why };
         let fabric = match &self.policy_topo {
             Some(topo) => r2ccl_policy::schedule_fabric(topo, &self.agreed).map_err(|e| failed(e.to_string()))?,
@@ -1789,7 +1545,7 @@ impl Progress {
         };
         let sched =
             build_p2p_group(&fabric, Rank(self.rank), dtype, ops).map_err(|e| CommError::Invalid(e.to_string()))?;
-        Ok((sched, "group"))
+        Ok((sched, Schedule::Group))
     }
 
     fn broadcast_mismatch(&self, seq: u64, text: &str) {
@@ -1805,7 +1561,7 @@ impl Progress {
                 let now = self.now();
                 if let Err(e) = self.engine.handle_ctrl(now, &mut self.transport, Rank(from), &payload) {
                     let seq = current.as_ref().map_or(0, |c| c.seq);
-                    self.fail(current, CommError::Failed { seq, why: e.to_string() });
+                    self.fail(current, CommError::from_engine(seq, &e));
                 }
             }
             OobEvent::Message { from, channel: Channel::Agree, payload } => match decode_view(from, &payload) {
@@ -1839,8 +1595,8 @@ impl Progress {
                         let text =
                             format!("collective #{seq}: rank {from} called {theirs}, rank {} called {mine}", self.rank);
                         self.broadcast_mismatch(seq, &text);
-                        self.set_broken(CommError::Mismatch(text.clone()));
-                        self.fail(current, CommError::Mismatch(text));
+                        self.set_broken(CommError::Mismatch { seq, detail: text.clone() });
+                        self.fail(current, CommError::Mismatch { seq, detail: text });
                     }
                     Some(_) => {}
                     None => {
@@ -1863,9 +1619,10 @@ impl Progress {
             }
             OobEvent::Message { from, channel: Channel::Abort, payload } => {
                 let e = match payload.first() {
-                    Some(&ABORT_MISMATCH) if payload.len() >= 9 => {
-                        CommError::Mismatch(String::from_utf8_lossy(&payload[9..]).into_owned())
-                    }
+                    Some(&ABORT_MISMATCH) if payload.len() >= 9 => CommError::Mismatch {
+                        seq: payload.get(1..9).and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, u64::from_le_bytes),
+                        detail: String::from_utf8_lossy(&payload[9..]).into_owned(),
+                    },
                     Some(&ABORT_REASON) => {
                         CommError::Aborted(format!("rank {from}: {}", String::from_utf8_lossy(&payload[1..])))
                     }
@@ -1881,7 +1638,7 @@ impl Progress {
             OobEvent::PeerLost { rank, why } => {
                 // A lost rank will never say goodbye: do not wait for it when leaving.
                 self.departed.insert(rank);
-                let e = CommError::PeerLost { rank, why };
+                let e = CommError::PeerLost { rank: Rank(rank), why };
                 self.note(e.to_string());
                 self.set_broken(e.clone());
                 self.fail(current, e);

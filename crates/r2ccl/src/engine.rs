@@ -474,11 +474,6 @@ impl Engine {
         })
     }
 
-    /// This rank.
-    pub const fn rank(&self) -> Rank {
-        self.rank
-    }
-
     /// The transport session (statistics, path state).
     pub const fn session(&self) -> &Session {
         &self.session
@@ -487,12 +482,6 @@ impl Engine {
     /// NICs known to be down (this node's and peers').
     pub const fn down_nics(&self) -> &BTreeSet<NicId> {
         &self.down_nics
-    }
-
-    /// Whether the set of down NICs changed since the last call (then the next collective
-    /// must agree on a new health view).
-    pub fn take_health_changed(&mut self) -> bool {
-        std::mem::take(&mut self.health_changed)
     }
 
     /// Next control message for a peer (send it on the OOB `Detect` channel).
@@ -505,13 +494,9 @@ impl Engine {
         self.events.pop_front()
     }
 
-    /// Whether a collective is running.
-    pub const fn is_busy(&self) -> bool {
-        self.exec.is_some()
-    }
-
     /// How many sends moved to their private copy because a write that overwrites their bytes
     /// waited [`PRIVATE_COPY_AFTER`] past their last chunk for the receipt (since start).
+    #[cfg(test)]
     pub fn moved_sends(&self) -> u64 {
         self.moved_sends
     }
@@ -523,6 +508,7 @@ impl Engine {
 
     /// Lanes still looking for a usable path or waiting for the receiver's answer to a migration.
     /// None is left once every send is acknowledged (a receipt drops its transfer's lanes).
+    #[cfg(test)]
     pub fn pending_lanes(&self) -> usize {
         self.migrations.len() + self.no_path.len()
     }
@@ -573,11 +559,6 @@ impl Engine {
     /// The detector's last verdict on `path` (this rank's view), if it localized a failure there.
     pub fn verdict(&self, path: PathId) -> Option<Verdict> {
         self.verdicts.get(&path).copied()
-    }
-
-    /// The detector (path health states, for diagnostics and tests).
-    pub const fn detector(&self) -> &Detector {
-        &self.detector
     }
 
     fn send_ctrl(&mut self, to: Rank, msg: Ctrl) {
@@ -1477,6 +1458,7 @@ impl Engine {
     }
 
     /// Paths declared failed on the kernel's evidence ([`Transport::path_evidence`]) so far.
+    #[cfg(test)]
     pub const fn silent_declared(&self) -> u64 {
         self.silent_declared
     }
@@ -1492,6 +1474,7 @@ impl Engine {
     }
 
     /// The next time [`Engine::drive`] has timer work (stall deadlines, probes, resends).
+    #[cfg(test)]
     pub fn poll_timeout(&self) -> Option<Duration> {
         let activity = self.session.path_activity();
         let hard = activity.iter().map(|a| a.since + self.hard_stall_limit()).min();

@@ -413,6 +413,7 @@ impl OobMesh {
     }
 
     /// This rank.
+    #[cfg(test)]
     pub const fn rank(&self) -> u32 {
         self.rank
     }
@@ -486,13 +487,9 @@ impl OobMesh {
     }
 
     /// Connections dropped for not proving the secret.
+    #[cfg(test)]
     pub fn rejected(&self) -> u64 {
         self.stats.rejected.load(Ordering::Relaxed)
-    }
-
-    /// Frames from peers with an unknown channel.
-    pub fn malformed(&self) -> u64 {
-        self.stats.malformed.load(Ordering::Relaxed)
     }
 }
 

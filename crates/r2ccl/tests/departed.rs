@@ -5,19 +5,18 @@
 
 mod common;
 
-use r2ccl::comm::CommError;
-use r2ccl_core::{DType, ReduceOp};
+use r2ccl::{CommError, Rank, ReduceOp};
 use std::time::{Duration, Instant};
 
 #[test]
 fn a_collective_a_departed_peer_never_joins_fails_at_once_naming_it() {
     // The collective deadline is 12 x the peer timeout (120 s): the error below must come long before.
     let threads = common::spawn_ranks(2, 10_000, |rank, comm| {
-        let input = [1u8, 0, 0, 0];
-        let mut out = [0u8; 4];
+        let input = [1u32];
+        let mut out = [0u32];
         for _ in 0..2 {
-            comm.all_reduce(&input, &mut out, DType::U32, ReduceOp::Sum).unwrap();
-            assert_eq!(u32::from_le_bytes(out), 2);
+            comm.all_reduce(&input, &mut out, ReduceOp::Sum).unwrap();
+            assert_eq!(out, [2]);
         }
         if rank == 0 {
             // Rank 0 leaves after two collectives.
@@ -27,12 +26,12 @@ fn a_collective_a_departed_peer_never_joins_fails_at_once_naming_it() {
         // Rank 1 calls a third one, which rank 0 will never join.
         std::thread::sleep(Duration::from_millis(200));
         let started = Instant::now();
-        let err = comm.all_reduce(&input, &mut out, DType::U32, ReduceOp::Sum).unwrap_err();
+        let err = comm.all_reduce(&input, &mut out, ReduceOp::Sum).unwrap_err();
         Some((err, started.elapsed()))
     });
     let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     let (err, took) = results[1].clone().unwrap();
-    assert!(matches!(err, CommError::PeerLost { rank: 0, .. }), "rank 1 got {err}");
+    assert!(matches!(err, CommError::PeerLost { rank: Rank(0), .. }), "rank 1 got {err}");
     assert!(err.to_string().contains("left the communicator"), "{err}");
     assert!(took < Duration::from_secs(5), "the error took {took:?}");
 }

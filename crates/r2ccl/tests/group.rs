@@ -6,8 +6,7 @@
 
 mod common;
 
-use r2ccl::comm::{CommError, P2p};
-use r2ccl_core::{DType, ReduceOp};
+use r2ccl::{CommError, DType, P2p, Rank, ReduceOp};
 
 const WORLD: u32 = 3;
 
@@ -23,24 +22,41 @@ fn every_rank_gets_exactly_what_each_peer_sent_it() {
         for _round in 0..2 {
             let sends: Vec<Vec<u8>> = (0..WORLD).map(|b| payload(me, b)).collect();
             let mut recvs: Vec<Vec<u8>> = (0..WORLD).map(|a| vec![0u8; payload(a, me).len()]).collect();
-            let mut ops: Vec<P2p<'_>> = Vec::new();
-            let recv_ops = recvs.iter_mut().enumerate().map(|(a, buf)| P2p::Recv { peer: a as u32, buf });
-            let send_ops = sends.iter().enumerate().map(|(b, data)| P2p::Send { peer: b as u32, data });
-            if me == 1 {
-                ops.extend(recv_ops);
-                ops.extend(send_ops);
-            } else {
-                ops.extend(send_ops);
-                ops.extend(recv_ops);
-            }
-            comm.group(DType::F32, &mut ops).unwrap();
-            drop(ops);
+            comm.group(|g| {
+                let mut recv_ops = recvs.iter_mut().enumerate();
+                if me == 1 {
+                    for (a, buf) in recv_ops.by_ref() {
+                        g.recv(buf, Rank(a as u32));
+                    }
+                }
+                for (b, data) in sends.iter().enumerate() {
+                    g.send(data, Rank(b as u32));
+                }
+                for (a, buf) in recv_ops {
+                    g.recv(buf, Rank(a as u32));
+                }
+            })
+            .unwrap();
             for (a, got) in recvs.iter().enumerate() {
                 assert!(*got == payload(a as u32, me), "rank {me}: wrong bytes from rank {a}");
             }
         }
+        // The byte-level form, with a dtype of its own.
+        let data = payload(me, (me + 1) % WORLD);
+        let from = (me + WORLD - 1) % WORLD;
+        let mut got = vec![0u8; payload(from, me).len()];
+        let mut ops =
+            [P2p::Send { peer: Rank((me + 1) % WORLD), data: &data }, P2p::Recv { peer: Rank(from), buf: &mut got }];
+        comm.group_bytes(DType::F32, &mut ops).unwrap();
+        assert!(got == payload(from, me), "rank {me}: wrong bytes from rank {from} (byte level)");
         // An empty group is a no-op step that every rank takes together.
-        comm.group(DType::U8, &mut []).unwrap();
+        comm.group(|_| {}).unwrap();
+        // Mixed element types in one group are refused before anything is sent.
+        let (a, mut b) = ([1u32], [0f32]);
+        let err = comm.group(|g| {
+            g.send(&a, Rank(me)).recv(&mut b, Rank(me));
+        });
+        assert!(matches!(err, Err(CommError::Invalid(_))), "rank {me}: {err:?}");
     });
     for t in threads {
         t.join().unwrap();
@@ -53,25 +69,29 @@ fn a_group_that_does_not_mirror_its_peer_is_a_mismatch_on_every_rank() {
         // Rank 0 sends 8 bytes to rank 1, which expects 12; rank 2 has nothing to do.
         let data = [7u8; 8];
         let mut buf = [0u8; 12];
-        let mut ops = match me {
-            0 => vec![P2p::Send { peer: 1, data: &data }],
-            1 => vec![P2p::Recv { peer: 0, buf: &mut buf }],
-            _ => vec![],
-        };
-        match comm.group(DType::U8, &mut ops) {
+        let result = comm.group(|g| match me {
+            0 => {
+                g.send(&data, Rank(1));
+            }
+            1 => {
+                g.recv(&mut buf, Rank(0));
+            }
+            _ => {}
+        });
+        match result {
             Err(e) => e,
             // Rank 2 has no operation with either side of the mismatch, so its (empty)
             // group may finish before the mismatch reaches it; its next call must fail.
             Ok(_) if me == 2 => {
                 let mut out = [0u8; 4];
-                comm.all_reduce(&[1u8; 4], &mut out, DType::U8, ReduceOp::Sum).unwrap_err()
+                comm.all_reduce(&[1u8; 4], &mut out, ReduceOp::Sum).unwrap_err()
             }
             Ok(_) => panic!("rank {me}: a mismatched group succeeded"),
         }
     });
     for (r, t) in threads.into_iter().enumerate() {
         let err = t.join().unwrap();
-        assert!(matches!(err, CommError::Mismatch(_)), "rank {r} got {err}");
+        assert!(matches!(err, CommError::Mismatch { .. }), "rank {r} got {err}");
         assert!(err.to_string().contains("rank 0 -> 1 [8]") || err.to_string().contains("rank 0 -> 1 [12]"), "{err}");
     }
 }

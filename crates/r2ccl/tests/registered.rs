@@ -6,9 +6,7 @@
 
 mod common;
 
-use r2ccl::comm::CommError;
-use r2ccl_algo::Collective;
-use r2ccl_core::{DType, Rank, ReduceOp};
+use r2ccl::{Collective, CommError, DType, Rank, ReduceOp};
 
 const WORLD: u32 = 3;
 
@@ -35,14 +33,14 @@ fn collectives_on_registered_buffers_match_those_on_the_callers_buffers() {
             let mut want = vec![0u8; ol];
             comm.run(coll, DType::F32, n, &data, &mut want).unwrap();
             // Out of place.
-            let mut inb = comm.alloc(il).unwrap();
+            let mut inb = comm.alloc::<u8>(il).unwrap();
             inb.copy_from_slice(&data);
-            let mut outb = comm.alloc(ol).unwrap();
+            let mut outb = comm.alloc::<u8>(ol).unwrap();
             comm.run_registered(coll, DType::F32, n, &inb, &mut outb).unwrap();
             assert!(outb[..] == want[..], "rank {me}: {coll:?} out of place");
             assert!(inb[..] == data[..], "rank {me}: {coll:?} left its input alone");
             // In place, twice on the same buffer (the second run starts from the reset bytes).
-            let mut buf = comm.alloc(il.max(ol)).unwrap();
+            let mut buf = comm.alloc::<u8>(il.max(ol)).unwrap();
             for _ in 0..2 {
                 let at = if il < ol { me as usize * il } else { 0 };
                 buf[at..at + il].copy_from_slice(&data);
@@ -52,11 +50,11 @@ fn collectives_on_registered_buffers_match_those_on_the_callers_buffers() {
             }
         }
         // Too small a buffer is an error before anything moves, and the communicator goes on.
-        let mut small = comm.alloc(16).unwrap();
+        let mut small = comm.alloc::<u8>(16).unwrap();
         let err = comm.run_registered_in_place(Collective::AllReduce { op: sum }, DType::F32, 8, &mut small);
         assert!(matches!(err, Err(CommError::Invalid(_))), "rank {me}: {err:?}");
         let data = input(me, 4096);
-        let mut buf = comm.alloc(4096).unwrap();
+        let mut buf = comm.alloc::<u8>(4096).unwrap();
         buf.copy_from_slice(&data);
         comm.run_registered_in_place(Collective::AllReduce { op: sum }, DType::F32, 1024, &mut buf).unwrap();
         let mut want = vec![0u8; 4096];

@@ -5,7 +5,7 @@
 
 mod common;
 
-use r2ccl_core::{DType, ReduceOp};
+use r2ccl::ReduceOp;
 
 #[test]
 fn split_by_parity_gives_two_working_communicators() {
@@ -17,10 +17,9 @@ fn split_by_parity_gives_two_working_communicators() {
             assert_eq!(rank, 4);
             return (rank, None);
         };
-        let input = rank.to_le_bytes();
-        let mut out = [0u8; 4];
-        sub.all_reduce(&input, &mut out, DType::U32, ReduceOp::Sum).unwrap();
-        (rank, Some((sub.rank(), sub.world(), u32::from_le_bytes(out))))
+        let mut out = [0u32];
+        sub.all_reduce(&[rank], &mut out, ReduceOp::Sum).unwrap();
+        (rank, Some((sub.rank().0, sub.world(), out[0])))
     });
     let mut got: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     got.sort();

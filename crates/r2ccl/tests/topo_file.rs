@@ -6,10 +6,7 @@
 
 mod common;
 
-use r2ccl::bootstrap::Secret;
-use r2ccl::comm::Communicator;
-use r2ccl_core::{DType, ReduceOp};
-use std::net::TcpListener;
+use r2ccl::ReduceOp;
 
 fn site(dir: &std::path::Path, hosts: &[&str]) -> String {
     let mut text = String::from("name = \"site\"\nrails = 2\n");
@@ -31,23 +28,14 @@ fn nic_rates_come_from_the_topology_file_and_unlisted_nodes_are_refused() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = site(&dir, &["node0", "node1"]);
     let dump = dir.join("view.toml").to_string_lossy().into_owned();
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let root = format!("127.0.0.1:{port}");
-    let secret = Secret::generate().unwrap();
-    let threads: Vec<_> = (0..2u32)
-        .map(|rank| {
-            let (root, secret, file, dump) = (root.clone(), secret.clone(), file.clone(), dump.clone());
-            std::thread::spawn(move || {
-                let mut opts = common::options(rank, 2, &root, &secret, 10_000);
-                opts.config.topo.file = file;
-                opts.config.topo.dump_file = dump;
-                let comm = Communicator::init(opts).unwrap();
-                let mut out = [0u8; 4];
-                comm.all_reduce(&(rank + 1).to_le_bytes(), &mut out, DType::U32, ReduceOp::Sum).unwrap();
-                u32::from_le_bytes(out)
-            })
-        })
-        .collect();
+    let mut config = common::config(10_000);
+    config.topo.file = file;
+    config.topo.dump_file = dump.clone();
+    let threads = common::spawn_ranks_with(2, config, |rank, comm| {
+        let mut out = [0u32];
+        comm.all_reduce(&[rank + 1], &mut out, ReduceOp::Sum).unwrap();
+        out[0]
+    });
     for t in threads {
         assert_eq!(t.join().unwrap(), 3);
     }
@@ -56,9 +44,11 @@ fn nic_rates_come_from_the_topology_file_and_unlisted_nodes_are_refused() {
 
     // A node the file does not list.
     let file = site(&dir, &["node1"]);
-    let mut opts = common::options(0, 1, "127.0.0.1:1", &secret, 10_000);
-    opts.config.topo.file = file;
-    let err = Communicator::init(opts).err().expect("init refuses a node the file does not list").to_string();
+    let mut config = common::config(10_000);
+    config.topo.file = file;
+    let id = "r2ccl1:127.0.0.1:1:000102030405060708090a0b0c0d0e0f".parse().unwrap();
+    let err = common::builder(0, 1, &id, config).init().expect_err("init refuses a node the file does not list");
+    let err = err.to_string();
     assert!(err.contains("node0") && err.contains("topo.file"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -3,7 +3,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr, reason = "a command-line tool reports on the terminal")]
 
 use anyhow::{anyhow, bail, Context, Result};
-use r2ccl::comm::{CommBuf, CommOptions, Communicator, P2p};
+use r2ccl::{CollReport, CommBuf, CommBuilder, Communicator, P2p};
 use r2ccl_algo::Collective;
 use r2ccl_core::kernels::{finalize_avg_bytes, reduce_bytes};
 use r2ccl_core::{DType, Rank, ReduceOp};
@@ -310,12 +310,13 @@ fn rank_main(argv: &[String]) -> Result<bool> {
     if !cfg.metrics.addr.is_empty() {
         r2ccl::metrics::install_prometheus(cfg.metrics.addr.parse()?)?;
     }
-    let opts = CommOptions::from_env(cfg)?;
-    let (rank, world) = (opts.rank, opts.world);
+    let launch = r2ccl::bootstrap::LaunchInfo::from_process_env()?;
+    let (rank, world) = (launch.rank, launch.world_size);
     if args.root >= world {
         bail!("-r {}: root must be below the world size {world}", args.root);
     }
-    let comm = Communicator::init(opts)?;
+    // R2CCL_FAULT drives the e2e scenarios' software faults.
+    let comm = CommBuilder::from_env(cfg)?.fault_injection_from_env(true).init()?;
     let timeout = if args.timeout_s == 0 { Duration::from_secs(120) } else { Duration::from_secs(args.timeout_s) };
     let main = rank == 0;
     if main {
@@ -330,7 +331,7 @@ fn rank_main(argv: &[String]) -> Result<bool> {
             args.iters,
             u8::from(args.check)
         );
-        println!("#\n# Using ranks on nodes {:?}\n#", comm.node_of());
+        println!("#\n# Using ranks on nodes {:?}\n#", comm.nodes().iter().map(|n| n.0).collect::<Vec<_>>());
     }
     if args.cycles == 0 {
         return timeline(&comm, coll, &args, extra.duration.unwrap_or(10.0), timeout);
@@ -455,19 +456,19 @@ struct Registered<'c> {
 
 impl<'c> Registered<'c> {
     fn new(comm: &'c Communicator, c: &Case, in_place: bool, out_init: &[u8]) -> Result<Self> {
-        let mut output = comm.alloc(out_init.len())?;
+        let mut output = comm.alloc::<u8>(out_init.len())?;
         output.copy_from_slice(out_init);
         let input = if in_place {
             None
         } else {
-            let mut input = comm.alloc(c.input.len())?;
+            let mut input = comm.alloc::<u8>(c.input.len())?;
             input.copy_from_slice(&c.input);
             Some(input)
         };
         Ok(Self { input, output })
     }
 
-    fn run(&mut self, comm: &Communicator, c: &Case, dtype: DType) -> Result<r2ccl::comm::CollReport> {
+    fn run(&mut self, comm: &Communicator, c: &Case, dtype: DType) -> Result<CollReport> {
         Ok(match &self.input {
             Some(input) => comm.run_registered(c.coll, dtype, c.count, input, &mut self.output)?,
             None => comm.run_registered_in_place(c.coll, dtype, c.count, &mut self.output)?,
@@ -490,11 +491,13 @@ fn run_once(comm: &Communicator, c: &Case, dtype: DType, in_place: bool, out: &m
 
 /// nccl-tests' sendrecv step: send `data` to the next rank and receive from the previous one,
 /// both in flight at once (one group).
-fn ring_sendrecv(comm: &Communicator, dtype: DType, data: &[u8], out: &mut [u8]) -> Result<r2ccl::comm::CollReport> {
-    let (rank, world) = (comm.rank(), comm.world());
-    let mut ops =
-        [P2p::Send { peer: (rank + 1) % world, data }, P2p::Recv { peer: (rank + world - 1) % world, buf: out }];
-    Ok(comm.group(dtype, &mut ops)?)
+fn ring_sendrecv(comm: &Communicator, dtype: DType, data: &[u8], out: &mut [u8]) -> Result<CollReport> {
+    let (rank, world) = (comm.rank().0, comm.world());
+    let mut ops = [
+        P2p::Send { peer: Rank((rank + 1) % world), data },
+        P2p::Recv { peer: Rank((rank + world - 1) % world), buf: out },
+    ];
+    Ok(comm.group_bytes(dtype, &mut ops)?)
 }
 
 /// The in-place buffer before a run: the input, placed where NCCL's convention reads it
@@ -532,7 +535,7 @@ fn drill(extra: &Extra, rank: u32, calls: &mut u64) {
 /// `-N 0`: repeat the largest size, print bus bandwidth every second with the events of
 /// that second, until `duration` seconds passed (rank 0 decides and tells the others).
 fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, timeout: Duration) -> Result<bool> {
-    let (rank, world) = (comm.rank(), comm.world());
+    let (rank, world) = (comm.rank().0, comm.world());
     let dtype = args.dtypes[0];
     let op = args.ops[0];
     let c = case(coll, dtype, op, args, (rank, world), args.max_bytes)?;
@@ -601,7 +604,7 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
             );
         }
         wrong_total += bad;
-        strategy = rep.strategy;
+        strategy = rep.strategy.name();
         window.1 += 1;
         window.2 += secs;
         let evs = comm.take_events();

@@ -207,6 +207,27 @@ impl Root {
         Self { listener, secret }
     }
 
+    /// Bind a free port on `ip` with a freshly generated secret (NCCL's `ncclGetUniqueId`):
+    /// hand [`Root::unique_id`] to every other rank, and this `Root` to rank 0's
+    /// [`crate::CommBuilder::root`], which serves the rendezvous on the same listener.
+    pub fn create(ip: std::net::IpAddr) -> Result<Self, BootstrapError> {
+        let secret = Secret::generate().map_err(|e| BootstrapError::Io {
+            during: "generating the job secret",
+            source: io::Error::other(e.to_string()),
+        })?;
+        Self::bind(SocketAddr::new(ip, 0), secret)
+    }
+
+    /// The job secret.
+    pub(crate) const fn secret(&self) -> &Secret {
+        &self.secret
+    }
+
+    /// The bound listener, for rank 0's communicator.
+    pub(crate) fn into_listener(self) -> TcpListener {
+        self.listener
+    }
+
     /// The id to hand to every other rank.
     pub fn unique_id(&self) -> Result<UniqueId, BootstrapError> {
         let root = self.listener.local_addr().map_err(io_err("reading the listener address"))?;

@@ -1,46 +1,51 @@
 //! Shared set-up of the communicator tests: every rank a thread of this process, its own node
-//! with two `lo` rails, over UCX on loopback.
+//! with two `lo` rails, over UCX on loopback; rank 0 creates the unique id and serves the
+//! rendezvous on the listener it created it with.
 #![allow(dead_code, reason = "each test binary uses its own part")]
 
-use r2ccl::bootstrap::Secret;
-use r2ccl::comm::{CommOptions, Communicator};
-use r2ccl_config::Config;
-use std::net::TcpListener;
+use r2ccl::{CommBuilder, Communicator, Config, Rank, Root, UniqueId};
 use std::thread::JoinHandle;
 
-/// Options for `rank` of `world` with the given peer timeout (connect timeout 20 s).
-pub fn options(rank: u32, world: u32, root: &str, secret: &Secret, peer_timeout_ms: u64) -> CommOptions {
+/// The tests' configuration: connect timeout 20 s, the given peer timeout.
+pub fn config(peer_timeout_ms: u64) -> Config {
     let mut config = Config::default();
     config.bootstrap.connect_timeout_ms = 20_000;
     config.bootstrap.peer_timeout_ms = peer_timeout_ms;
-    CommOptions {
-        rank,
-        world,
-        root: root.to_owned(),
-        secret: secret.clone(),
-        node: format!("node{rank}"),
-        nics: vec!["lo".into(), "lo".into()],
-        config,
-        env_faults: false,
-    }
+    config
 }
 
-/// Start `world` ranks, each running `body(rank, its communicator)` on its own thread.
+/// A builder for `rank` of `world` at `id`: node `node<rank>`, two rails on `lo`.
+pub fn builder(rank: u32, world: u32, id: &UniqueId, config: Config) -> CommBuilder {
+    Communicator::builder(Rank(rank), world, id.clone()).node(format!("node{rank}")).nics(["lo", "lo"]).config(config)
+}
+
+/// Start `world` ranks with `config`, each running `body(rank, its communicator)` on its own
+/// thread.
+pub fn spawn_ranks_with<T, F>(world: u32, config: Config, body: F) -> Vec<JoinHandle<T>>
+where
+    T: Send + 'static,
+    F: Fn(u32, Communicator) -> T + Send + Clone + 'static,
+{
+    let root = Root::create([127, 0, 0, 1].into()).unwrap();
+    let id = root.unique_id().unwrap();
+    let mut root = Some(root);
+    (0..world)
+        .map(|rank| {
+            let (id, body, config) = (id.clone(), body.clone(), config.clone());
+            let root = if rank == 0 { root.take() } else { None };
+            std::thread::spawn(move || {
+                let comm = builder(rank, world, &id, config).root(root).init().unwrap();
+                body(rank, comm)
+            })
+        })
+        .collect()
+}
+
+/// Start `world` ranks with the given peer timeout (see [`spawn_ranks_with`]).
 pub fn spawn_ranks<T, F>(world: u32, peer_timeout_ms: u64, body: F) -> Vec<JoinHandle<T>>
 where
     T: Send + 'static,
     F: Fn(u32, Communicator) -> T + Send + Clone + 'static,
 {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let root = format!("127.0.0.1:{port}");
-    let secret = Secret::generate().unwrap();
-    (0..world)
-        .map(|rank| {
-            let (root, secret, body) = (root.clone(), secret.clone(), body.clone());
-            std::thread::spawn(move || {
-                let comm = Communicator::init(options(rank, world, &root, &secret, peer_timeout_ms)).unwrap();
-                body(rank, comm)
-            })
-        })
-        .collect()
+    spawn_ranks_with(world, config(peer_timeout_ms), body)
 }

@@ -2,8 +2,8 @@
 //! peer reported within a bounded time.
 #![allow(clippy::unwrap_used, reason = "a panic here is a test failure with a message")]
 
-use r2ccl::bootstrap::{PeerInfo, Secret};
-use r2ccl::oob::{Channel, OobEvent, OobMesh};
+use crate::bootstrap::{PeerInfo, Secret};
+use crate::oob::{Channel, OobEvent, OobMesh};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::thread;

@@ -8,8 +8,8 @@
     reason = "test code: a panic is a failure; rank loops index several per-rank tables"
 )]
 
+use crate::engine::{Engine, EngineConfig, EngineEvent};
 use proptest::prelude::*;
-use r2ccl::engine::{Engine, EngineConfig, EngineEvent};
 use r2ccl_algo::{build_rank_schedule, Collective, Fabric as AlgoFabric, Layout, ScheduleRequest};
 use r2ccl_core::{DType, HealthView, NicId, Rank, ReduceOp};
 use r2ccl_detect::Verdict;
@@ -278,7 +278,7 @@ fn late_receipts_move_sends_to_their_private_copies_and_results_stay_exact() {
     for (seed, fail) in [(12u64, false), (13, true)] {
         let mut c = Cluster::new(4, 1, 2, seed);
         // Receipts take longer than a write waits for them past the send's last chunk.
-        c.ctrl_delay = r2ccl::engine::PRIVATE_COPY_AFTER * 4;
+        c.ctrl_delay = crate::engine::PRIVATE_COPY_AFTER * 4;
         if fail {
             c.fabric.schedule(Duration::from_micros(500), FaultAction::NicDown(NicId::new(2, 1)));
         }
@@ -556,7 +556,7 @@ proptest! {
     ) {
         let mut c = Cluster::new(4, 1, 2, seed);
         if slow_ctrl {
-            c.ctrl_delay = r2ccl::engine::PRIVATE_COPY_AFTER * 4;
+            c.ctrl_delay = crate::engine::PRIVATE_COPY_AFTER * 4;
         }
         let layout = Layout::uniform(4, 1, 2).unwrap();
         let af = AlgoFabric::new(layout, HealthView::uniform(4, 2, 100_000)).unwrap();

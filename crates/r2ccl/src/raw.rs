@@ -1,0 +1,172 @@
+//! The byte-level layer: a collective as (collective, dtype, count, bytes), the entry points
+//! the typed calls, the coming C ABI and the Python package build on.
+//!
+//! Buffer sizes follow [`Collective`]'s table; a buffer of the wrong size is
+//! [`CommError::Invalid`]. Every call has a deadline (the communicator's
+//! [`Communicator::collective_timeout`] unless given) and returns by it.
+
+use crate::buffers::CommBuf;
+use crate::call::{Access, Handle};
+use crate::comm::{Bufs, Call, Communicator, Work};
+use crate::error::CommError;
+use crate::report::CollReport;
+use r2ccl_algo::{Collective, P2pOp};
+use r2ccl_core::{DType, Element, Rank};
+use std::time::Duration;
+
+/// One operation of [`Communicator::group_bytes`] (like `ncclSend` / `ncclRecv` between
+/// `ncclGroupStart` and `ncclGroupEnd`).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum P2p<'a> {
+    /// Send `data` to rank `peer`.
+    Send {
+        /// The receiver.
+        peer: Rank,
+        /// The bytes (a whole number of elements).
+        data: &'a [u8],
+    },
+    /// Receive into `buf` from rank `peer` (exactly `buf.len()` bytes).
+    Recv {
+        /// The sender.
+        peer: Rank,
+        /// Where the bytes go.
+        buf: &'a mut [u8],
+    },
+}
+
+impl Communicator {
+    /// Run `call` and wait for it, by `timeout` (the communicator's timeout when `None`).
+    pub(crate) fn block(&self, call: Call, timeout: Option<Duration>) -> Result<CollReport, CommError> {
+        self.submit(call, timeout)?.wait().map(|(_, report)| report)
+    }
+
+    /// Start a collective on owned buffers without waiting: `input` is this rank's send
+    /// buffer, `output` the receive buffer's current contents, sized as the collective needs.
+    /// It must finish within `timeout` of now, or [`Handle::wait`] returns
+    /// [`CommError::Timeout`].
+    pub fn start(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        input: Vec<u8>,
+        output: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Handle, CommError> {
+        let call = Call { work: Work::Coll(coll), dtype, count, bufs: Bufs::Owned { input, output }, access: None };
+        self.submit(call, Some(timeout)).map(Handle::new)
+    }
+
+    /// Run a collective of `count` elements of `dtype` and wait for it: `output` receives the
+    /// result.
+    pub fn run(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<CollReport, CommError> {
+        let bufs = Bufs::Borrowed {
+            input: input.as_ptr(),
+            in_len: input.len(),
+            output: output.as_mut_ptr(),
+            out_len: output.len(),
+        };
+        self.block(Call { work: Work::Coll(coll), dtype, count, bufs, access: Some(Access::new()) }, None)
+    }
+
+    /// Run a collective in place and wait for it (NCCL's convention: AllGather reads this
+    /// rank's block of `buf`, ReduceScatter writes its result to this rank's block; the others
+    /// read and write all of it). `buf` holds the larger of the input and the output.
+    pub fn run_in_place(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        buf: &mut [u8],
+    ) -> Result<CollReport, CommError> {
+        let bufs = Bufs::InPlace { buf: buf.as_mut_ptr(), len: buf.len() };
+        self.block(Call { work: Work::Coll(coll), dtype, count, bufs, access: Some(Access::new()) }, None)
+    }
+
+    /// Run a collective on registered memory and wait for it: it reads the first bytes of
+    /// `input` and writes the first bytes of `output` where they are (each at least as long as
+    /// the collective's buffer), with no copy in or out.
+    pub fn run_registered<T: Element, U: Element>(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        input: &CommBuf<'_, T>,
+        output: &mut CommBuf<'_, U>,
+    ) -> Result<CollReport, CommError> {
+        let bufs =
+            Bufs::Registered { input: input.registration(&self.shared)?, output: output.registration(&self.shared)? };
+        self.block(Call { work: Work::Coll(coll), dtype, count, bufs, access: None }, None)
+    }
+
+    /// As [`Communicator::run_in_place`], on registered memory read and written where it is.
+    pub fn run_registered_in_place<T: Element>(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        buf: &mut CommBuf<'_, T>,
+    ) -> Result<CollReport, CommError> {
+        let (buf, len) = buf.registration(&self.shared)?;
+        self.block(
+            Call { work: Work::Coll(coll), dtype, count, bufs: Bufs::RegisteredInPlace { buf, len }, access: None },
+            None,
+        )
+    }
+
+    /// Run a group of point-to-point operations on bytes of `dtype` and wait for all of them
+    /// (NCCL's `ncclSend` and `ncclRecv` between `ncclGroupStart` and `ncclGroupEnd`); the
+    /// typed form is [`Communicator::group`], whose rules apply.
+    pub fn group_bytes(&self, dtype: DType, ops: &mut [P2p<'_>]) -> Result<CollReport, CommError> {
+        let elem = dtype.size();
+        let mut plan = Vec::with_capacity(ops.len());
+        let mut input = Vec::new();
+        let mut out_len = 0usize;
+        for (i, op) in ops.iter().enumerate() {
+            let (peer, len, send) = match op {
+                P2p::Send { peer, data } => (*peer, data.len(), true),
+                P2p::Recv { peer, buf } => (*peer, buf.len(), false),
+            };
+            if peer.0 >= self.world {
+                return Err(CommError::Invalid(format!(
+                    "group operation {i}: rank {} is outside 0..{}",
+                    peer.0, self.world
+                )));
+            }
+            if len % elem != 0 {
+                return Err(CommError::Invalid(format!(
+                    "group operation {i}: {len} bytes is not a whole number of {dtype} elements"
+                )));
+            }
+            let count = (len / elem) as u64;
+            plan.push(if send { P2pOp::Send { peer, count } } else { P2pOp::Recv { peer, count } });
+            match op {
+                P2p::Send { data, .. } => input.extend_from_slice(data),
+                P2p::Recv { .. } => out_len += len,
+            }
+        }
+        let bufs = Bufs::Owned { input, output: vec![0; out_len] };
+        let call = Call { work: Work::Group(plan), dtype, count: 0, bufs, access: None };
+        let (output, report) = self.submit(call, None)?.wait()?;
+        let mut at = 0;
+        for op in ops.iter_mut() {
+            if let P2p::Recv { buf, .. } = op {
+                let src = output.get(at..at + buf.len()).ok_or_else(|| CommError::Failed {
+                    seq: report.seq,
+                    why: format!("group output holds {} bytes", output.len()),
+                })?;
+                buf.copy_from_slice(src);
+                at += buf.len();
+            }
+        }
+        Ok(report)
+    }
+}
