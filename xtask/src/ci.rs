@@ -20,6 +20,18 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     step("clippy", || cmd("cargo", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
     step("build", || cmd("cargo", &["build", "--workspace", "--all-targets"]))?;
     step("test", || cmd("cargo", &["test", "--workspace"]))?;
+    step("examples", || {
+        // Each shows a crate used alone and checks what it prints; a wrong result exits non-zero.
+        for (krate, example) in [
+            ("r2ccl", "allreduce_threads"),
+            ("r2ccl-detect", "detect_alone"),
+            ("r2ccl-policy", "plan_failure"),
+            ("r2ccl-topo", "discover_dump"),
+        ] {
+            cmd("cargo", &["run", "--quiet", "-p", krate, "--example", example])?;
+        }
+        Ok(())
+    })?;
     step("each crate alone with default features", || {
         for krate in tidy::member_crates(root) {
             cmd("cargo", &["check", "--quiet", "-p", &krate])?;
