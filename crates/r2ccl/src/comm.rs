@@ -1416,7 +1416,7 @@ impl Progress {
             let Some((input, output, borrowed)) = bufs.split(in_len, out_len, rank) else {
                 return Err(None);
             };
-            engine.start(now, transport, seq, sched.clone(), input, output).map_err(Some)?;
+            engine.start(now, transport, seq, sched, input, output).map_err(Some)?;
             Ok(borrowed)
         };
         let now = self.now();
@@ -1444,7 +1444,7 @@ impl Progress {
                 let _ = reply.send(Err(CommError::Invalid(format!(
                     "{} needs a {}-byte input and a {}-byte output (in place: one buffer of the larger), {got}",
                     work.name(),
-                    sched.input_len,
+                    in_len,
                     out_len,
                 ))));
                 return None;

@@ -14,7 +14,8 @@ pub enum CommError {
     /// The transport could not be set up.
     #[error("transport setup: {0}")]
     Transport(String),
-    /// Invalid options or arguments (nothing was sent; the communicator is still usable).
+    /// Invalid options or arguments. The typed calls check sizes before anything is sent, so
+    /// the communicator stays usable after theirs.
     #[error("invalid argument: {0}")]
     Invalid(String),
     /// A peer process is gone (its OOB connection closed or went silent, or it left).

@@ -58,6 +58,43 @@ impl Communicator {
         self.submit(call, Some(timeout)).map(Handle::new)
     }
 
+    /// Start a collective of `count` elements of `dtype` on caller memory without waiting (the
+    /// form a C ABI's `allReduce(sendbuff, recvbuff, count, ...)` needs): `send` and `recv` hold
+    /// the sizes [`Collective`]'s table gives for this communicator's ranks; `send == recv` runs
+    /// it in place (NCCL's convention). It must finish within `timeout` of now (the
+    /// communicator's [`Communicator::collective_timeout`] when `None`); [`Handle::wait`]
+    /// returns an empty output and the report.
+    ///
+    /// # Safety
+    ///
+    /// `send` must be valid for reads and `recv` for writes of those sizes, and neither may be
+    /// written by anything else, until the handle's [`Handle::wait`] has returned or
+    /// [`Handle::is_done`] has said `true` (dropping the handle does not end the call).
+    pub unsafe fn start_raw(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        send: *const u8,
+        recv: *mut u8,
+        timeout: Option<Duration>,
+    ) -> Result<Handle, CommError> {
+        let (in_len, out_len) = r2ccl_algo::ScheduleRequest::new(coll, dtype, count)
+            .buffer_lens(self.world as usize)
+            .map_err(|e| CommError::Invalid(e.to_string()))?;
+        let (in_len, out_len) = (usize::try_from(in_len), usize::try_from(out_len));
+        let (Ok(in_len), Ok(out_len)) = (in_len, out_len) else {
+            return Err(CommError::Invalid(format!("{} of {count} elements does not fit in memory", coll.name())));
+        };
+        let bufs = if std::ptr::eq(send, recv) {
+            Bufs::InPlace { buf: recv, len: in_len.max(out_len) }
+        } else {
+            Bufs::Borrowed { input: send, in_len, output: recv, out_len }
+        };
+        let call = Call { work: Work::Coll(coll), dtype, count, bufs, access: Some(Access::new()) };
+        self.submit(call, timeout).map(Handle::new)
+    }
+
     /// Run a collective of `count` elements of `dtype` and wait for it: `output` receives the
     /// result.
     pub fn run(

@@ -206,3 +206,31 @@ fn destroy_leaves_at_once_and_peers_get_a_clean_error() {
     assert!(matches!(err, CommError::PeerLost { rank: Rank(0), .. }), "{err}");
     assert!(took < Duration::from_secs(5), "the error took {took:?}");
 }
+
+#[test]
+fn the_raw_entry_point_runs_out_of_place_and_in_place_on_caller_memory() {
+    let threads = common::spawn_ranks(WORLD, 5_000, |me, comm| {
+        let n = 50_001usize;
+        let x = input(me, n);
+        let mut out = vec![0f32; n];
+        let mut want = vec![0f32; n];
+        comm.all_reduce(&x, &mut want, ReduceOp::Sum).unwrap();
+        let coll = Collective::AllReduce { op: ReduceOp::Sum };
+        // SAFETY: `x` and `out` outlive the wait below and nothing else touches them meanwhile.
+        let h = unsafe { comm.start_raw(coll, DType::F32, n as u64, x.as_ptr().cast(), out.as_mut_ptr().cast(), None) };
+        let (rest, report) = h.unwrap().wait().unwrap();
+        assert!(rest.is_empty() && out == want, "rank {me}: out of place (#{})", report.seq);
+        let mut buf = x.clone();
+        let p = buf.as_mut_ptr().cast::<u8>();
+        // SAFETY: as above, one buffer for both (in place).
+        let mut h = unsafe { comm.start_raw(coll, DType::F32, n as u64, p, p, Some(Duration::from_secs(30))) }.unwrap();
+        while !h.is_done() {
+            std::thread::yield_now();
+        }
+        h.wait().unwrap();
+        assert_eq!(buf, want, "rank {me}: in place");
+    });
+    for t in threads {
+        t.join().unwrap();
+    }
+}
