@@ -13,6 +13,12 @@ mod bindings;
 
 pub use bindings::*;
 
+/// The version of the UCX this crate was built against (its `ucx.pc`).
+pub const BUILT_UCX_VERSION: &str = env!("R2CCL_BUILT_UCX_VERSION");
+/// The library directory of the UCX this crate was built against (empty when pkg-config named
+/// none, as for a UCX in the system's default library path).
+pub const BUILT_UCX_LIBDIR: &str = env!("R2CCL_BUILT_UCX_LIBDIR");
+
 /// `ucp_init`: the header's `static inline` wrapper around [`ucp_init_version`], passing the API version
 /// these bindings were generated from.
 ///

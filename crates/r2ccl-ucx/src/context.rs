@@ -71,9 +71,10 @@ impl ContextConfig {
         let mut out =
             vec![("TLS".to_owned(), self.transports.clone()), ("NET_DEVICES".to_owned(), self.device.clone())];
         if let Some(k) = self.keepalive {
-            // UCT-level keys go through ucp_config_modify without their table prefix (`KEEPIDLE`, not
-            // `TCP_KEEPIDLE`: UCX 1.13 warns "invalid configuration" for the prefixed form and ignores it).
-            // The kernel takes whole seconds, so round up.
+            // TCP transport keys go out without their table prefix (`KEEPIDLE`, not `TCP_KEEPIDLE`:
+            // UCX 1.13 accepts the prefixed form, warns "invalid configuration" and ignores it);
+            // `Context::new` retries one that the UCX loaded refuses bare with its prefix (UCX 1.22
+            // takes only `TCP_KEEPIDLE`). The kernel takes whole seconds, so round up.
             out.push(("KEEPIDLE".into(), format!("{}s", whole_seconds(k.idle))));
             out.push(("KEEPINTVL".into(), format!("{}s", whole_seconds(k.interval))));
             out.push(("KEEPCNT".into(), k.count.to_string()));
@@ -86,6 +87,10 @@ impl ContextConfig {
         // ms against 1065 ms with PUT off, `cargo xtask bench --part strategies`, 2026-12-04); without it
         // they go as active messages of `rx_segment` bytes.
         out.push(("PUT_ENABLE".into(), "n".into()));
+        // UCP's protocol selection of UCX 1.13 (its default there; 1.22's is the newer one): over TCP
+        // on loopback, 4 ranks x 2 NICs, the 64 MiB AllReduce ran at 0.37-0.40 GB/s bus bandwidth on
+        // UCX 1.22 with the newer selection and 0.61 with this one (1.13: 0.54; 2026-12-06).
+        out.push(("PROTO_ENABLE".into(), "n".into()));
         out.extend(self.extra.iter().cloned());
         out
     }
@@ -98,6 +103,70 @@ pub const DEFAULT_RX_SEGMENT: usize = 1 << 20;
 fn whole_seconds(d: Duration) -> u64 {
     let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
     s.max(1)
+}
+
+/// The keys [`ContextConfig::settings`] sets that belong to UCX's TCP transport table: UCX 1.13
+/// takes them bare through `ucp_config_modify`, UCX 1.22 only with this prefix.
+const TCP_TABLE_KEYS: [&str; 5] = ["KEEPIDLE", "KEEPINTVL", "KEEPCNT", "RX_SEG_SIZE", "PUT_ENABLE"];
+/// The TCP transport table's prefix.
+const TCP_TABLE_PREFIX: &str = "TCP_";
+
+/// The UCX library loaded in this process, as `ucp_get_version` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct UcxVersion {
+    /// Major version.
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+    /// Release number.
+    pub release: u32,
+}
+
+impl UcxVersion {
+    /// The version of the UCX library this process loaded.
+    pub fn loaded() -> Self {
+        let (mut major, mut minor, mut release) = (0, 0, 0);
+        // SAFETY: ucp_get_version only writes the three integers it is given.
+        unsafe { sys::ucp_get_version(&mut major, &mut minor, &mut release) };
+        Self { major, minor, release }
+    }
+
+    /// The version r2ccl-ucx-sys was built against (its `ucx.pc`), if it parses.
+    pub fn built() -> Option<Self> {
+        let mut parts = sys::BUILT_UCX_VERSION.split('.').map(str::parse::<u32>);
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(Ok(major)), Some(Ok(minor)), release) => {
+                Some(Self { major, minor, release: release.and_then(Result::ok).unwrap_or(0) })
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for UcxVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.release)
+    }
+}
+
+/// Say once per process which UCX is loaded, and warn when it is not the one built against.
+fn announce_version() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let loaded = UcxVersion::loaded();
+        let built = UcxVersion::built();
+        let dir = sys::BUILT_UCX_LIBDIR;
+        match built {
+            Some(b) if (b.major, b.minor) != (loaded.major, loaded.minor) => tracing::warn!(
+                target: r2ccl_core::subsys::INIT,
+                %loaded,
+                built = %b,
+                built_libdir = dir,
+                "the UCX loaded is not the one r2ccl was built against; put the built one's directory first in LD_LIBRARY_PATH"
+            ),
+            _ => tracing::info!(target: r2ccl_core::subsys::INIT, %loaded, built = sys::BUILT_UCX_VERSION, built_libdir = dir, "UCX"),
+        }
+    });
 }
 
 /// Frees a `ucp_config_t` on every path out of [`Context::new`].
@@ -148,11 +217,18 @@ impl Context {
         let status = Status(unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut raw_config) });
         status.check("ucp_config_read")?;
         let guard = ConfigGuard(raw_config);
+        announce_version();
         for (key, value) in config.settings() {
-            let k = c_string(&key, &key)?;
             let v = c_string(&key, &value)?;
-            // SAFETY: guard.0 is a live config; k and v are NUL-terminated and outlive the call.
-            let status = Status(unsafe { sys::ucp_config_modify(guard.0, k.as_ptr(), v.as_ptr()) });
+            let modify = |key: &str| -> Result<Status, UcxError> {
+                let k = c_string(key, key)?;
+                // SAFETY: guard.0 is a live config; k and v are NUL-terminated and outlive the call.
+                Ok(Status(unsafe { sys::ucp_config_modify(guard.0, k.as_ptr(), v.as_ptr()) }))
+            };
+            let mut status = modify(&key)?;
+            if status.0 == sys::UCS_ERR_INVALID_PARAM && TCP_TABLE_KEYS.contains(&key.as_str()) {
+                status = modify(&format!("{TCP_TABLE_PREFIX}{key}"))?;
+            }
             if !status.is_ok() {
                 return Err(UcxError::Status {
                     op: "ucp_config_modify",
@@ -223,6 +299,7 @@ mod tests {
             ("KEEPCNT", "5"),
             ("RX_SEG_SIZE", "1048576"),
             ("PUT_ENABLE", "n"),
+            ("PROTO_ENABLE", "n"),
             ("RNDV_THRESH", "64k"),
         ]
         .iter()
@@ -231,6 +308,6 @@ mod tests {
         assert_eq!(s, expect);
         c.keepalive = None;
         c.rx_segment = None;
-        assert_eq!(c.settings().len(), 4);
+        assert_eq!(c.settings().len(), 5);
     }
 }
