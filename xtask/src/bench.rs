@@ -2201,8 +2201,8 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-policy", "--bin", "r2ccl-plan"])?;
     }
     let ctx = Ctx {
-        perf: root_dir.join("target/release/r2ccl-perf"),
-        plan: root_dir.join("target/release/r2ccl-plan"),
+        perf: crate::target_dir().join("release/r2ccl-perf"),
+        plan: crate::target_dir().join("release/r2ccl-plan"),
         out: out.clone(),
         quick: opts.quick,
         spec: Spec { prefix: PREFIX.into(), nodes: 4, nics: 2, rate: Some(opts.rate.clone()) },

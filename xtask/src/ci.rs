@@ -1,6 +1,6 @@
 //! `cargo xtask ci`: every check CI runs, in order, stopping at the first failure.
 
-use crate::{cmd, setup, tidy};
+use crate::{cmd, cmd_env, setup, tidy};
 use anyhow::{bail, Result};
 use std::path::Path;
 use std::time::Instant;
@@ -75,6 +75,14 @@ pub(crate) fn run(root: &Path) -> Result<()> {
             cmd("cargo", &["xtask", "e2e", "--loopback", "--scenario", sc])?;
         }
         Ok(())
+    })?;
+    step("UCX 1.13 smoke (Debian's libucx-dev, target/ucx-1.13)", || {
+        // Sites with an old system UCX stay supported: build against it (R2CCL_UCX_DIR empty means
+        // pkg-config's UCX), load it (LD_LIBRARY_PATH empty), and run the UCX loopback session
+        // tests and one e2e scenario on it.
+        let env = [("R2CCL_UCX_DIR", ""), ("LD_LIBRARY_PATH", ""), ("CARGO_TARGET_DIR", "target/ucx-1.13")];
+        cmd_env("cargo", &["test", "-p", "r2ccl-ucx", "--test", "session_loopback"], &env)?;
+        cmd_env("cargo", &["xtask", "e2e", "--retries", "1", "--scenario", "nic-down"], &env)
     })?;
     step("cargo deny", || cmd("cargo", &["deny", "check", "licenses", "bans", "sources"]))?;
     println!("\nci: all checks passed in {:.0} s", t.elapsed().as_secs_f64());

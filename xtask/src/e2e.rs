@@ -1091,8 +1091,8 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     }
     let _lock = if loopback { None } else { Some(testbed::PrefixLock::take(PREFIX)?) };
     crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-perf"])?;
-    let exe = root.join("target/release/r2ccl-perf");
-    let plan = root.join("target/release/r2ccl-plan");
+    let exe = crate::target_dir().join("release/r2ccl-perf");
+    let plan = crate::target_dir().join("release/r2ccl-plan");
     if scenarios.iter().any(|s| s.degraded.is_some()) {
         crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-policy", "--bin", "r2ccl-plan"])?;
     }

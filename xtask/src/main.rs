@@ -46,6 +46,7 @@ fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let root = workspace_root();
     std::env::set_current_dir(&root)?;
+    load_built_ucx();
     match args.first().map(String::as_str) {
         Some("setup") => setup::run(),
         Some("ci") => ci::run(&root),
@@ -79,7 +80,7 @@ fn demo(extra: &[String]) -> Result<()> {
     // On a fresh machine the UCX and hwloc development packages come first.
     setup::run()?;
     cmd("cargo", &["build", "--release", "--quiet", "-p", "r2ccl-perf"])?;
-    let exe = workspace_root().join("target/release/r2ccl-perf");
+    let exe = target_dir().join("release/r2ccl-perf");
     let mut args: Vec<String> = [
         "launch",
         "-n",
@@ -111,8 +112,37 @@ fn demo(extra: &[String]) -> Result<()> {
 }
 
 /// The workspace root: the parent of this crate's manifest directory.
-fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Put the UCX the workspace builds against (`R2CCL_UCX_DIR`, which `.cargo/config.toml` sets to
+/// the wheel in `.ucx/`) first in `LD_LIBRARY_PATH` for every command started from here: cargo
+/// builds the search path of the binaries it runs from the real environment, not from its `[env]`
+/// table. An empty `R2CCL_UCX_DIR` (the system's UCX) leaves it alone.
+fn load_built_ucx() {
+    let Some(dir) = std::env::var_os("R2CCL_UCX_DIR").filter(|d| !d.is_empty()) else { return };
+    let lib = workspace_root().join(dir).join("lib");
+    if !lib.join("pkgconfig/ucx.pc").is_file() {
+        return;
+    }
+    let mut paths = vec![lib.clone()];
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        paths.extend(std::env::split_paths(&old).filter(|p| !p.as_os_str().is_empty() && *p != lib));
+    }
+    if let Ok(joined) = std::env::join_paths(paths) {
+        // xtask is single-threaded here, before any command starts.
+        std::env::set_var("LD_LIBRARY_PATH", joined);
+    }
+}
+
+/// Where cargo puts what it builds: `CARGO_TARGET_DIR` (relative to the workspace root when
+/// relative), else `target/`.
+fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => workspace_root().join(d),
+        None => workspace_root().join("target"),
+    }
 }
 
 /// Print a report line for the user.
@@ -126,6 +156,17 @@ fn cmd(program: &str, args: &[&str]) -> Result<()> {
     let status = Command::new(program).args(args).status()?;
     if !status.success() {
         bail!("`{program} {}` failed with {status}", args.join(" "));
+    }
+    Ok(())
+}
+
+/// As [`cmd`], with extra environment variables.
+fn cmd_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
+    let shown: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!("$ {} {program} {}", shown.join(" "), args.join(" "));
+    let status = Command::new(program).args(args).envs(env.iter().copied()).status()?;
+    if !status.success() {
+        bail!("`{} {program} {}` failed with {status}", shown.join(" "), args.join(" "));
     }
     Ok(())
 }

@@ -1,9 +1,16 @@
 //! `cargo xtask setup`: install the system packages and cargo tools the project needs.
 
 use crate::{cmd, succeeds};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
 use std::path::Path;
 use std::process::Command;
+
+/// The UCX the project builds and runs against by default: UCX 1.22 from PyPI's `libucx-cu13`
+/// wheel (TCP, shared memory, CUDA transports; no RDMA), unpacked into [`UCX_DIR`], where
+/// `.cargo/config.toml` points the build (`R2CCL_UCX_DIR`) and the binaries (`LD_LIBRARY_PATH`).
+pub(crate) const UCX_WHEEL: &str = "libucx-cu13==1.22.0";
+/// Where the wheel's `libucx/` tree goes, relative to the workspace root.
+pub(crate) const UCX_DIR: &str = ".ucx/libucx";
 
 /// Debian packages the build and tests need, with why.
 pub(crate) const PACKAGES: &[(&str, &str)] = &[
@@ -69,11 +76,52 @@ pub(crate) fn run() -> Result<()> {
             cmd("rustup", &["component", "add", component])?;
         }
     }
+    if let Err(e) = install_ucx_wheel(&crate::workspace_root()) {
+        // Nothing half unpacked may stay where LD_LIBRARY_PATH points.
+        let _ = std::fs::remove_dir_all(crate::workspace_root().join(".ucx"));
+        // The build falls back to the system's UCX (Debian's libucx-dev, installed above) when
+        // .ucx/ is missing: say so loudly rather than stop.
+        println!(
+            "******** setup: UCX 1.22 wheel NOT installed ({e:#}); builds and tests use the system UCX (pkg-config) ********"
+        );
+    }
     if succeeds("cargo", &["deny", "--version"]) {
         println!("setup: cargo-deny present");
     } else {
         println!("setup: installing cargo-deny (a few minutes on 2 cores)");
         cmd("cargo", &["install", "cargo-deny", "--locked", "--no-default-features"])?;
+    }
+    Ok(())
+}
+
+/// Download the UCX wheel with pip (no install into any Python environment) and unpack its
+/// `libucx/` tree into [`UCX_DIR`]; nothing to do when it is there already.
+fn install_ucx_wheel(root: &Path) -> Result<()> {
+    let dir = root.join(UCX_DIR);
+    if dir.join("lib/pkgconfig/ucx.pc").is_file() {
+        println!("setup: UCX wheel present ({})", dir.display());
+        return Ok(());
+    }
+    println!("setup: downloading {UCX_WHEEL} into {}", dir.display());
+    let download = root.join("target/ucx-wheel");
+    std::fs::create_dir_all(&download).with_context(|| format!("creating {}", download.display()))?;
+    let d = download.to_string_lossy().into_owned();
+    cmd("python3", &["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", &d, UCX_WHEEL])?;
+    let wheel = std::fs::read_dir(&download)
+        .with_context(|| format!("reading {}", download.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libucx_cu13-1.22.0")))
+        .with_context(|| format!("pip left no libucx_cu13-1.22.0 wheel in {}", download.display()))?;
+    let parent = dir.parent().context("UCX_DIR has a parent")?;
+    let _ = std::fs::remove_dir_all(parent);
+    cmd("python3", &["-m", "zipfile", "-e", &wheel.to_string_lossy(), &parent.to_string_lossy()])?;
+    // Zip archives keep no modes: the tools (ucx_info, ucx_perftest) must be executable.
+    for entry in std::fs::read_dir(dir.join("bin")).with_context(|| format!("reading {}/bin", dir.display()))? {
+        let path = entry?.path();
+        cmd("chmod", &["+x", &path.to_string_lossy()])?;
+    }
+    if !dir.join("lib/pkgconfig/ucx.pc").is_file() {
+        bail!("setup: the wheel unpacked into {} holds no lib/pkgconfig/ucx.pc", parent.display());
     }
     Ok(())
 }

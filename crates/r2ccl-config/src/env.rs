@@ -17,8 +17,8 @@ pub const ENV_ALIASES: &[(&str, &str)] = &[
 ];
 
 /// Variables that are not configuration keys but are read elsewhere (launch identity,
-/// fault injection, the config file path, benchmark knobs). Documented in
-/// `docs/configuration.md`.
+/// fault injection, the config file path, benchmark knobs, the UCX a build uses, which cargo
+/// sets for every process it starts in this workspace). Documented in `docs/configuration.md`.
 pub const IDENTITY_VARS: &[&str] = &[
     "R2CCL_CONFIG",
     "R2CCL_RANK",
@@ -28,6 +28,7 @@ pub const IDENTITY_VARS: &[&str] = &[
     "R2CCL_UNIQUE_ID",
     "R2CCL_FAULT",
     "R2CCL_BENCH_REPS",
+    "R2CCL_UCX_DIR",
 ];
 
 /// Map one `R2CCL_*` variable to a dotted key path, `Ok(None)` for identity variables.

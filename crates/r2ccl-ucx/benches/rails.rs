@@ -61,10 +61,22 @@ fn shaped_aggregate() {
     }
 }
 
+/// The `ucx_perftest` of the UCX this crate was built against (a UCX tree's `bin/`, as the
+/// wheel's), else the one on `PATH` (Debian's `ucx-utils`).
+fn perftest_exe() -> String {
+    let tree = std::path::Path::new(r2ccl_ucx_sys::BUILT_UCX_LIBDIR).join("../bin/ucx_perftest");
+    if !r2ccl_ucx_sys::BUILT_UCX_LIBDIR.is_empty() && tree.is_file() {
+        tree.display().to_string()
+    } else {
+        "ucx_perftest".into()
+    }
+}
+
 fn perftest_bw(tb: &Testbed, iters: u32) -> Option<f64> {
+    let exe = perftest_exe();
     let env = [("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "rail0")];
     let mut server = Command::new("ip");
-    server.args(["netns", "exec", &tb.node_ns(1), "ucx_perftest", "-t", "tag_bw", "-s", "4194304", "-n"]);
+    server.args(["netns", "exec", &tb.node_ns(1), &exe, "-t", "tag_bw", "-s", "4194304", "-n"]);
     server
         .arg(iters.to_string())
         .args(["-p", "13377"])
@@ -74,7 +86,7 @@ fn perftest_bw(tb: &Testbed, iters: u32) -> Option<f64> {
     let mut srv = server.spawn().ok()?;
     std::thread::sleep(Duration::from_millis(500));
     let out = Command::new("ip")
-        .args(["netns", "exec", &tb.node_ns(0), "ucx_perftest", "198.18.0.2", "-t", "tag_bw", "-s", "4194304", "-n"])
+        .args(["netns", "exec", &tb.node_ns(0), &exe, "198.18.0.2", "-t", "tag_bw", "-s", "4194304", "-n"])
         .arg(iters.to_string())
         .args(["-p", "13377"])
         .envs(env)
@@ -87,7 +99,11 @@ fn perftest_bw(tb: &Testbed, iters: u32) -> Option<f64> {
 }
 
 fn unshaped_vs_perftest() {
-    println!("== one unshaped NIC, 4 MiB messages: r2ccl-ucx session vs ucx_perftest -t tag_bw (same namespaces)");
+    println!(
+        "== one unshaped NIC, 4 MiB messages: r2ccl-ucx session vs {} -t tag_bw (same namespaces; UCX built {})",
+        perftest_exe(),
+        r2ccl_ucx_sys::BUILT_UCX_VERSION
+    );
     let tb = Testbed::up("p", 2, 1, None);
     // 2 GiB: 0.7 s at perftest's rate, so that the ramp-up and the millisecond clock weigh little.
     let bytes = std::env::var("R2B_PERF_MIB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(2048) << 20;

@@ -612,6 +612,10 @@ impl Progress {
             ucfg = ucfg.with_env_faults().map_err(|e| CommError::Invalid(format!("R2CCL_FAULT: {e}")))?;
         }
         let mut transport = UcxTransport::open(ucfg).map_err(|e| CommError::Transport(e.to_string()))?;
+        crate::metrics::set_build_info(
+            &r2ccl_ucx::UcxVersion::built().map(|v| v.to_string()).unwrap_or_default(),
+            &r2ccl_ucx::UcxVersion::loaded().to_string(),
+        );
         let blob = transport.local_address_blob().map_err(|e| CommError::Transport(e.to_string()))?;
         // Allgather of UCX addresses over the OOB mesh.
         mesh.broadcast(Channel::Control, &blob);

@@ -31,6 +31,9 @@ pub const REPLANS: &str = "r2ccl_replans_total";
 pub const REJECTED_CONNECTIONS: &str = "r2ccl_rejected_connections_total";
 /// `r2ccl_malformed_messages_total{source}`: malformed or unexpected messages from peers, dropped.
 pub const MALFORMED_MESSAGES: &str = "r2ccl_malformed_messages_total";
+/// `r2ccl_build_info{version,ucx_built,ucx_loaded}`: 1; the r2ccl version, the UCX version it was
+/// built against and the one loaded.
+pub const BUILD_INFO: &str = "r2ccl_build_info";
 
 /// Every metric name, for documentation checks.
 pub const ALL: &[&str] = &[
@@ -44,7 +47,19 @@ pub const ALL: &[&str] = &[
     REPLANS,
     REJECTED_CONNECTIONS,
     MALFORMED_MESSAGES,
+    BUILD_INFO,
 ];
+
+/// Record the build: this crate's version and the UCX versions built against and loaded.
+pub fn set_build_info(ucx_built: &str, ucx_loaded: &str) {
+    metrics::gauge!(
+        BUILD_INFO,
+        "version" => env!("CARGO_PKG_VERSION"),
+        "ucx_built" => ucx_built.to_owned(),
+        "ucx_loaded" => ucx_loaded.to_owned()
+    )
+    .set(1.0);
+}
 
 /// Record a NIC's state.
 pub fn set_nic_up(node: &str, nic: &str, up: bool) {
