@@ -120,7 +120,7 @@ pub(crate) fn workspace_root() -> PathBuf {
 /// the wheel in `.ucx/`) first in `LD_LIBRARY_PATH` for every command started from here: cargo
 /// builds the search path of the binaries it runs from the real environment, not from its `[env]`
 /// table. An empty `R2CCL_UCX_DIR` (the system's UCX) leaves it alone.
-fn load_built_ucx() {
+pub(crate) fn load_built_ucx() {
     let Some(dir) = std::env::var_os("R2CCL_UCX_DIR").filter(|d| !d.is_empty()) else { return };
     let lib = workspace_root().join(dir).join("lib");
     if !lib.join("pkgconfig/ucx.pc").is_file() {
@@ -131,7 +131,7 @@ fn load_built_ucx() {
         paths.extend(std::env::split_paths(&old).filter(|p| !p.as_os_str().is_empty() && *p != lib));
     }
     if let Ok(joined) = std::env::join_paths(paths) {
-        // xtask is single-threaded here, before any command starts.
+        // xtask starts no thread of its own before this (at start, and in setup).
         std::env::set_var("LD_LIBRARY_PATH", joined);
     }
 }

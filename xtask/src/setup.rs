@@ -85,6 +85,8 @@ pub(crate) fn run() -> Result<()> {
             "******** setup: UCX 1.22 wheel NOT installed ({e:#}); builds and tests use the system UCX (pkg-config) ********"
         );
     }
+    // A fresh clone had no .ucx/ when this process started: load what setup just unpacked.
+    crate::load_built_ucx();
     if succeeds("cargo", &["deny", "--version"]) {
         println!("setup: cargo-deny present");
     } else {
