@@ -130,6 +130,9 @@ pub struct Harness {
     paused: BTreeMap<Rank, (Duration, Duration)>,
 }
 
+/// The key every harness session tags chunk headers with (the harness has no job secret).
+pub const HARNESS_KEY: crate::HeaderKey = crate::HeaderKey::from_bytes([0x5a; 32]);
+
 fn serr(rank: Rank) -> impl FnOnce(SessionError) -> HarnessError {
     move |source| HarnessError::Session { rank, source }
 }
@@ -140,7 +143,7 @@ impl Harness {
     pub fn new(fabric: FabricConfig, cfg: HarnessConfig) -> Result<Self, HarnessError> {
         let topo = Topology::uniform(fabric.nodes, fabric.ranks_per_node, fabric.nics_per_node, cfg.numa_groups)?;
         let sessions = (0..fabric.nodes * fabric.ranks_per_node)
-            .map(|r| Session::new(Rank(r), cfg.session, topo.clone()).map_err(serr(Rank(r))))
+            .map(|r| Session::new(Rank(r), cfg.session, topo.clone(), &HARNESS_KEY).map_err(serr(Rank(r))))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             fabric: MemFabric::new(fabric),

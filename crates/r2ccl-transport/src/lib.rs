@@ -48,4 +48,4 @@ pub use transport::{
     Completion, CompletionKind, PathEvidence, PathFault, PayloadId, PayloadInto, Transport, TransportError,
     TransportEvent,
 };
-pub use wire::{ChunkHeader, WireError, HEADER_LEN};
+pub use wire::{ChunkHeader, HeaderKey, HeaderMac, WireError, HEADER_LEN};

@@ -11,7 +11,7 @@
 
 use crate::stripe::{chunk_count, chunk_len, Striper};
 use crate::transport::{Completion, CompletionKind, PayloadId, PayloadInto};
-use crate::wire::{ChunkHeader, WireError, FLAG_REPLAY, HEADER_LEN};
+use crate::wire::{ChunkHeader, HeaderKey, HeaderMac, WireError, FLAG_REPLAY, HEADER_LEN};
 use crate::{
     ChunkId, ChunkSet, CommId, LaneId, MemHandle, PathFault, PathId, RequestId, Topology, TransferKey, Transport,
     TransportError, TransportEvent,
@@ -72,8 +72,11 @@ pub struct SessionConfig {
     pub window: u32,
     /// Receives kept posted per listened path.
     pub recv_depth: u32,
-    /// Payload bytes of chunks that arrived before their transfer was expected, kept until it is.
+    /// Bytes of the buffers holding chunks that arrived before their transfer was expected, kept
+    /// until it is (whole buffers are counted, not only their payload, so memory stays bounded).
     pub max_early_bytes: usize,
+    /// Most chunks kept that way (so header-only chunks are bounded too).
+    pub max_early_chunks: usize,
     /// How many finished receive transfers are remembered, so late replays count as duplicates.
     pub retired_memory: usize,
     /// Receive the payload of a split chunk ([`crate::CompletionKind::Header`]) straight into the
@@ -94,6 +97,7 @@ impl Default for SessionConfig {
             window: 8,
             recv_depth: 8,
             max_early_bytes: 64 << 20,
+            max_early_chunks: 4096,
             retired_memory: 4096,
             place_payloads: true,
         }
@@ -431,8 +435,6 @@ enum PayloadDest {
     Placed(TransferKey, u32),
     /// Into a buffer, then handled as a whole message (reduce, early, duplicate).
     Whole,
-    /// Into a buffer that is dropped (its header was refused).
-    Discard,
 }
 
 #[derive(Debug)]
@@ -504,6 +506,9 @@ pub struct Session {
     retired_set: BTreeSet<TransferKey>,
     early: BTreeMap<TransferKey, Early>,
     early_bytes: usize,
+    early_chunks: usize,
+    /// Tags outgoing chunk headers and verifies incoming ones.
+    mac: HeaderMac,
     requests: BTreeMap<RequestId, Pending>,
     paths: BTreeMap<PathId, PathState>,
     down_nics: BTreeSet<NicId>,
@@ -514,8 +519,9 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session for `rank` in `topo`.
-    pub fn new(rank: Rank, cfg: SessionConfig, topo: Topology) -> Result<Self, SessionError> {
+    /// A session for `rank` in `topo`, tagging and verifying chunk headers under `key` (every
+    /// rank of a communicator must use the same key; a chunk under another key is refused).
+    pub fn new(rank: Rank, cfg: SessionConfig, topo: Topology, key: &HeaderKey) -> Result<Self, SessionError> {
         if cfg.chunk_size == 0 {
             return Err(SessionError::InvalidConfig("chunk_size"));
         }
@@ -538,6 +544,8 @@ impl Session {
             retired_set: BTreeSet::new(),
             early: BTreeMap::new(),
             early_bytes: 0,
+            early_chunks: 0,
+            mac: HeaderMac::new(key),
             requests: BTreeMap::new(),
             paths: BTreeMap::new(),
             down_nics: BTreeSet::new(),
@@ -731,7 +739,8 @@ impl Session {
         tracing::trace!(target: NET, %key, ?combine, offset, len, "receive expected");
         for (path, h, message) in self.early.remove(&key).unwrap_or_default() {
             let payload = message.get(HEADER_LEN..).unwrap_or_default();
-            self.early_bytes -= payload.len();
+            self.early_bytes = self.early_bytes.saturating_sub(message.capacity());
+            self.early_chunks = self.early_chunks.saturating_sub(1);
             self.apply(now, t, path, &h, payload);
             t.recycle(message);
         }
@@ -1273,14 +1282,15 @@ impl Session {
     }
 
     fn bad(&mut self, path: PathId, problem: ChunkProblem) {
-        tracing::warn!(target: NET, rank = %self.rank, %path, ?problem, "chunk refused");
+        // Debug only: the event carries it up, and a stranger's flood must not flood the log.
+        tracing::debug!(target: NET, rank = %self.rank, %path, ?problem, "chunk refused");
         self.events.push_back(SessionEvent::BadChunk { path, problem });
     }
 
     /// A received message: applied, stashed (kept whole) or refused; its buffer goes back to `t`
     /// unless stashed.
     fn on_message<T: Transport + ?Sized>(&mut self, now: Duration, t: &mut T, path: PathId, message: Vec<u8>) {
-        if let Some(keep) = self.take_message(now, t, path, &message) {
+        if let Some(keep) = self.take_message(now, t, path, &message, message.capacity()) {
             self.early.entry(keep.0).or_default().push((path, keep.1, message));
         } else {
             t.recycle(message);
@@ -1294,8 +1304,9 @@ impl Session {
         t: &mut T,
         path: PathId,
         bytes: &[u8],
+        capacity: usize,
     ) -> Option<(TransferKey, ChunkHeader)> {
-        let (h, payload) = match ChunkHeader::decode(bytes) {
+        let (h, payload) = match ChunkHeader::decode(bytes, &self.mac) {
             Ok(x) => x,
             Err(e) => {
                 self.stats.malformed += 1;
@@ -1322,8 +1333,9 @@ impl Session {
             self.stats.duplicates += 1;
             return None;
         }
-        if self.early_bytes + payload.len() <= self.cfg.max_early_bytes {
-            self.early_bytes += payload.len();
+        if self.early_bytes + capacity <= self.cfg.max_early_bytes && self.early_chunks < self.cfg.max_early_chunks {
+            self.early_bytes += capacity;
+            self.early_chunks += 1;
             self.stats.early_stashed += 1;
             tracing::trace!(target: NET, chunk = h.id.index, %key, %path, replay = h.flags & FLAG_REPLAY != 0, "early chunk stashed");
             Some((key, h))
@@ -1345,12 +1357,14 @@ impl Session {
         header: Vec<u8>,
         payload: PayloadId,
     ) {
-        let (into, dest) = match ChunkHeader::decode_split(&header) {
+        let (into, dest) = match ChunkHeader::decode_split(&header, &self.mac) {
             Err(e) => {
+                // No receive is posted for the payload it announces: a forged header must not make
+                // this rank hold a buffer for a message that may never come.
                 self.stats.malformed += 1;
                 self.bad(path, ChunkProblem::Malformed(e));
-                let capacity = self.cfg.chunk_size as usize;
-                (PayloadInto::Buffer { header, capacity }, PayloadDest::Discard)
+                t.recycle(header);
+                return;
             }
             Ok(h) => match self.placement(t, path, &h) {
                 Some((region, offset)) => {
@@ -1445,11 +1459,6 @@ impl Session {
                 CompletionKind::Failed(f) => self.handle_path_down(now, t, path, f),
                 _ => {}
             },
-            PayloadDest::Discard => {
-                if let CompletionKind::Received(bytes) = kind {
-                    t.recycle(bytes);
-                }
-            }
         }
     }
 
@@ -1552,7 +1561,7 @@ impl Session {
                         flags: if replay { FLAG_REPLAY } else { 0 },
                     };
                     let off = tr.offset + idx as usize * cs as usize;
-                    match t.post_send(now, lane.path, &header.encode(), tr.src, off, len as usize) {
+                    match t.post_send(now, lane.path, &header.encode(&self.mac), tr.src, off, len as usize) {
                         Ok(req) => {
                             if tracing::enabled!(target: NET, tracing::Level::TRACE) {
                                 let fp =

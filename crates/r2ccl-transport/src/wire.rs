@@ -1,6 +1,6 @@
-//! The chunk header wire format: versioned, fixed-size, little-endian; decoding never panics.
+//! The chunk header wire format: versioned, fixed-size, little-endian, keyed; decoding never panics.
 //!
-//! Layout (`HEADER_LEN` = 56 bytes), all integers little-endian:
+//! Layout (`HEADER_LEN` = 64 bytes), all integers little-endian:
 //!
 //! | bytes  | field     | meaning                                           |
 //! |--------|-----------|---------------------------------------------------|
@@ -8,7 +8,7 @@
 //! | 4      | version   | [`WIRE_VERSION`]                                  |
 //! | 5      | kind      | 1 = data chunk                                    |
 //! | 6..8   | flags     | bit 0 = replayed chunk; other bits must be zero   |
-//! | 8..16  | comm      | communicator id                                   |
+//! | 8..16  | comm      | communicator id (random per communicator)         |
 //! | 16..24 | seq       | collective sequence number                        |
 //! | 24..28 | step      | step of the collective                            |
 //! | 28..32 | chunk     | chunk index within the transfer                   |
@@ -16,19 +16,96 @@
 //! | 36..40 | dst       | receiving rank                                    |
 //! | 40..48 | total_len | bytes of the whole transfer                       |
 //! | 48..52 | len       | payload bytes that follow the header              |
-//! | 52..56 | check     | FNV-1a (32 bit) of bytes 0..52                     |
+//! | 52..64 | tag       | HMAC-SHA-256 of bytes 0..52 under the [`HeaderKey`], first 12 bytes |
+//!
+//! The tag makes a header unforgeable by anyone who does not hold the communicator's key (derived
+//! from the job secret): a stranger who can connect to a rank's data listeners can make it receive
+//! bytes, but never have them applied as a chunk. Only the header is keyed, not the payload (hashing
+//! every byte would cost bandwidth; see `docs/security.md` for why that suffices against a stranger
+//! who cannot read the traffic). Comparison is constant-time.
 //!
 //! The payload follows the header directly; a message is exactly `HEADER_LEN + len` bytes. A backend
 //! may also send the header alone (exactly `HEADER_LEN` bytes) with the payload as a message of its
 //! own ([`ChunkHeader::decode_split`]).
 
 use crate::{ChunkId, CommId, TransferKey};
+use hmac::{Hmac, Mac};
 use r2ccl_core::Rank;
+use sha2::Sha256;
 
 /// Size of an encoded chunk header in bytes.
-pub const HEADER_LEN: usize = 56;
+pub const HEADER_LEN: usize = 64;
 /// The header format version this crate writes and accepts.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
+/// Bytes of the header that the tag covers.
+const SIGNED: usize = 52;
+/// Bytes of the truncated HMAC-SHA-256 tag.
+const TAG_LEN: usize = HEADER_LEN - SIGNED;
+
+/// The 32-byte key chunk headers are tagged with; one per communicator, derived from the job
+/// secret. Its `Debug` form hides the bytes, and they are wiped when it is dropped.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HeaderKey([u8; 32]);
+
+impl HeaderKey {
+    /// A key from its bytes.
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// The key's bytes.
+    pub const fn bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for HeaderKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeaderKey(..)")
+    }
+}
+
+impl Drop for HeaderKey {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
+    }
+}
+
+/// A [`HeaderKey`] ready to tag and verify headers (the HMAC's keyed state, computed once).
+#[derive(Clone)]
+pub struct HeaderMac(Hmac<Sha256>);
+
+impl HeaderMac {
+    /// The MAC for `key`.
+    pub fn new(key: &HeaderKey) -> Self {
+        // HMAC takes keys of any length; 32 bytes never fails.
+        Self(
+            <Hmac<Sha256> as Mac>::new_from_slice(&key.0)
+                .unwrap_or_else(|_| unreachable!("HMAC accepts any key length")),
+        )
+    }
+
+    fn tag(&self, signed: &[u8]) -> [u8; TAG_LEN] {
+        let mut m = self.0.clone();
+        m.update(signed);
+        let full = m.finalize().into_bytes();
+        let mut out = [0u8; TAG_LEN];
+        out.copy_from_slice(&full[..TAG_LEN]);
+        out
+    }
+
+    fn verify(&self, signed: &[u8], tag: &[u8]) -> bool {
+        let mut m = self.0.clone();
+        m.update(signed);
+        m.verify_truncated_left(tag).is_ok()
+    }
+}
+
+impl std::fmt::Debug for HeaderMac {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeaderMac(..)")
+    }
+}
 const MAGIC: [u8; 4] = *b"R2CK";
 const KIND_DATA: u8 = 1;
 /// Flag bit: the chunk is a replay after a migration.
@@ -68,14 +145,9 @@ pub enum WireError {
         /// The flags found.
         found: u16,
     },
-    /// The header checksum does not match its contents.
-    #[error("header checksum {found:#010x} does not match computed {computed:#010x}")]
-    Checksum {
-        /// Checksum in the header.
-        found: u32,
-        /// Checksum of the received header bytes.
-        computed: u32,
-    },
+    /// The header's tag does not verify: forged, corrupted, or keyed for another communicator.
+    #[error("header tag does not verify (forged, corrupted, or from another communicator)")]
+    Tag,
     /// The payload length differs from the header's `len`.
     #[error("header says {header} payload bytes, message carries {actual}")]
     Length {
@@ -107,15 +179,6 @@ pub struct ChunkHeader {
     pub flags: u16,
 }
 
-fn fnv1a(bytes: &[u8]) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for &b in bytes {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h
-}
-
 fn arr<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
     let mut out = [0u8; N];
     if let Some(s) = b.get(at..at + N) {
@@ -135,8 +198,8 @@ impl ChunkHeader {
         self.id.transfer
     }
 
-    /// Encodes the header into its fixed-size wire form.
-    pub fn encode(&self) -> [u8; HEADER_LEN] {
+    /// Encodes the header into its fixed-size wire form, tagged under `mac`.
+    pub fn encode(&self, mac: &HeaderMac) -> [u8; HEADER_LEN] {
         let t = self.id.transfer;
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC);
@@ -151,18 +214,18 @@ impl ChunkHeader {
         b[36..40].copy_from_slice(&t.dst.0.to_le_bytes());
         b[40..48].copy_from_slice(&self.total_len.to_le_bytes());
         b[48..52].copy_from_slice(&self.len.to_le_bytes());
-        let check = fnv1a(&b[0..52]);
-        b[52..56].copy_from_slice(&check.to_le_bytes());
+        let tag = mac.tag(&b[..SIGNED]);
+        b[SIGNED..].copy_from_slice(&tag);
         b
     }
 
-    /// Decodes a whole message (header then payload) and returns the header and the payload.
-    /// Never panics, whatever the bytes.
-    pub fn decode(msg: &[u8]) -> Result<(Self, &[u8]), WireError> {
+    /// Decodes a whole message (header then payload) whose header is tagged under `mac`, and
+    /// returns the header and the payload. Never panics, whatever the bytes.
+    pub fn decode<'m>(msg: &'m [u8], mac: &HeaderMac) -> Result<(Self, &'m [u8]), WireError> {
         let Some((head, payload)) = msg.split_at_checked(HEADER_LEN) else {
             return Err(WireError::Short { len: msg.len() });
         };
-        let h = Self::decode_head(head)?;
+        let h = Self::decode_head(head, mac)?;
         if payload.len() != h.len as usize {
             return Err(WireError::Length { header: h.len, actual: payload.len() });
         }
@@ -170,8 +233,8 @@ impl ChunkHeader {
     }
 
     /// Decodes a header sent alone, ahead of its payload in a message of its own (exactly
-    /// [`HEADER_LEN`] bytes). Never panics, whatever the bytes.
-    pub fn decode_split(msg: &[u8]) -> Result<Self, WireError> {
+    /// [`HEADER_LEN`] bytes), tagged under `mac`. Never panics, whatever the bytes.
+    pub fn decode_split(msg: &[u8], mac: &HeaderMac) -> Result<Self, WireError> {
         if msg.len() != HEADER_LEN {
             return Err(if msg.len() < HEADER_LEN {
                 WireError::Short { len: msg.len() }
@@ -179,10 +242,10 @@ impl ChunkHeader {
                 WireError::Length { header: 0, actual: msg.len() - HEADER_LEN }
             });
         }
-        Self::decode_head(msg)
+        Self::decode_head(msg, mac)
     }
 
-    fn decode_head(head: &[u8]) -> Result<Self, WireError> {
+    fn decode_head(head: &[u8], mac: &HeaderMac) -> Result<Self, WireError> {
         let magic: [u8; 4] = arr(head, 0);
         if magic != MAGIC {
             return Err(WireError::BadMagic { found: magic });
@@ -193,10 +256,8 @@ impl ChunkHeader {
         if head[5] != KIND_DATA {
             return Err(WireError::Kind { found: head[5] });
         }
-        let found = u32::from_le_bytes(arr(head, 52));
-        let computed = fnv1a(&head[0..52]);
-        if found != computed {
-            return Err(WireError::Checksum { found, computed });
+        if head.len() != HEADER_LEN || !mac.verify(&head[..SIGNED], &head[SIGNED..]) {
+            return Err(WireError::Tag);
         }
         let flags = u16::from_le_bytes(arr(head, 6));
         if flags & !KNOWN_FLAGS != 0 {
@@ -225,24 +286,30 @@ mod tests {
 
     #[test]
     fn round_trip_and_detects_corruption() {
+        let mac = HeaderMac::new(&HeaderKey::from_bytes([7; 32]));
         let h = ChunkHeader {
             id: ChunkId { transfer: TransferKey::new(7, 3, 2, 1, 0), index: 5 },
             total_len: 100,
             len: 4,
             flags: FLAG_REPLAY,
         };
-        let mut msg = h.encode().to_vec();
+        let mut msg = h.encode(&mac).to_vec();
         msg.extend_from_slice(&[1, 2, 3, 4]);
-        let (d, p) = ChunkHeader::decode(&msg).unwrap();
+        let (d, p) = ChunkHeader::decode(&msg, &mac).unwrap();
         assert_eq!(d, h);
         assert_eq!(p, &[1, 2, 3, 4]);
         assert!(d.is_replay());
         msg[20] ^= 1;
-        assert!(matches!(ChunkHeader::decode(&msg), Err(WireError::Checksum { .. })));
-        assert_eq!(ChunkHeader::decode(&msg[..10]), Err(WireError::Short { len: 10 }));
+        assert_eq!(ChunkHeader::decode(&msg, &mac), Err(WireError::Tag));
+        assert_eq!(ChunkHeader::decode(&msg[..10], &mac), Err(WireError::Short { len: 10 }));
         msg[20] ^= 1;
-        assert_eq!(ChunkHeader::decode_split(&msg[..HEADER_LEN]), Ok(h));
-        assert!(matches!(ChunkHeader::decode_split(&msg), Err(WireError::Length { .. })));
-        assert_eq!(ChunkHeader::decode_split(&msg[..10]), Err(WireError::Short { len: 10 }));
+        assert_eq!(ChunkHeader::decode_split(&msg[..HEADER_LEN], &mac), Ok(h));
+        assert!(matches!(ChunkHeader::decode_split(&msg, &mac), Err(WireError::Length { .. })));
+        assert_eq!(ChunkHeader::decode_split(&msg[..10], &mac), Err(WireError::Short { len: 10 }));
+        // The same header under another key is refused: a stranger without the key cannot forge one.
+        let other = HeaderMac::new(&HeaderKey::from_bytes([8; 32]));
+        assert_eq!(ChunkHeader::decode(&msg, &other), Err(WireError::Tag));
+        let forged = h.encode(&other);
+        assert_eq!(ChunkHeader::decode_split(&forged, &mac), Err(WireError::Tag));
     }
 }

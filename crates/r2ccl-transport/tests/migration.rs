@@ -4,7 +4,8 @@
 
 use proptest::prelude::*;
 use r2ccl_core::{NicId, Rank};
-use r2ccl_transport::harness::{Harness, HarnessConfig};
+use r2ccl_transport::harness::{Harness, HarnessConfig, HARNESS_KEY};
+use r2ccl_transport::HeaderMac;
 use r2ccl_transport::{
     chunk_count, ChunkHeader, ChunkId, CommId, FabricConfig, FaultAction, MoveReason, SessionConfig, TransferKey,
 };
@@ -227,7 +228,7 @@ fn bad_chunks_are_counted_and_never_applied() {
     let (a, b) = (NicId::new(0, 0), NicId::new(1, 0));
     let good = |k: TransferKey, index: u32, fill: u8| {
         let hdr = ChunkHeader { id: ChunkId { transfer: k, index }, total_len: len as u64, len: CS, flags: 0 };
-        let mut m = hdr.encode().to_vec();
+        let mut m = hdr.encode(&HeaderMac::new(&HARNESS_KEY)).to_vec();
         m.extend(std::iter::repeat_n(fill, CS as usize));
         m
     };
@@ -265,7 +266,7 @@ fn duplicates_during_a_transfer_are_not_applied() {
     h.run_until(us(500)).unwrap();
     assert!(h.session(Rank(1)).unwrap().holds_chunk(key, 0));
     let hdr = ChunkHeader { id: ChunkId { transfer: key, index: 0 }, total_len: len as u64, len: CS, flags: 0 };
-    let mut m = hdr.encode().to_vec();
+    let mut m = hdr.encode(&HeaderMac::new(&HARNESS_KEY)).to_vec();
     m.extend(std::iter::repeat_n(0u8, CS as usize));
     for _ in 0..3 {
         h.fabric_mut().inject(Rank(0), NicId::new(0, 0), Rank(1), NicId::new(1, 0), m.clone());

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
 use r2ccl_core::{DType, NicId, Rank, ReduceOp};
+use r2ccl_transport::harness::HARNESS_KEY;
 use r2ccl_transport::{
     Buffer, CommId, FabricConfig, FaultAction, MemFabric, MoveReason, PathFault, Session, SessionConfig, SessionError,
     SessionEvent, Topology, TransferKey, Transport,
@@ -22,7 +23,7 @@ impl World {
         let f = MemFabric::new(FabricConfig { nics_per_node: 2, ..FabricConfig::default() });
         let topo = Topology::uniform(2, 1, 2, 1).unwrap();
         let cfg = SessionConfig { chunk_size: CS, window: 4, ..SessionConfig::default() };
-        let mut s: Vec<_> = (0..2).map(|r| Session::new(Rank(r), cfg, topo.clone()).unwrap()).collect();
+        let mut s: Vec<_> = (0..2).map(|r| Session::new(Rank(r), cfg, topo.clone(), &HARNESS_KEY).unwrap()).collect();
         for x in &mut s {
             x.open_comm(CommId(1));
         }
@@ -187,8 +188,10 @@ fn wrong_calls_are_refused() {
     assert_eq!(w.s[0].start_send(w.now, &p0, key, buf, &[1, 1]), Err(SessionError::DuplicateTransfer(key)));
     assert_eq!(w.s[1].held(key, 0, 1), Err(SessionError::UnknownTransfer(key)));
     let cfg = SessionConfig { chunk_size: 0, ..SessionConfig::default() };
-    assert!(Session::new(Rank(0), cfg, Topology::uniform(1, 1, 1, 1).unwrap()).is_err());
-    assert!(Session::new(Rank(5), SessionConfig::default(), Topology::uniform(1, 1, 1, 1).unwrap()).is_err());
+    assert!(Session::new(Rank(0), cfg, Topology::uniform(1, 1, 1, 1).unwrap(), &HARNESS_KEY).is_err());
+    assert!(
+        Session::new(Rank(5), SessionConfig::default(), Topology::uniform(1, 1, 1, 1).unwrap(), &HARNESS_KEY).is_err()
+    );
 }
 
 #[test]
@@ -201,7 +204,7 @@ fn a_transfer_of_one_configured_chunk_still_stripes_over_every_nic() {
     let f = MemFabric::new(FabricConfig { nics_per_node: 2, ..FabricConfig::default() });
     let topo = Topology::uniform(2, 1, 2, 1).unwrap();
     let cfg = SessionConfig { chunk_size: 1 << 20, window: 4, ..SessionConfig::default() };
-    let mut s: Vec<_> = (0..2).map(|r| Session::new(Rank(r), cfg, topo.clone()).unwrap()).collect();
+    let mut s: Vec<_> = (0..2).map(|r| Session::new(Rank(r), cfg, topo.clone(), &HARNESS_KEY).unwrap()).collect();
     for x in &mut s {
         x.open_comm(CommId(1));
     }

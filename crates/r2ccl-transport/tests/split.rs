@@ -2,17 +2,23 @@
 //! through a scripted backend: a payload lands in place when it can, else as a whole message; a
 //! receive into place that a replay supersedes is cancelled and holds the transfer's completion until
 //! it ends; a receive given up cancels its receives into place; bytes the backend cannot protect
-//! (`Transport::can_place`) are received into a buffer; refused headers still drain their payload.
+//! (`Transport::can_place`) are received into a buffer; a refused header posts no payload receive.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
 use r2ccl_core::{NicId, Rank};
+use r2ccl_transport::harness::HARNESS_KEY;
+use r2ccl_transport::HeaderMac;
 use r2ccl_transport::{
-    Buffer, ChunkHeader, ChunkId, CommId, Completion, CompletionKind, MemHandle, PathFault, PathId, PayloadId,
-    PayloadInto, RequestId, Session, SessionConfig, SessionEvent, Topology, TransferKey, Transport, TransportError,
-    TransportEvent,
+    Buffer, ChunkHeader, ChunkId, ChunkProblem, CommId, Completion, CompletionKind, MemHandle, PathFault, PathId,
+    PayloadId, PayloadInto, RequestId, Session, SessionConfig, SessionEvent, Topology, TransferKey, Transport,
+    TransportError, TransportEvent, WireError,
 };
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
+
+fn mac() -> HeaderMac {
+    HeaderMac::new(&HARNESS_KEY)
+}
 
 /// Chunk size: the 2 x 8192-byte transfer below has two chunks.
 const CS: u32 = 8192;
@@ -135,7 +141,7 @@ fn header(index: u32, replay: bool) -> Vec<u8> {
         len: CS,
         flags: if replay { r2ccl_transport::wire::FLAG_REPLAY } else { 0 },
     };
-    h.encode().to_vec()
+    h.encode(&mac()).to_vec()
 }
 
 fn payload(index: u32) -> Vec<u8> {
@@ -170,7 +176,7 @@ impl Rx {
     fn with(place_payloads: bool) -> Self {
         let topo = Topology::uniform(2, 1, 1, 1).unwrap();
         let cfg = SessionConfig { chunk_size: CS, recv_depth: 4, place_payloads, ..SessionConfig::default() };
-        let mut s = Session::new(Rank(1), cfg, topo).unwrap();
+        let mut s = Session::new(Rank(1), cfg, topo, &HARNESS_KEY).unwrap();
         s.open_comm(CommId(1));
         let mut t = Script::default();
         let dst = t.register(LEN).unwrap();
@@ -218,7 +224,7 @@ impl Rx {
                 self.t.complete(req, path, CompletionKind::Placed);
             }
             PayloadInto::Buffer { mut header, .. } => {
-                let index = ChunkHeader::decode_split(&header).map_or(0, |h| h.id.index);
+                let index = ChunkHeader::decode_split(&header, &mac()).map_or(0, |h| h.id.index);
                 header.extend_from_slice(&payload(index));
                 self.t.complete(req, path, CompletionKind::Received(header));
             }
@@ -322,29 +328,42 @@ fn a_failed_receive_into_place_fails_the_path_and_the_replay_completes() {
 }
 
 #[test]
-fn refused_headers_drain_their_payload_and_early_ones_are_kept() {
+fn refused_headers_post_no_payload_receive_and_early_ones_are_kept() {
     let mut rx = Rx::new();
-    // A header with a broken checksum: counted, reported, and its payload drained into a buffer.
-    let (req, path) = rx.t.take_recv();
-    let mut bad = header(0, false);
-    bad[20] ^= 1;
-    rx.t.complete(req, path, CompletionKind::Header { header: bad, payload: PayloadId(1) });
-    let ev = rx.drive();
-    assert!(matches!(ev.as_slice(), [SessionEvent::BadChunk { .. }]), "{ev:?}");
-    assert!(matches!(rx.t.payloads[0].3, PayloadInto::Buffer { .. }));
-    let recycled = rx.t.recycled;
-    rx.land_payload(0);
-    assert!(rx.drive().is_empty());
-    assert_eq!(rx.t.recycled, recycled + 1, "the drained payload is handed back, not applied");
-    assert_eq!(rx.s.stats().malformed, 1);
+    // A header that does not verify (corrupted, or forged without the key): counted, reported, its
+    // buffer handed back, and no receive posted for the payload it announces (a stranger's forged
+    // header must not make the rank hold a buffer for a message that may never come).
+    for bad in [
+        {
+            let mut b = header(0, false);
+            b[20] ^= 1;
+            b
+        },
+        ChunkHeader::decode_split(&header(0, false), &mac())
+            .unwrap()
+            .encode(&HeaderMac::new(&r2ccl_transport::HeaderKey::from_bytes([9; 32])))
+            .to_vec(),
+    ] {
+        let (req, path) = rx.t.take_recv();
+        let recycled = rx.t.recycled;
+        rx.t.complete(req, path, CompletionKind::Header { header: bad, payload: PayloadId(1) });
+        let ev = rx.drive();
+        assert!(
+            matches!(ev.as_slice(), [SessionEvent::BadChunk { problem: ChunkProblem::Malformed(WireError::Tag), .. }]),
+            "{ev:?}"
+        );
+        assert!(rx.t.payloads.is_empty(), "no payload receive for a refused header");
+        assert_eq!(rx.t.recycled, recycled + 1, "the header's buffer is handed back");
+    }
+    assert_eq!(rx.s.stats().malformed, 2);
     assert_eq!(rx.s.stats().chunks_applied, 0);
 
     // A header of a transfer not expected yet: its payload comes whole and waits as an early chunk.
     let early = TransferKey::new(1, 1, 0, 0, 1);
     let (req, path) = rx.t.take_recv();
-    let mut h = ChunkHeader::decode_split(&header(0, false)).unwrap();
+    let mut h = ChunkHeader::decode_split(&header(0, false), &mac()).unwrap();
     h.id.transfer = early;
-    rx.t.complete(req, path, CompletionKind::Header { header: h.encode().to_vec(), payload: PayloadId(2) });
+    rx.t.complete(req, path, CompletionKind::Header { header: h.encode(&mac()).to_vec(), payload: PayloadId(2) });
     rx.drive();
     assert!(matches!(rx.t.payloads[0].3, PayloadInto::Buffer { .. }), "no destination yet");
     rx.land_payload(0);

@@ -3,7 +3,11 @@
 
 use proptest::prelude::*;
 use r2ccl_transport::wire::FLAG_REPLAY;
-use r2ccl_transport::{ChunkHeader, ChunkId, TransferKey, WireError, HEADER_LEN};
+use r2ccl_transport::{ChunkHeader, ChunkId, HeaderKey, HeaderMac, TransferKey, WireError, HEADER_LEN};
+
+fn mac() -> HeaderMac {
+    HeaderMac::new(&HeaderKey::from_bytes([3; 32]))
+}
 
 fn header() -> impl Strategy<Value = ChunkHeader> {
     (any::<(u64, u64, u32, u32, u32)>(), any::<u32>(), any::<bool>(), 0u32..4096).prop_map(
@@ -19,14 +23,14 @@ fn header() -> impl Strategy<Value = ChunkHeader> {
 proptest! {
     #[test]
     fn decode_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-        let _ = ChunkHeader::decode(&bytes);
+        let _ = ChunkHeader::decode(&bytes, &mac());
     }
 
     #[test]
     fn round_trip(h in header(), fill in any::<u8>()) {
-        let mut msg = h.encode().to_vec();
+        let mut msg = h.encode(&mac()).to_vec();
         msg.extend(std::iter::repeat_n(fill, h.len as usize));
-        let (d, payload) = ChunkHeader::decode(&msg).unwrap();
+        let (d, payload) = ChunkHeader::decode(&msg, &mac()).unwrap();
         prop_assert_eq!(d, h);
         prop_assert_eq!(payload.len(), h.len as usize);
     }
@@ -38,7 +42,7 @@ proptest! {
         xor in 1u8..=255,
         cut in any::<bool>(),
     ) {
-        let mut msg = h.encode().to_vec();
+        let mut msg = h.encode(&mac()).to_vec();
         msg.extend(std::iter::repeat_n(0u8, h.len as usize));
         msg[at] ^= xor;
         // Cut one payload byte (with no payload that would cut the header itself, which is
@@ -46,8 +50,8 @@ proptest! {
         if cut && h.len > 0 {
             msg.pop();
         }
-        match ChunkHeader::decode(&msg) {
-            // A single corrupted header byte is always caught (magic, version, kind or checksum).
+        match ChunkHeader::decode(&msg, &mac()) {
+            // A single corrupted header byte is always caught (magic, version, kind or tag).
             Ok((d, _)) => prop_assert!(false, "corruption at byte {} decoded as {:?}", at, d),
             Err(e) => {
                 let short = matches!(e, WireError::Short { .. });
@@ -58,9 +62,9 @@ proptest! {
 
     #[test]
     fn wrong_payload_length_is_refused(h in header(), extra in 1usize..10) {
-        let mut msg = h.encode().to_vec();
+        let mut msg = h.encode(&mac()).to_vec();
         msg.extend(std::iter::repeat_n(0u8, h.len as usize + extra));
-        let refused = matches!(ChunkHeader::decode(&msg), Err(WireError::Length { .. }));
+        let refused = matches!(ChunkHeader::decode(&msg, &mac()), Err(WireError::Length { .. }));
         prop_assert!(refused);
     }
 }
@@ -73,9 +77,9 @@ fn unknown_version_and_flags_are_refused() {
         len: 0,
         flags: 0,
     };
-    let mut m = h.encode();
-    m[4] = 2;
-    assert_eq!(ChunkHeader::decode(&m), Err(WireError::Version { found: 2 }));
+    let mut m = h.encode(&mac());
+    m[4] = 3;
+    assert_eq!(ChunkHeader::decode(&m, &mac()), Err(WireError::Version { found: 3 }));
     let h2 = ChunkHeader { flags: 0x8000, ..h };
-    assert_eq!(ChunkHeader::decode(&h2.encode()), Err(WireError::Flags { found: 0x8000 }));
+    assert_eq!(ChunkHeader::decode(&h2.encode(&mac()), &mac()), Err(WireError::Flags { found: 0x8000 }));
 }

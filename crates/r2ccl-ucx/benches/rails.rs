@@ -176,7 +176,7 @@ fn pauses(kind: &str, runs: usize) {
         let o = run_cluster(
             vec![tb.cmd(0), tb.cmd(1)],
             &sc,
-            Some(Box::new(move || {
+            Some(Box::new(move |_| {
                 std::thread::sleep(Duration::from_millis(150));
                 let at = unix_ns();
                 if blackhole {

@@ -3,18 +3,23 @@
 //! endpoint errors as path errors, netlink link state, and `R2CCL_FAULT` software fault injection.
 //!
 //! Tags (64 bits): data `rail << 32 | rank` of the sender (rail in bits 32..40, bit 63 clear); probes
-//! set bit 63, replies also bit 62, and carry a 14-bit sequence number in bits 48..62. A receive on
+//! set bit 63 and carry the prober's `rail << 32 | rank` and an 8-byte random nonce as payload; a
+//! reply sets bits 63 and 62 and the nonce's low 62 bits as its tag. A receive on
 //! path `(L, P, R)` runs on rail `L`'s worker and matches only sends of rank `P` from its rail `R`. Endpoints connect rail `i` to the
 //! peer's rail `i` only (per-rail networks); a cross-rail path cannot carry data: its sends fail at once
 //! with an endpoint fault and its receives stay posted until cancelled.
 //!
 //! A chunk of at least [`SPLIT_MIN`] bytes travels as two messages, so that neither side copies it: its
-//! header alone (tag bit 59, [`SPLIT_BIT`]), then its payload straight from the registered region (tag
-//! bit 60, [`PAYLOAD_BIT`]), both carrying a 19-bit sequence number in bits 40..59, counted per rail and
-//! peer. It must not come round while stale bytes can still arrive: a sender's kernel delivers what a
-//! closed connection still held once a link comes back, and a stale payload whose number a current
-//! header reuses would match that header's payload receive (a global 11-bit number came round in
-//! about 2 s under load). The receiver
+//! header alone (tag bit 59, [`SPLIT_BIT`]) followed by 8 bytes naming the payload's tag, then its
+//! payload straight from the registered region under that tag: bit 60 ([`PAYLOAD_BIT`]) and 59 random
+//! bits, fresh from the OS for every chunk. Random bits cover two needs: a stale payload (a sender's
+//! kernel delivers what a closed connection still held once a link comes back) never matches a current
+//! header's payload receive, and a stranger who connects to a listener but cannot read the traffic
+//! cannot guess the tag of a payload receive (1 in 2^59 per message), while the header itself carries
+//! a keyed tag (`r2ccl_transport::wire`). Probe replies are unguessable the same way: a forged
+//! reply cannot make a dead path look alive. A message longer than the receive posted for its tag
+//! (a stranger's) is dropped and handed to the session as an empty message, which it counts as
+//! malformed: never a path failure. The receiver
 //! reports the header ([`CompletionKind::Header`]); the session decides where the payload goes, and
 //! [`Transport::post_payload_recv`] posts a receive for exactly that tag, straight into the destination
 //! region where it can (`SessionConfig::place_payloads`, [`Transport::can_place`]; UCX's rendezvous then
@@ -47,18 +52,20 @@ use std::time::{Duration, Instant};
 
 /// Tag bit of probe replies (with [`PROBE_TAG_BIT`]).
 const REPLY_BIT: u64 = 1 << 62;
-/// Sequence numbers of probes: 14 bits at bit 48.
-const SEQ_SHIFT: u32 = 48;
-const SEQ_MASK: u64 = 0x3FFF;
+/// The bits of a probe reply's tag taken from the probe's random nonce.
+const PROBE_NONCE_MASK: u64 = (1 << 62) - 1;
+/// Bytes of a probe: its nonce.
+const PROBE_LEN: usize = 8;
 /// The bits of a data tag that identify the sender (rank and rail).
 const DATA_MASK: u64 = 0x0000_00FF_FFFF_FFFF;
 /// Data tag bit: a chunk header sent alone; its payload follows under [`PAYLOAD_BIT`].
 pub const SPLIT_BIT: u64 = 1 << 59;
 /// Data tag bit: the payload of a split chunk.
 pub const PAYLOAD_BIT: u64 = 1 << 60;
-/// Sequence numbers pairing a split header with its payload: 19 bits at bit 40, per rail and peer.
-const DATA_SEQ_MASK: u64 = 0x7_FFFF;
-const DATA_SEQ_SHIFT: u32 = 40;
+/// The random bits of a split payload's tag (below [`SPLIT_BIT`]).
+const PAYLOAD_RANDOM: u64 = SPLIT_BIT - 1;
+/// Bytes after a split header naming its payload's tag.
+const PAYLOAD_TAG_LEN: usize = 8;
 /// Rails a data tag can name (8 bits).
 const MAX_RAILS: usize = 256;
 /// Chunks of at least this many bytes are sent split (no copy on either side); smaller ones go as
@@ -322,8 +329,8 @@ pub struct UcxTransport {
     detached: Vec<Request<Vec<u8>>>,
     /// Data requests given up on that UCX has not let go of yet (each keeps its buffer or region).
     detached_data: Vec<Request<DataBuf>>,
-    /// The last split sequence number used per `(rail, peer)`.
-    split_seq: BTreeMap<(usize, Rank), u64>,
+    /// Random bits for payload tags and probe nonces.
+    rng: TagRng,
     regions: BTreeMap<MemHandle, Arc<MemRegion>>,
     set: NicEndpointSet,
     nics: Vec<Nic>,
@@ -342,7 +349,6 @@ pub struct UcxTransport {
     events: VecDeque<TransportEvent>,
     next_req: u64,
     next_handle: u64,
-    probe_seq: u64,
     monitor: Option<LinkMonitor>,
     faults: Vec<Fault>,
     fired: Vec<FiredFault>,
@@ -396,7 +402,11 @@ impl UcxTransport {
         let mut nics = Vec::with_capacity(devices.len());
         for (i, dev) in devices.iter().enumerate() {
             let rail = &set.rails()[i];
-            let responder = Some(rail.worker().tag_recv(PROBE_TAG_BIT, PROBE_TAG_BIT | REPLY_BIT, Vec::new())?);
+            let responder = Some(rail.worker().tag_recv(
+                PROBE_TAG_BIT,
+                PROBE_TAG_BIT | REPLY_BIT,
+                Vec::with_capacity(PROBE_LEN),
+            )?);
             let is_dead = dead.iter().any(|(r, _)| *r == i);
             nics.push(Nic {
                 ifindex: if is_dead { None } else { netlink::ifindex(dev) },
@@ -442,7 +452,7 @@ impl UcxTransport {
             out: BTreeMap::new(),
             detached: Vec::new(),
             detached_data: Vec::new(),
-            split_seq: BTreeMap::new(),
+            rng: TagRng::default(),
             regions: BTreeMap::new(),
             set,
             nics,
@@ -455,7 +465,6 @@ impl UcxTransport {
             events: VecDeque::new(),
             next_req: 1,
             next_handle: 1,
-            probe_seq: 0,
             monitor,
             faults,
             fired: Vec::new(),
@@ -653,18 +662,27 @@ impl UcxTransport {
         // A post may finish at once (UCX completes small sends inline).
         self.unpolled = true;
         let rail = path.local.rail.index();
+        let random = match held {
+            Held::Split(..) | Held::Probe => match self.rng.next() {
+                Some(x) => x,
+                None => {
+                    tracing::warn!(target: NET, %path, "the OS gave no randomness for a tag");
+                    return State::Delayed(CompletionKind::Failed(PathFault::Endpoint), Instant::now());
+                }
+            },
+            _ => 0,
+        };
         let Some(r) = self.set.rails().get(rail) else { return State::Stuck };
         let me = u64::from(self.rank.0) | (u64::from(rail_u16(rail)) << 32);
         let res = match held {
             Held::Send(payload) => r.send(path.peer, me, DataBuf::Owned(payload)).map(State::Live),
-            Held::Split(header, body) => {
-                let next = self.split_seq.entry((rail, path.peer)).or_insert(0);
-                *next = (*next + 1) & DATA_SEQ_MASK;
-                let seq = *next << DATA_SEQ_SHIFT;
+            Held::Split(mut header, body) => {
+                let payload_tag = PAYLOAD_BIT | (random & PAYLOAD_RANDOM);
+                header.extend_from_slice(&payload_tag.to_le_bytes());
                 // The header goes first; if it fails, so would the payload (same endpoint).
-                r.send(path.peer, me | seq | SPLIT_BIT, DataBuf::Owned(header)).and_then(|h| {
+                r.send(path.peer, me | SPLIT_BIT, DataBuf::Owned(header)).and_then(|h| {
                     self.detached_data.push(h);
-                    r.send(path.peer, me | seq | PAYLOAD_BIT, DataBuf::Region(body)).map(State::Live)
+                    r.send(path.peer, payload_tag, DataBuf::Region(body)).map(State::Live)
                 })
             }
             Held::Recv(cap) => {
@@ -676,12 +694,11 @@ impl UcxTransport {
             }
             Held::Payload(tag, buf) => r.recv(tag, u64::MAX, buf).map(State::Live),
             Held::Probe => {
-                self.probe_seq = (self.probe_seq + 1) & SEQ_MASK;
-                let seq = self.probe_seq << SEQ_SHIFT;
-                let reply_tag =
-                    PROBE_TAG_BIT | REPLY_BIT | seq | (u64::from(path.remote.rail.0) << 32) | u64::from(path.peer.0);
+                let nonce = random & PROBE_NONCE_MASK;
+                let reply_tag = PROBE_TAG_BIT | REPLY_BIT | nonce;
                 r.worker().tag_recv(reply_tag, u64::MAX, Vec::new()).and_then(|reply| {
-                    let send = r.peer(path.peer).and_then(|e| e.probe.tag_send(PROBE_TAG_BIT | seq | me, Vec::new()));
+                    let probe = nonce.to_le_bytes().to_vec();
+                    let send = r.peer(path.peer).and_then(|e| e.probe.tag_send(PROBE_TAG_BIT | me, probe));
                     match send {
                         Ok(s) => Ok(State::Probe { send: Some(s), reply }),
                         Err(e) => {
@@ -1048,20 +1065,23 @@ impl UcxTransport {
             while let Some(resp) = self.nics[rail].responder.as_mut() {
                 let Some(res) = resp.poll() else { break };
                 let tag = resp.sender_tag().unwrap_or(0);
+                let nonce = resp.take_buffer().and_then(|b| <[u8; PROBE_LEN]>::try_from(b.as_slice()).ok());
                 let silent = self.nics[rail].is_down() || self.nics[rail].blackhole;
-                if res.is_ok() && !silent {
+                // A probe is exactly its nonce; anything else (a stranger's) gets no answer.
+                if let (Ok(_), Some(nonce), false) = (res, nonce, silent) {
                     let peer = Rank(u32::try_from(tag & 0xFFFF_FFFF).unwrap_or(u32::MAX));
-                    let seq = tag & (SEQ_MASK << SEQ_SHIFT);
-                    let me = u64::from(self.rank.0) | (u64::from(rail_u16(rail)) << 32);
+                    let reply = PROBE_TAG_BIT | REPLY_BIT | (u64::from_le_bytes(nonce) & PROBE_NONCE_MASK);
                     let r = &self.set.rails()[rail];
-                    match r.peer(peer).and_then(|e| e.probe.tag_send(PROBE_TAG_BIT | REPLY_BIT | seq | me, Vec::new()))
-                    {
+                    match r.peer(peer).and_then(|e| e.probe.tag_send(reply, Vec::new())) {
                         Ok(s) => self.detached.push(s),
                         Err(e) => tracing::debug!(target: NET, rail, %peer, error = %e, "probe reply failed"),
                     }
                 }
-                let rearm =
-                    self.set.rails()[rail].worker().tag_recv(PROBE_TAG_BIT, PROBE_TAG_BIT | REPLY_BIT, Vec::new());
+                let rearm = self.set.rails()[rail].worker().tag_recv(
+                    PROBE_TAG_BIT,
+                    PROBE_TAG_BIT | REPLY_BIT,
+                    Vec::with_capacity(PROBE_LEN),
+                );
                 match rearm {
                     Ok(r) => self.nics[rail].responder = Some(r),
                     Err(e) => {
@@ -1183,6 +1203,28 @@ impl UcxTransport {
 
 /// An empty buffer from `pool` with room for `need` bytes: the smallest pooled one that is large
 /// enough (a warm buffer takes the bytes instead of fresh pages that fault on first touch), else any.
+/// Unguessable 64-bit values for payload tags and probe nonces, drawn from the OS in batches.
+#[derive(Debug, Default)]
+struct TagRng {
+    pool: Vec<u64>,
+}
+
+impl TagRng {
+    /// The next random value; `None` when the OS gives no randomness.
+    fn next(&mut self) -> Option<u64> {
+        if self.pool.is_empty() {
+            let mut bytes = [0u8; 512];
+            getrandom::fill(&mut bytes).ok()?;
+            self.pool.extend(bytes.chunks_exact(8).map(|c| {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(c);
+                u64::from_le_bytes(w)
+            }));
+        }
+        self.pool.pop()
+    }
+}
+
 fn take_pooled(pool: &mut Vec<Vec<u8>>, need: usize) -> Vec<u8> {
     let fit = pool.iter().enumerate().filter(|(_, b)| b.capacity() >= need).min_by_key(|(_, b)| b.capacity());
     let mut buf = match fit.map(|(i, _)| i) {
@@ -1206,12 +1248,32 @@ fn outcome(nics: &[Nic], kind: Kind, rail: usize, req: &mut Request<DataBuf>) ->
                 Some(DataBuf::Region(_)) | None => Vec::new(),
             };
             buf.truncate(n);
-            if split {
-                let payload = PayloadId((tag & !SPLIT_BIT) | PAYLOAD_BIT);
-                (CompletionKind::Header { header: buf, payload }, n)
-            } else {
-                (CompletionKind::Received(buf), n)
+            // A split header ends with its payload's tag; one that does not name a payload tag is
+            // handed over whole, for the session to refuse as malformed.
+            let named = buf.len().checked_sub(PAYLOAD_TAG_LEN).and_then(|at| {
+                let t = u64::from_le_bytes(<[u8; PAYLOAD_TAG_LEN]>::try_from(&buf[at..]).ok()?);
+                (t & !(PAYLOAD_BIT | PAYLOAD_RANDOM) == 0 && t & PAYLOAD_BIT != 0).then_some((at, t))
+            });
+            match named {
+                Some((at, t)) if split => {
+                    buf.truncate(at);
+                    (CompletionKind::Header { header: buf, payload: PayloadId(t) }, n)
+                }
+                _ => (CompletionKind::Received(buf), n),
             }
+        }
+        Err(e) if kind == Kind::Recv && !nics.get(rail).is_some_and(Nic::is_down) => {
+            // A header receive matches a tag, not an endpoint: what failed it may be anyone's
+            // message (one longer than any chunk a peer sends, or a rendezvous from a stranger who
+            // then went away). Dropped (the session counts it as malformed) and re-posted, never a
+            // path failure: a peer's own failures show on its sends, probes and endpoints.
+            tracing::debug!(target: NET, rail, error = %e, "a message under a data tag failed to arrive; dropped");
+            let mut buf = match req.take_buffer() {
+                Some(DataBuf::Owned(b) | DataBuf::After(b, _)) => b,
+                Some(DataBuf::Region(_)) | None => Vec::new(),
+            };
+            buf.clear();
+            (CompletionKind::Received(buf), 0)
         }
         Ok(n) if kind == Kind::Payload => match req.take_buffer() {
             Some(DataBuf::Owned(b) | DataBuf::After(b, _)) => (CompletionKind::Received(b), n),
@@ -1369,8 +1431,7 @@ impl Transport for UcxTransport {
         into: PayloadInto,
     ) -> Result<RequestId, TransportError> {
         let tag = payload.0;
-        let sender = u64::from(path.peer.0) | (u64::from(path.remote.rail.0) << 32);
-        if tag & (PROBE_TAG_BIT | REPLY_BIT | SPLIT_BIT) != 0 || tag & PAYLOAD_BIT == 0 || tag & DATA_MASK != sender {
+        if tag & !(PAYLOAD_BIT | PAYLOAD_RANDOM) != 0 || tag & PAYLOAD_BIT == 0 {
             return Err(TransportError::UnknownPayload(payload));
         }
         match into {

@@ -93,7 +93,7 @@ fn fault_mid_transfer(name: &str, nics: u32, nic: u32, kind: Kind) {
         let t = tb.clone();
         let o = run(
             tb,
-            Box::new(move || {
+            Box::new(move |_| {
                 std::thread::sleep(inject_after(nics));
                 let at = unix_ns();
                 match kind {

@@ -7,7 +7,8 @@
 
 mod common;
 
-use common::{rank_main, run_cluster, run_tests, self_cmd, Outcome, Scenario, ROLE_VAR};
+use common::{rank_main, run_cluster, run_tests, self_cmd, stranger, Outcome, Scenario, ROLE_VAR};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(40);
@@ -71,6 +72,55 @@ fn four_ranks_ring_with_a_down_nic_and_a_slow_nic() {
     report("4 ranks", &o);
 }
 
+/// A stranger who speaks UCX but lacks the secret floods every listener of a 2-rank, 2-rail ring
+/// with forged chunk headers (current and future transfers), forged split headers and payloads,
+/// oversized messages under data tags, forged probe replies and malformed probes. The transfers stay
+/// bit-exact, no path fails, and the forgeries are refused and counted.
+fn a_stranger_speaking_ucx_changes_nothing() {
+    let mut sc = Scenario::loopback(2, 2, 128 << 20);
+    // The stand-in detector's stall deadline: generous, so that two ranks and the stranger sharing
+    // two cores (a descheduled rank) are not taken for a dead path; what the stranger sends must
+    // fail no path by itself (a failed request is a path failure whatever the deadline).
+    sc.stall_ms = 3000;
+    let cmds = (0..sc.ranks).map(|_| self_cmd()).collect();
+    let seen = Arc::new(Mutex::new(stranger::Sent::default()));
+    let out = seen.clone();
+    let total = sc.bytes as u64;
+    let inject: common::Injector = Box::new(move |blobs| {
+        let sent = stranger::attack(blobs, total, Duration::from_millis(1500));
+        *out.lock().unwrap() = sent;
+        Vec::new()
+    });
+    let o = run_cluster(cmds, &sc, Some(inject), LIMIT);
+    let sent = *seen.lock().unwrap();
+    let per_rank: Vec<String> = o
+        .results
+        .iter()
+        .map(|r| {
+            format!(
+                "rank {}: {} ms, bad {}, path failures {}",
+                r.rank,
+                r.num("ms"),
+                r.num("bad"),
+                r.num("path_failures")
+            )
+        })
+        .collect();
+    eprintln!("  stranger: {sent:?}; job {:?}; {}", o.elapsed, per_rank.join("; "));
+    o.assert_exact();
+    assert_eq!(sent.endpoints, 4, "the stranger connected to every listener (2 ranks x 2 rails)");
+    assert!(sent.messages > 1000, "the stranger sent {sent:?}");
+    for r in &o.results {
+        assert_eq!(r.num("path_failures"), 0, "rank {}: no path failed: {:?}", r.rank, r.fields);
+        assert_eq!(r.num("migrations"), 0, "rank {}: nothing migrated: {:?}", r.rank, r.fields);
+    }
+    // Bounded, not timed: a rank descheduled on two shared cores can take a few seconds.
+    assert!(o.elapsed < Duration::from_secs(20), "the job finished in {:?}", o.elapsed);
+    let refused: u64 = o.results.iter().map(|r| r.num("bad")).sum();
+    eprintln!("  forged or oversized messages refused by the ranks: {refused}");
+    assert!(refused > 0, "the forgeries reached the ranks' receives and were refused: {:?}", o.results);
+}
+
 fn main() {
     if std::env::var(ROLE_VAR).is_ok() {
         rank_main();
@@ -89,6 +139,7 @@ fn main() {
                 two_ranks_silent_black_hole_is_detected_by_the_stall_deadline,
             ),
             ("four_ranks_ring_with_a_down_nic_and_a_slow_nic", four_ranks_ring_with_a_down_nic_and_a_slow_nic),
+            ("a_stranger_speaking_ucx_changes_nothing", a_stranger_speaking_ucx_changes_nothing),
         ],
     );
 }

@@ -499,6 +499,8 @@ struct Progress {
     departed_after: std::collections::BTreeMap<u32, u64>,
     /// The last collective this rank completed (its part finished and was delivered).
     last_done: u64,
+    /// Chunks and frames refused so far (forged, malformed or stray); logged at powers of two.
+    refused_inputs: u64,
 }
 
 struct Current {
@@ -664,8 +666,12 @@ impl Progress {
         // A slow peer (a busy or descheduled process) must be given time to answer before
         // its path counts as dead; a silent black hole is still declared within a second.
         let probe_timeout = (2 * stall_timeout).max(Duration::from_millis(500));
+        // This communicator's chunk-header key and id: from the secret and the random session
+        // nonce rank 0 put in the authenticated table (docs/security.md).
+        let (header_key, comm_id) = crate::bootstrap_mac::data_keys(&opts.secret, &table.session);
         let ecfg = EngineConfig {
-            comm: 1,
+            comm: comm_id,
+            header_key,
             stall_timeout,
             session: SessionConfig {
                 chunk_size: u32::try_from(cfg.transport.chunk_bytes).unwrap_or(1 << 20),
@@ -750,6 +756,7 @@ impl Progress {
             departed: std::collections::BTreeSet::new(),
             departed_after: std::collections::BTreeMap::new(),
             last_done: 0,
+            refused_inputs: 0,
             wake_rx,
             nic_bytes_seen: Vec::new(),
             plan_cache: BTreeMap::new(),
@@ -1711,7 +1718,11 @@ impl Progress {
                 }
                 EngineEvent::BadInput { from, what } => {
                     crate::metrics::count_malformed("chunk_header", 1);
-                    tracing::warn!(target: subsys::NET, rank = self.rank, %from, %what, "refused peer input");
+                    // The 1st, 2nd, 4th, 8th, ... only: a stranger's flood must not flood the log.
+                    self.refused_inputs += 1;
+                    if self.refused_inputs.is_power_of_two() {
+                        tracing::warn!(target: subsys::NET, rank = self.rank, claimed_from = %from, %what, refused_so_far = self.refused_inputs, "refused input (forged, malformed or stray)");
+                    }
                 }
             }
         }

@@ -33,8 +33,8 @@ use r2ccl_detect::{
     ProbeResult, Verdict,
 };
 use r2ccl_transport::{
-    Buffer, CommId, LaneId, MemHandle, MigrationRequest, PathEvidence, PathFault, PathId, RequestId, Session,
-    SessionConfig, SessionError, SessionEvent, TransferKey, Transport,
+    Buffer, CommId, HeaderKey, LaneId, MemHandle, MigrationRequest, PathEvidence, PathFault, PathId, RequestId,
+    Session, SessionConfig, SessionError, SessionEvent, TransferKey, Transport,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -50,8 +50,12 @@ const EVIDENCE_INTERVAL: Duration = Duration::from_millis(10);
 /// Engine tunables.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
-    /// Communicator id (all ranks use the same).
+    /// Communicator id (all ranks use the same; random per communicator, so chunks of another one
+    /// never match).
     pub comm: u64,
+    /// The key chunk headers are tagged with (all ranks use the same). The default, all zeros, is
+    /// for tests; a communicator derives its key from the job secret.
+    pub header_key: HeaderKey,
     /// Session tunables (chunk size, window, ...).
     pub session: SessionConfig,
     /// A path with outstanding sends and no completion for this long is declared failed.
@@ -77,6 +81,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             comm: 1,
+            header_key: HeaderKey::from_bytes([0; 32]),
             session: SessionConfig::default(),
             stall_timeout: Duration::from_millis(100),
             probe_interval: Duration::from_millis(100),
@@ -438,7 +443,7 @@ impl Engine {
         let members: Vec<Member> =
             (0..world).filter_map(|r| topo.node_of(Rank(r)).map(|node| Member { rank: Rank(r), node })).collect();
         let detector = Detector::new(cfg.detect.clone(), rank, &members)?;
-        let mut session = Session::new(rank, cfg.session, topo)?;
+        let mut session = Session::new(rank, cfg.session, topo, &cfg.header_key)?;
         session.open_comm(CommId(cfg.comm));
         Ok(Self {
             rank,
@@ -1607,7 +1612,7 @@ impl Engine {
                     self.send_ctrl(id.transfer.src, Ctrl::Nack { key: id.transfer, index: id.index });
                 }
                 SessionEvent::BadChunk { path, problem } => {
-                    tracing::warn!(target: subsys::NET, rank = %self.rank, %path, ?problem, "refused a chunk");
+                    tracing::debug!(target: subsys::NET, rank = %self.rank, %path, ?problem, "refused a chunk");
                     self.events.push_back(EngineEvent::BadInput { from: path.peer, what: format!("{problem:?}") });
                 }
             }

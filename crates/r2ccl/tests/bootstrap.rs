@@ -2,7 +2,7 @@
 //! wrong secrets and missing ranks turned into bounded, precise errors.
 #![allow(clippy::unwrap_used, reason = "a panic here is a test failure with a message")]
 
-use r2ccl::bootstrap::{join, BootstrapError, PeerInfo, Root, Secret};
+use r2ccl::bootstrap::{join, BootstrapError, PeerInfo, Root, Secret, Table};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::thread;
@@ -18,7 +18,7 @@ fn info(rank: u32) -> PeerInfo {
 }
 
 /// The root's result: the table and the number of rejected connections.
-type RootResult = Result<(Vec<PeerInfo>, u64), BootstrapError>;
+type RootResult = Result<(Table, u64), BootstrapError>;
 
 fn start_root(world: u32, timeout: Duration) -> (String, Secret, thread::JoinHandle<RootResult>) {
     let secret = Secret::generate().unwrap();
@@ -41,10 +41,16 @@ fn all_ranks_get_the_same_table() {
         .collect();
     let (table, rejected) = root.join().unwrap().unwrap();
     assert_eq!(rejected, 0);
-    assert_eq!(table, (0..world).map(info).collect::<Vec<_>>());
+    assert_eq!(table.peers, (0..world).map(info).collect::<Vec<_>>());
+    // Every rank gets the same table and the same random session nonce (a fresh one per rendezvous).
     for j in joiners {
         assert_eq!(j.join().unwrap().unwrap(), table);
     }
+    let (addr2, secret2, root2) = start_root(2, Duration::from_secs(10));
+    let j = thread::spawn(move || join(&addr2, &secret2, 2, info(1), Instant::now() + Duration::from_secs(10)));
+    let (other, _) = root2.join().unwrap().unwrap();
+    assert_eq!(j.join().unwrap().unwrap().session, other.session);
+    assert_ne!(other.session, table.session, "each communicator gets its own session nonce");
 }
 
 #[test]

@@ -8,6 +8,7 @@
 //! re-probes down paths. Every receiver checks its bytes bit for bit.
 #![allow(dead_code, reason = "each test binary uses a different part of the driver")]
 
+pub mod stranger;
 pub mod testbed;
 
 use r2ccl_core::{NicId, NodeId, Rank};
@@ -275,7 +276,7 @@ pub fn rank_main() {
     // (SessionConfig::place_payloads, on by default).
     let place_payloads = std::env::var("R2T_PLACE").map_or(SessionConfig::default().place_payloads, |v| v != "0");
     let cfg = SessionConfig { chunk_size: sc.chunk, window: sc.window, place_payloads, ..SessionConfig::default() };
-    let mut s = Session::new(Rank(me), cfg, topo).unwrap();
+    let mut s = Session::new(Rank(me), cfg, topo, &r2ccl_transport::harness::HARNESS_KEY).unwrap();
     let comm = CommId(1);
     s.open_comm(comm);
     if sc.repeat > 1 {
@@ -632,8 +633,9 @@ impl Outcome {
     }
 }
 
-/// A fault schedule the parent runs after GO; returns when each fault was injected (unix ns).
-pub type Injector = Box<dyn FnOnce() -> Vec<u64> + Send>;
+/// A fault schedule the parent runs after GO, given every rank's address blob; returns when each
+/// fault was injected (unix ns).
+pub type Injector = Box<dyn FnOnce(&[Vec<u8>]) -> Vec<u64> + Send>;
 
 /// Start one rank process per command (`cmds[r]` is rank `r`, already pointing at this binary, possibly
 /// behind `ip netns exec`), run `sc`, relay the control plane, and collect the results.
@@ -710,7 +712,8 @@ pub fn run_cluster(mut cmds: Vec<Command>, sc: &Scenario, inject: Option<Injecto
                         send(&mut stdins, i, "GO");
                     }
                     if let Some(f) = inject.take() {
-                        injector = Some(std::thread::spawn(f));
+                        let blobs: Vec<Vec<u8>> = addrs.iter().map(|a| unhex(a)).collect();
+                        injector = Some(std::thread::spawn(move || f(&blobs)));
                     }
                 }
             }

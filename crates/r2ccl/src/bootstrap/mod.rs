@@ -7,5 +7,5 @@ mod uid;
 mod wire;
 
 pub use launch::{LaunchError, LaunchInfo, LaunchSource};
-pub use rendezvous::{join, BootstrapError, PeerInfo, RendezvousStats, Root};
+pub use rendezvous::{join, BootstrapError, PeerInfo, RendezvousStats, Root, Table};
 pub use uid::{Secret, UniqueId, UniqueIdError};

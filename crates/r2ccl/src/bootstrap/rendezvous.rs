@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const MAGIC: &[u8; 4] = b"R2CB";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const HELLO: u8 = 1;
 const TABLE: u8 = 2;
 const ABORT: u8 = 3;
@@ -112,15 +112,28 @@ fn decode_info(r: &mut Reader<'_>) -> Result<PeerInfo, WireError> {
     Ok(PeerInfo { rank: r.u32()?, node: r.string()?, oob_addr: r.string()?, blob: r.bytes()?.to_vec() })
 }
 
-fn random_nonce() -> [u8; 16] {
-    // A fresh secret is 16 random bytes from the OS; fall back to time and address
-    // entropy if /dev/urandom is unreadable (the nonce must be unique, not secret).
-    Secret::generate().map(|s| *s.bytes()).unwrap_or_else(|_| {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let mut b = [0u8; 16];
-        b[..16].copy_from_slice(&t.as_nanos().to_le_bytes());
-        b
-    })
+/// 16 random bytes from the OS; no randomness is an error, never a guessable fallback.
+fn random_nonce() -> Result<[u8; 16], String> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).map_err(|e| format!("the OS gave no randomness: {e}"))?;
+    Ok(b)
+}
+
+/// The rank table every rank gets from the rendezvous, and the random session nonce rank 0
+/// chose for this communicator (its chunk-header key and id are derived from it and the secret).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Table {
+    /// One entry per rank, in rank order.
+    pub peers: Vec<PeerInfo>,
+    /// Fresh random bytes, the same on every rank of this communicator.
+    pub session: [u8; 16],
+}
+
+impl std::ops::Deref for Table {
+    type Target = [PeerInfo];
+    fn deref(&self) -> &[PeerInfo] {
+        &self.peers
+    }
 }
 
 /// An authenticated joiner, waiting for the table.
@@ -136,7 +149,7 @@ struct Joined {
 fn handshake(mut stream: TcpStream, secret: &Secret) -> Result<Joined, String> {
     stream.set_read_timeout(Some(HANDSHAKE_LIMIT)).map_err(|e| e.to_string())?;
     stream.set_write_timeout(Some(HANDSHAKE_LIMIT)).map_err(|e| e.to_string())?;
-    let nonce = random_nonce();
+    let nonce = random_nonce()?;
     let mut w = Writer::default();
     w.raw(MAGIC).u8(VERSION).raw(&nonce);
     write_frame(&mut stream, &w.0).map_err(|e| format!("sending challenge: {e}"))?;
@@ -236,12 +249,7 @@ impl Root {
 
     /// Serve the rendezvous for `world` ranks, rank 0 contributing `own`. Returns the
     /// table ordered by rank, or an error naming what went wrong by `deadline`.
-    pub fn run(
-        self,
-        world: u32,
-        own: PeerInfo,
-        deadline: Instant,
-    ) -> Result<(Vec<PeerInfo>, RendezvousStats), BootstrapError> {
+    pub fn run(self, world: u32, own: PeerInfo, deadline: Instant) -> Result<(Table, RendezvousStats), BootstrapError> {
         if world == 0 || own.rank != 0 {
             return Err(BootstrapError::BadRank { rank: own.rank, world });
         }
@@ -320,13 +328,15 @@ impl Root {
         }
         let mut table = vec![own];
         table.extend(joined.iter().flatten().map(|j| j.info.clone()));
-        let payload = table_bytes(&table);
+        let session = random_nonce().map_err(|e| fail(&mut joined, protocol("rank 0", e)))?;
+        let mut payload = session.to_vec();
+        payload.extend(table_bytes(&table));
         for j in joined.iter_mut().flatten() {
             let mut w = Writer::default();
             w.u8(TABLE).raw(&tag(&self.secret, &[b"table", &j.nonce, &payload])).raw(&payload);
             write_frame(&mut j.stream, &w.0).map_err(io_err("sending the rank table"))?;
         }
-        Ok((table, stats))
+        Ok((Table { peers: table, session }, stats))
     }
 }
 
@@ -338,7 +348,7 @@ pub fn join(
     world: u32,
     own: PeerInfo,
     deadline: Instant,
-) -> Result<Vec<PeerInfo>, BootstrapError> {
+) -> Result<Table, BootstrapError> {
     if own.rank == 0 || own.rank >= world {
         return Err(BootstrapError::BadRank { rank: own.rank, world });
     }
@@ -399,18 +409,19 @@ pub fn join(
                 return Err(BootstrapError::RootNotAuthentic(root.to_owned()));
             }
             let mut r = Reader::new(payload);
-            let table = (|| {
+            let (session, table) = (|| {
+                let session = r.array16()?;
                 let n = r.u32()?;
                 let t = (0..n).map(|_| decode_info(&mut r)).collect::<Result<Vec<_>, _>>()?;
                 r.finish()?;
-                Ok::<_, WireError>(t)
+                Ok::<_, WireError>((session, t))
             })()
             .map_err(|e| protocol(root, e))?;
             let ordered = table.len() == world as usize && table.iter().enumerate().all(|(i, p)| p.rank == i as u32);
             if !ordered {
                 return Err(protocol(root, "rank table is not one entry per rank in order"));
             }
-            Ok(table)
+            Ok(Table { peers: table, session })
         }
         ABORT => {
             let reason = r.string().map_err(|e| protocol(root, e))?;

@@ -4,9 +4,15 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 
-/// The job's 128-bit shared secret. `Debug` does not print it.
+/// The job's 128-bit shared secret. `Debug` does not print it; its bytes are wiped on drop.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret([u8; 16]);
+
+impl Drop for Secret {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
+    }
+}
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -27,7 +33,7 @@ pub enum UniqueIdError {
     #[error("bad secret: expected 32 hex digits, got {0} characters")]
     Secret(usize),
     /// No randomness source for a new secret.
-    #[error("cannot read /dev/urandom for a new secret: {0}")]
+    #[error("the OS gave no randomness for a new secret: {0}")]
     Random(String),
 }
 
@@ -39,24 +45,15 @@ impl Secret {
 
     /// A fresh random secret from the OS.
     pub fn generate() -> Result<Self, UniqueIdError> {
-        use std::io::Read;
         let mut b = [0u8; 16];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| f.read_exact(&mut b))
-            .map_err(|e| UniqueIdError::Random(e.to_string()))?;
+        getrandom::fill(&mut b).map_err(|e| UniqueIdError::Random(e.to_string()))?;
         Ok(Self(b))
     }
 
     /// Derive a secret from a job identity string (weak: anyone who knows the job id can
     /// compute it; used only when the launcher gives no secret, and logged as a warning).
     pub fn derive(job: &str) -> Self {
-        let k = *b"r2ccl-derive-key";
-        let lo = super::mac::siphash24(&k, job.as_bytes());
-        let hi = super::mac::siphash24(&k, &[job.as_bytes(), b"#2"].concat());
-        let mut b = [0u8; 16];
-        b[..8].copy_from_slice(&lo.to_le_bytes());
-        b[8..].copy_from_slice(&hi.to_le_bytes());
-        Self(b)
+        Self(super::mac::derive_public(job))
     }
 
     /// The raw bytes.
