@@ -80,7 +80,14 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         // Sites with an old system UCX stay supported: build against it (R2CCL_UCX_DIR empty means
         // pkg-config's UCX), load it (LD_LIBRARY_PATH empty), and run the UCX loopback session
         // tests and one e2e scenario on it.
-        let env = [("R2CCL_UCX_DIR", ""), ("LD_LIBRARY_PATH", ""), ("CARGO_TARGET_DIR", "target/ucx-1.13")];
+        // RUSTFLAGS set (even empty) replaces .cargo/config.toml's, so these binaries carry no
+        // run path to .ucx/ either.
+        let env = [
+            ("R2CCL_UCX_DIR", ""),
+            ("LD_LIBRARY_PATH", ""),
+            ("RUSTFLAGS", ""),
+            ("CARGO_TARGET_DIR", "target/ucx-1.13"),
+        ];
         cmd_env("cargo", &["test", "-p", "r2ccl-ucx", "--test", "session_loopback"], &env)?;
         cmd_env("cargo", &["xtask", "e2e", "--retries", "1", "--scenario", "nic-down"], &env)
     })?;

@@ -149,24 +149,32 @@ impl std::fmt::Display for UcxVersion {
     }
 }
 
-/// Say once per process which UCX is loaded, and warn when it is not the one built against.
-fn announce_version() {
+/// Opt-in to run with a UCX other than the one built against (another minor version).
+pub const ALLOW_MISMATCH_ENV: &str = "R2CCL_UCX_ALLOW_MISMATCH";
+
+/// Say once per process which UCX is loaded; refuse one whose major.minor differs from the one
+/// built against (a binary that found another UCX by accident), unless [`ALLOW_MISMATCH_ENV`] is
+/// `1`, which turns it into a warning.
+fn check_version() -> Result<(), UcxError> {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let loaded = UcxVersion::loaded();
-        let built = UcxVersion::built();
-        let dir = sys::BUILT_UCX_LIBDIR;
-        match built {
-            Some(b) if (b.major, b.minor) != (loaded.major, loaded.minor) => tracing::warn!(
-                target: r2ccl_core::subsys::INIT,
-                %loaded,
-                built = %b,
-                built_libdir = dir,
-                "the UCX loaded is not the one r2ccl was built against; put the built one's directory first in LD_LIBRARY_PATH"
-            ),
-            _ => tracing::info!(target: r2ccl_core::subsys::INIT, %loaded, built = sys::BUILT_UCX_VERSION, built_libdir = dir, "UCX"),
-        }
+    let loaded = UcxVersion::loaded();
+    let dir = sys::BUILT_UCX_LIBDIR;
+    let mismatch = UcxVersion::built().filter(|b| (b.major, b.minor) != (loaded.major, loaded.minor));
+    let allowed = std::env::var(ALLOW_MISMATCH_ENV).is_ok_and(|v| v == "1");
+    if let (Some(b), false) = (mismatch, allowed) {
+        return Err(UcxError::VersionMismatch { loaded: loaded.to_string(), built: b.to_string(), libdir: dir.into() });
+    }
+    ONCE.call_once(|| match mismatch {
+        Some(b) => tracing::warn!(
+            target: r2ccl_core::subsys::INIT,
+            %loaded,
+            built = %b,
+            built_libdir = dir,
+            "running with a UCX other than the one r2ccl was built against ({ALLOW_MISMATCH_ENV}=1)"
+        ),
+        None => tracing::info!(target: r2ccl_core::subsys::INIT, %loaded, built = sys::BUILT_UCX_VERSION, built_libdir = dir, "UCX"),
     });
+    Ok(())
 }
 
 /// Frees a `ucp_config_t` on every path out of [`Context::new`].
@@ -217,7 +225,7 @@ impl Context {
         let status = Status(unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut raw_config) });
         status.check("ucp_config_read")?;
         let guard = ConfigGuard(raw_config);
-        announce_version();
+        check_version()?;
         for (key, value) in config.settings() {
             let v = c_string(&key, &value)?;
             let modify = |key: &str| -> Result<Status, UcxError> {

@@ -110,6 +110,19 @@ pub enum UcxError {
         /// How many there are.
         len: usize,
     },
+    /// The UCX library this process loaded is not the one r2ccl-ucx was built against.
+    #[error(
+        "UCX {loaded} is loaded but r2ccl was built against UCX {built} ({libdir}): put that directory first in \
+         LD_LIBRARY_PATH, or set R2CCL_UCX_ALLOW_MISMATCH=1 to run anyway"
+    )]
+    VersionMismatch {
+        /// The version loaded.
+        loaded: String,
+        /// The version built against.
+        built: String,
+        /// Where the built one's libraries are.
+        libdir: String,
+    },
     /// A NIC has no IP address to listen on for peers' connections.
     #[error("NIC {device} cannot take connections: {why}")]
     NoDeviceAddress {
@@ -151,7 +164,8 @@ impl UcxError {
             | Self::InvalidConfig { .. }
             | Self::OutOfRange { .. }
             | Self::NoDeviceAddress { .. }
-            | Self::BadAddress { .. } => None,
+            | Self::BadAddress { .. }
+            | Self::VersionMismatch { .. } => None,
         }
     }
 

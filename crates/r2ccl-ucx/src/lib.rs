@@ -64,7 +64,7 @@ mod tcpinfo;
 mod transport;
 mod worker;
 
-pub use context::{Context, ContextConfig, KeepAlive, UcxVersion, DEFAULT_RX_SEGMENT};
+pub use context::{Context, ContextConfig, KeepAlive, UcxVersion, ALLOW_MISMATCH_ENV, DEFAULT_RX_SEGMENT};
 pub use endpoint::Endpoint;
 pub use error::{Status, UcxError};
 pub use fault::{parse_faults, FaultKind, FaultParseError, FaultSpec};
