@@ -11,6 +11,7 @@ mod bench;
 mod ci;
 mod codegen;
 mod e2e;
+mod fuzz;
 mod setup;
 mod testbed;
 mod tidy;
@@ -32,6 +33,7 @@ commands:
           the issue-7 benchmarks: faultfree, strategies, pause, timeline (root: namespaces testbed r2b)
           and loopback (r2ccl vs OpenMPI vs Gloo); writes target/bench/report.{json,md} and PNG plots
   bench --micro   the micro benchmarks (cargo bench --workspace)
+  fuzz [--seconds N] [--save] [TARGET...]  the cargo-fuzz targets in fuzz/ (nightly), N s each
   demo    the main job: 4 ranks x 2 NICs on loopback, AllReduce timeline with a NIC failure injected
           mid-run (R2CCL_FAULT); prints bus bandwidth before/during/after, failovers and the strategy";
 
@@ -66,6 +68,7 @@ fn run() -> Result<()> {
         Some("testbed") => testbed::main(&args[1..]),
         Some("e2e") => e2e::main(&args[1..]),
         Some("bench") => bench::main(&args[1..]),
+        Some("fuzz") => fuzz::main(&args[1..]),
         Some("demo") => demo(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             println!("{USAGE}");

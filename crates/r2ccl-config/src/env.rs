@@ -30,6 +30,7 @@ pub const IDENTITY_VARS: &[&str] = &[
     "R2CCL_BENCH_REPS",
     "R2CCL_UCX_DIR",
     "R2CCL_UCX_ALLOW_MISMATCH",
+    "R2CCL_INSECURE_DERIVED_SECRET",
 ];
 
 /// Map one `R2CCL_*` variable to a dotted key path, `Ok(None)` for identity variables.

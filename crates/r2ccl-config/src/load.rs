@@ -11,7 +11,8 @@ pub const DEFAULT_CONFIG_PATH: &str = "configs/default.toml";
 
 /// Load from this process's environment and the file it names.
 pub fn load() -> Result<Config, ConfigError> {
-    load_from(std::env::vars())
+    // vars_os: a variable that is not UTF-8 (none of ours can be) is skipped, not a panic.
+    load_from(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))))
 }
 
 /// Load from the given environment (only `R2CCL_*` variables are looked at) and the

@@ -75,6 +75,12 @@ pub use request::{wait_all, Pending, RecvBuf, Request, SendBuf, CANCEL_GRACE};
 pub use transport::{FiredFault, UcxTransport, UcxTransportConfig, UcxTransportError, FAULT_ENV};
 pub use worker::{Worker, WorkerAddress};
 
+/// Whether `blob` parses as an address blob (for `fuzz/`, not API).
+#[doc(hidden)]
+pub fn fuzz_parse_blob(blob: &[u8]) -> bool {
+    transport::parse_blob_for_fuzzing(blob)
+}
+
 /// The UCX library version this process runs with, as `major.minor.release`.
 pub fn ucx_version() -> (u32, u32, u32) {
     let (mut major, mut minor, mut release) = (0u32, 0u32, 0u32);

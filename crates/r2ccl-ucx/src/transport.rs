@@ -1289,6 +1289,11 @@ fn outcome(nics: &[Nic], kind: Kind, rail: usize, req: &mut Request<DataBuf>) ->
     })
 }
 
+/// Whether `b` parses as an address blob (the `fuzz/` entry point).
+pub(crate) fn parse_blob_for_fuzzing(b: &[u8]) -> bool {
+    parse_blob(b).is_ok()
+}
+
 fn parse_blob(b: &[u8]) -> Result<(Rank, Peer), &'static str> {
     let mut r = b;
     let mut take = |n: usize| -> Result<&[u8], &'static str> {

@@ -313,8 +313,9 @@ impl Communicator {
     /// Split into sub-communicators, like `ncclCommSplit`: ranks that pass the same `color`
     /// form one, ranked by `key` (ties by their rank here); `None` takes part in the split but
     /// joins none (returns `Ok(None)`). Collective over this communicator: every rank must call
-    /// it. Each new communicator has its own rendezvous (a fresh port and secret chosen by its
-    /// rank 0 and shared through two AllGathers here), OOB mesh and transport.
+    /// it. Each new communicator has its own rendezvous (a fresh port and a random nonce chosen
+    /// by its rank 0 and shared through two AllGathers here), secret (derived by each member from
+    /// this communicator's secret and that nonce: no secret travels), OOB mesh and transport.
     pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>, CommError> {
         const NONE: u32 = u32::MAX;
         let c = color.unwrap_or(NONE);
@@ -331,7 +332,7 @@ impl Communicator {
         };
         let mut members: Vec<usize> = (0..world).filter(|&r| c != NONE && word(r, 0) == c).collect();
         members.sort_by_key(|&r| (word(r, 1), r));
-        // The new rank 0 of each color picks the rendezvous address and secret.
+        // The new rank 0 of each color picks the rendezvous address and a nonce for the secret.
         const BLOB: usize = 96;
         let mut blob = [0u8; BLOB];
         // The leader keeps the listener it picked the port with and serves the rendezvous on it.
@@ -342,8 +343,8 @@ impl Communicator {
                 .map_err(|e| CommError::Bootstrap(format!("split: no free port on {ip}: {e}")))?;
             let port = l.local_addr().map_err(|e| CommError::Bootstrap(format!("split: {e}")))?.port();
             listener = Some(l);
-            let secret = Secret::generate().map_err(|e| CommError::Bootstrap(format!("split: {e}")))?;
-            let text = format!("{}|{}", SocketAddr::new(ip, port), secret.to_hex());
+            let nonce = Secret::generate().map_err(|e| CommError::Bootstrap(format!("split: {e}")))?;
+            let text = format!("{}|{}", SocketAddr::new(ip, port), nonce.to_hex());
             blob[..text.len().min(BLOB)].copy_from_slice(&text.as_bytes()[..text.len().min(BLOB)]);
         }
         let mut blobs = vec![0u8; world * BLOB];
@@ -351,10 +352,11 @@ impl Communicator {
         let Some(&leader) = members.first() else { return Ok(None) };
         let text =
             String::from_utf8_lossy(&blobs[leader * BLOB..(leader + 1) * BLOB]).trim_end_matches('\0').to_owned();
-        let (root, secret) = text
+        let (root, nonce) = text
             .split_once('|')
             .ok_or_else(|| CommError::Bootstrap(format!("split: rank {leader} sent no rendezvous address")))?;
-        let secret = Secret::from_hex(secret).map_err(|e| CommError::Bootstrap(format!("split: {e}")))?;
+        let nonce = Secret::from_hex(nonce).map_err(|e| CommError::Bootstrap(format!("split: {e}")))?;
+        let secret = crate::bootstrap_mac::split_secret(&self.template.secret, nonce.bytes(), c);
         let rank = members.iter().position(|&r| r == self.rank as usize).unwrap_or(0) as u32;
         let opts = CommOptions {
             rank,
@@ -860,7 +862,7 @@ const NIC_MBPS: u64 = 100_000;
 
 /// What a rank tells the others about each of its data NICs at bootstrap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct NicFacts {
+pub(crate) struct NicFacts {
     /// Line rate, Mbit/s.
     mbps: u64,
     /// NUMA node, if known.
@@ -891,7 +893,7 @@ const NO_NUMA: u32 = u32::MAX;
 
 /// A rank's bootstrap blob: its number of data NICs (u32), then each NIC's rate in Mbit/s
 /// (u64), then each NIC's NUMA node (u32, [`NO_NUMA`] when unknown).
-fn nic_blob(facts: &[NicFacts]) -> Vec<u8> {
+pub(crate) fn nic_blob(facts: &[NicFacts]) -> Vec<u8> {
     let mut blob = (facts.len() as u32).to_le_bytes().to_vec();
     for f in facts {
         blob.extend_from_slice(&f.mbps.to_le_bytes());
@@ -903,7 +905,7 @@ fn nic_blob(facts: &[NicFacts]) -> Vec<u8> {
 }
 
 /// The NIC facts in a peer's blob ([`nic_blob`]); `None` when it is malformed.
-fn blob_facts(blob: &[u8]) -> Option<Vec<NicFacts>> {
+pub(crate) fn blob_facts(blob: &[u8]) -> Option<Vec<NicFacts>> {
     let (count, rest) = blob.split_first_chunk::<4>()?;
     let count = u32::from_le_bytes(*count) as usize;
     if rest.len() != count.checked_mul(12)? {

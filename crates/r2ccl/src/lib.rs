@@ -61,6 +61,8 @@ mod comm;
 mod ctrl;
 mod engine;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod metrics;
 mod netif;
 mod oob;

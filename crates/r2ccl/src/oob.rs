@@ -189,30 +189,42 @@ impl PeerIn {
 
     /// Decode the complete frames in the buffer; an impossible length loses the peer.
     fn decode(&mut self, from: u32, stats: &OobStats, out: &mut VecDeque<OobEvent>) -> Result<(), String> {
-        let mut at = 0;
-        while self.buf.len() - at >= 4 {
-            let len = u32::from_le_bytes([self.buf[at], self.buf[at + 1], self.buf[at + 2], self.buf[at + 3]]) as usize;
-            if len == 0 || len > MAX_PAYLOAD + 1 {
-                return Err(format!("connection error: bad OOB frame length {len}"));
-            }
-            if self.buf.len() - at - 4 < len {
-                break;
-            }
-            let ch = self.buf[at + 4];
-            let payload = &self.buf[at + 5..at + 4 + len];
-            match Channel::from_u8(ch) {
-                Some(Channel::Heartbeat) => {}
-                Some(channel) => out.push_back(OobEvent::Message { from, channel, payload: payload.to_vec() }),
-                None => {
-                    stats.malformed.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(target: subsys::BOOTSTRAP, peer = from, channel = ch, "dropped OOB frame with unknown channel");
-                }
-            }
-            at += 4 + len;
-        }
-        self.buf.drain(..at);
-        Ok(())
+        decode_frames(&mut self.buf, from, stats, out)
     }
+}
+
+/// Take the complete frames off the front of `buf` (what a peer's connection delivered so far)
+/// as events; an impossible length is an error (the peer is lost). Never panics, whatever the
+/// bytes.
+pub(crate) fn decode_frames(
+    buf: &mut Vec<u8>,
+    from: u32,
+    stats: &OobStats,
+    out: &mut VecDeque<OobEvent>,
+) -> Result<(), String> {
+    let mut at = 0;
+    while buf.len() - at >= 4 {
+        let len = u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]) as usize;
+        if len == 0 || len > MAX_PAYLOAD + 1 {
+            return Err(format!("connection error: bad OOB frame length {len}"));
+        }
+        if buf.len() - at - 4 < len {
+            break;
+        }
+        let ch = buf[at + 4];
+        let payload = &buf[at + 5..at + 4 + len];
+        match Channel::from_u8(ch) {
+            Some(Channel::Heartbeat) => {}
+            Some(channel) => out.push_back(OobEvent::Message { from, channel, payload: payload.to_vec() }),
+            None => {
+                stats.malformed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(target: subsys::BOOTSTRAP, peer = from, channel = ch, "dropped OOB frame with unknown channel");
+            }
+        }
+        at += 4 + len;
+    }
+    buf.drain(..at);
+    Ok(())
 }
 
 impl Inbox {

@@ -4,11 +4,17 @@
 //! over torchrun's `MASTER_ADDR`/`MASTER_PORT`; rank and size from `R2CCL_RANK`/
 //! `R2CCL_WORLD_SIZE`, then OpenMPI (`OMPI_COMM_WORLD_RANK`/`_SIZE`), then Slurm
 //! (`SLURM_PROCID`/`SLURM_NTASKS`), then torchrun (`RANK`/`WORLD_SIZE`). Without a secret
-//! one is derived from the job id the launcher exports, and [`LaunchInfo::secret_is_derived`]
-//! says so (the caller logs a warning: set `R2CCL_SECRET` for real authentication).
+//! one is derived from public job facts (the job id the launcher exports, the root address,
+//! the world size), which anyone who knows them can compute: that is allowed only when the root
+//! is on this host (loopback), or when [`INSECURE_SECRET_ENV`] is `1`; [`LaunchInfo::secret_is_derived`]
+//! says so (the caller logs a warning). Errors never echo a secret. Variables that are not
+//! UTF-8 are ignored, not a panic.
 
 use super::{Secret, UniqueId};
 use std::collections::BTreeMap;
+
+/// Opt-in, by name insecure, to a secret derived from public job facts on a multi-host run.
+pub const INSECURE_SECRET_ENV: &str = "R2CCL_INSECURE_DERIVED_SECRET";
 
 /// Which launcher convention supplied the rank and size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +57,16 @@ pub enum LaunchError {
     /// No rendezvous address.
     #[error("no rendezvous address: set R2CCL_UNIQUE_ID, R2CCL_ROOT=host:port, or MASTER_ADDR and MASTER_PORT")]
     NoRoot,
+    /// No secret for a rendezvous beyond this host.
+    #[error(
+        "no R2CCL_SECRET or R2CCL_UNIQUE_ID for a rendezvous at {root}, which is not on this host: a secret derived \
+         from the job id would let anyone who knows it join or forge data; set R2CCL_SECRET (32 hex digits, the same \
+         on every rank), or {INSECURE_SECRET_ENV}=1 to accept the derived one"
+    )]
+    NoSecret {
+        /// The rendezvous address.
+        root: String,
+    },
     /// A variable that is present but unusable.
     #[error("environment variable {var}={value:?}: {why}")]
     Bad {
@@ -74,7 +90,10 @@ fn number(env: &BTreeMap<String, String>, var: &str) -> Result<Option<u32>, Laun
 impl LaunchInfo {
     /// Read the launch description from this process's environment.
     pub fn from_process_env() -> Result<Self, LaunchError> {
-        Self::from_env(&std::env::vars().collect())
+        // vars_os: a variable that is not UTF-8 (none of ours can be) is skipped, not a panic.
+        Self::from_env(
+            &std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect(),
+        )
     }
 
     /// Read the launch description from `env`.
@@ -102,7 +121,7 @@ impl LaunchInfo {
 
         let uid = env
             .get("R2CCL_UNIQUE_ID")
-            .map(|v| v.parse::<UniqueId>().map_err(|e| bad("R2CCL_UNIQUE_ID", v, e.to_string())))
+            .map(|v| v.parse::<UniqueId>().map_err(|e| bad("R2CCL_UNIQUE_ID", &super::uid::redacted(v), e.to_string())))
             .transpose()?;
         let root = match (&uid, env.get("R2CCL_ROOT"), env.get("MASTER_ADDR"), env.get("MASTER_PORT")) {
             (Some(u), ..) => u.root.to_string(),
@@ -132,11 +151,20 @@ impl LaunchInfo {
                     .iter()
                     .find_map(|v| env.get(*v).map(|j| format!("{v}={j}")))
                     .unwrap_or_default();
+                if !is_local(&root) && env.get(INSECURE_SECRET_ENV).map(String::as_str) != Some("1") {
+                    return Err(LaunchError::NoSecret { root });
+                }
                 (Secret::derive(&format!("{job}|{root}|{world_size}")), true)
             }
         };
         Ok(Self { rank, world_size, root, secret, source, secret_is_derived })
     }
+}
+
+/// Whether the `host:port` rendezvous address is on this host (loopback).
+fn is_local(root: &str) -> bool {
+    let host = root.rsplit_once(':').map_or(root, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -168,9 +196,10 @@ mod tests {
 
     #[test]
     fn launcher_conventions_in_order() {
-        let ompi = env(&[("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "3"), ("R2CCL_ROOT", "h:1")]);
+        let ompi = env(&[("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "3"), ("R2CCL_ROOT", "127.0.0.1:1")]);
         assert_eq!(LaunchInfo::from_env(&ompi).unwrap().source, LaunchSource::OpenMpi);
-        let slurm = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("R2CCL_ROOT", "h:1"), ("SLURM_JOB_ID", "77")]);
+        let slurm =
+            env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("R2CCL_ROOT", "127.0.0.1:1"), ("SLURM_JOB_ID", "77")]);
         let l = LaunchInfo::from_env(&slurm).unwrap();
         assert_eq!(l.source, LaunchSource::Slurm);
         assert!(l.secret_is_derived);
@@ -182,9 +211,47 @@ mod tests {
             ("SLURM_NTASKS", "2"),
             ("RANK", "1"),
             ("WORLD_SIZE", "2"),
-            ("R2CCL_ROOT", "h:1"),
+            ("R2CCL_ROOT", "127.0.0.1:1"),
         ]);
         assert_eq!(LaunchInfo::from_env(&both).unwrap().source, LaunchSource::Slurm);
+    }
+
+    #[test]
+    fn a_derived_secret_is_refused_beyond_this_host_unless_asked_for() {
+        let base = [("R2CCL_RANK", "1"), ("R2CCL_WORLD_SIZE", "2")];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            LaunchInfo::from_env(&env(&v))
+        };
+        let e = with(&[("R2CCL_ROOT", "10.1.2.3:29500")]).unwrap_err();
+        assert!(matches!(e, LaunchError::NoSecret { .. }), "{e}");
+        assert!(e.to_string().contains("R2CCL_SECRET"), "{e}");
+        assert!(with(&[("R2CCL_ROOT", "10.1.2.3:29500"), (INSECURE_SECRET_ENV, "1")]).unwrap().secret_is_derived);
+        for local in ["127.0.0.1:29500", "localhost:1", "[::1]:7"] {
+            assert!(with(&[("R2CCL_ROOT", local)]).unwrap().secret_is_derived, "{local}");
+        }
+        let s = "000102030405060708090a0b0c0d0e0f";
+        assert!(!with(&[("R2CCL_ROOT", "10.1.2.3:29500"), ("R2CCL_SECRET", s)]).unwrap().secret_is_derived);
+    }
+
+    #[test]
+    fn a_malformed_unique_id_is_not_echoed_with_its_secret() {
+        let secret = "000102030405060708090a0b0c0d0e0fZZ";
+        let id = format!("r2ccl1:127.0.0.1:4000:{secret}");
+        let e = LaunchInfo::from_env(&env(&[("R2CCL_UNIQUE_ID", &id), ("R2CCL_RANK", "1"), ("R2CCL_WORLD_SIZE", "2")]))
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("0a0b0c0d"), "{e}");
+        assert!(e.contains("127.0.0.1:4000"), "{e}");
+        let e = LaunchInfo::from_env(&env(&[
+            ("R2CCL_UNIQUE_ID", "nonsense-0a0b0c0d0e0f"),
+            ("R2CCL_RANK", "1"),
+            ("R2CCL_WORLD_SIZE", "2"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(!e.contains("0a0b0c0d"), "{e}");
     }
 
     #[test]

@@ -47,6 +47,12 @@ pub(crate) fn data_keys(secret: &Secret, session: &[u8; 16]) -> (HeaderKey, u64)
     (key, u64::from_le_bytes(b))
 }
 
+/// The secret of a communicator split off one whose secret is `parent`: every member derives it
+/// from the leader's random `nonce` and the color, so no secret is sent anywhere.
+pub(crate) fn split_secret(parent: &Secret, nonce: &[u8; 16], color: u32) -> Secret {
+    Secret::from_bytes(tag(parent, &[b"r2ccl split secret v1", nonce, &color.to_le_bytes()]))
+}
+
 /// A secret derived from public inputs (see [`Secret::derive`]): HMAC under a fixed key.
 pub(crate) fn derive_public(job: &str) -> [u8; 16] {
     let fixed = Secret::from_bytes(*b"r2ccl-derive-key");

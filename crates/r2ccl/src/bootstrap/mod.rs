@@ -2,10 +2,10 @@
 
 mod launch;
 pub(crate) mod mac;
-mod rendezvous;
+pub(crate) mod rendezvous;
 mod uid;
 mod wire;
 
-pub use launch::{LaunchError, LaunchInfo, LaunchSource};
+pub use launch::{LaunchError, LaunchInfo, LaunchSource, INSECURE_SECRET_ENV};
 pub use rendezvous::{join, BootstrapError, PeerInfo, RendezvousStats, Root, Table};
 pub use uid::{Secret, UniqueId, UniqueIdError};

@@ -154,17 +154,7 @@ fn handshake(mut stream: TcpStream, secret: &Secret) -> Result<Joined, String> {
     w.raw(MAGIC).u8(VERSION).raw(&nonce);
     write_frame(&mut stream, &w.0).map_err(|e| format!("sending challenge: {e}"))?;
     let frame = read_frame(&mut stream).map_err(|e| format!("reading hello: {e}"))?;
-    let mut r = Reader::new(&frame);
-    let parse = |r: &mut Reader<'_>| -> Result<_, WireError> {
-        let kind = r.u8()?;
-        let mac = r.array16()?;
-        let rank = r.u32()?;
-        let world = r.u32()?;
-        let info = decode_info(r)?;
-        r.finish()?;
-        Ok((kind, mac, rank, world, info))
-    };
-    let (kind, mac, rank, world, info) = parse(&mut r).map_err(|e| format!("malformed hello: {e}"))?;
+    let (kind, mac, rank, world, info) = parse_hello(&frame).map_err(|e| format!("malformed hello: {e}"))?;
     if kind != HELLO {
         return Err(format!("expected hello, got message kind {kind}"));
     }
@@ -177,6 +167,28 @@ fn handshake(mut stream: TcpStream, secret: &Secret) -> Result<Joined, String> {
     }
     stream.set_read_timeout(None).map_err(|e| e.to_string())?;
     Ok(Joined { rank, world, info, stream, nonce })
+}
+
+/// A joiner's hello: kind, tag, rank, world size, its info. Never panics, whatever the bytes.
+pub(crate) fn parse_hello(frame: &[u8]) -> Result<(u8, [u8; 16], u32, u32, PeerInfo), WireError> {
+    let mut r = Reader::new(frame);
+    let kind = r.u8()?;
+    let mac = r.array16()?;
+    let rank = r.u32()?;
+    let world = r.u32()?;
+    let info = decode_info(&mut r)?;
+    r.finish()?;
+    Ok((kind, mac, rank, world, info))
+}
+
+/// The rank table's payload: the session nonce, then one entry per rank. Never panics.
+pub(crate) fn parse_table(payload: &[u8]) -> Result<([u8; 16], Vec<PeerInfo>), WireError> {
+    let mut r = Reader::new(payload);
+    let session = r.array16()?;
+    let n = r.u32()?;
+    let t = (0..n).map(|_| decode_info(&mut r)).collect::<Result<Vec<_>, _>>()?;
+    r.finish()?;
+    Ok((session, t))
 }
 
 fn info_bytes(info: &PeerInfo) -> Vec<u8> {
@@ -408,15 +420,7 @@ pub fn join(
             if !tags_equal(&mac, &tag(secret, &[b"table", &nonce, payload])) {
                 return Err(BootstrapError::RootNotAuthentic(root.to_owned()));
             }
-            let mut r = Reader::new(payload);
-            let (session, table) = (|| {
-                let session = r.array16()?;
-                let n = r.u32()?;
-                let t = (0..n).map(|_| decode_info(&mut r)).collect::<Result<Vec<_>, _>>()?;
-                r.finish()?;
-                Ok::<_, WireError>((session, t))
-            })()
-            .map_err(|e| protocol(root, e))?;
+            let (session, table) = parse_table(payload).map_err(|e| protocol(root, e))?;
             let ordered = table.len() == world as usize && table.iter().enumerate().all(|(i, p)| p.rank == i as u32);
             if !ordered {
                 return Err(protocol(root, "rank table is not one entry per rank in order"));

@@ -97,11 +97,19 @@ impl fmt::Display for UniqueId {
     }
 }
 
+/// `s` as a unique id with whatever follows its last `:` (the secret) hidden, for error messages.
+pub(crate) fn redacted(s: &str) -> String {
+    match s.trim().rsplit_once(':') {
+        Some((head, _)) => format!("{head}:(secret hidden)"),
+        None => "(hidden: not HOST:PORT:SECRET)".into(),
+    }
+}
+
 impl FromStr for UniqueId {
     type Err = UniqueIdError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let rest = s.trim().strip_prefix(TAG).ok_or_else(|| UniqueIdError::Format(s.to_owned()))?;
-        let (addr, secret) = rest.rsplit_once(':').ok_or_else(|| UniqueIdError::Format(s.to_owned()))?;
+        let rest = s.trim().strip_prefix(TAG).ok_or_else(|| UniqueIdError::Format(redacted(s)))?;
+        let (addr, secret) = rest.rsplit_once(':').ok_or_else(|| UniqueIdError::Format(redacted(s)))?;
         let root = addr.parse().map_err(|_| UniqueIdError::Address(addr.to_owned()))?;
         Ok(Self { root, secret: Secret::from_hex(secret)? })
     }

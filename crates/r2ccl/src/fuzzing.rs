@@ -1,0 +1,108 @@
+//! Entry points for the cargo-fuzz targets in `fuzz/` (not API, hidden from the docs): the
+//! crate's private decoders fed arbitrary bytes. Each must return, never panic or hang; where a
+//! decoder has an encoder, what decodes must encode back to the same value.
+
+use crate::bootstrap::rendezvous::{parse_hello, parse_table};
+use crate::oob::{decode_frames, Channel, OobEvent, OobStats};
+use std::collections::VecDeque;
+
+/// The engine's frame kinds on the OOB `Detect` channel.
+const FRAME_CTRL: u8 = 0xC0;
+const FRAME_DETECT: u8 = 0xD0;
+
+/// An OOB byte stream delivered in the pieces `cuts` splits it into, every frame dispatched to
+/// the decoder of its channel (engine control, detection protocol, agreement views).
+pub fn oob_stream(bytes: &[u8], cuts: &[usize]) {
+    let stats = OobStats::default();
+    let mut buf = Vec::new();
+    let mut events = VecDeque::new();
+    let mut at = 0;
+    for &c in cuts.iter().chain(std::iter::once(&usize::MAX)) {
+        let end = c.min(bytes.len()).max(at);
+        buf.extend_from_slice(&bytes[at..end]);
+        at = end;
+        if decode_frames(&mut buf, 1, &stats, &mut events).is_err() {
+            break;
+        }
+    }
+    for ev in events {
+        if let OobEvent::Message { from, channel, payload } = ev {
+            match channel {
+                Channel::Detect => match payload.split_first() {
+                    Some((&FRAME_CTRL, rest)) => ctrl(rest),
+                    Some((&FRAME_DETECT, rest)) => detect(rest),
+                    _ => {}
+                },
+                Channel::Agree => agree_view(from, &payload),
+                Channel::Abort | Channel::Control | Channel::Heartbeat => {
+                    let _ = String::from_utf8_lossy(&payload);
+                }
+            }
+        }
+    }
+}
+
+/// An engine control frame; one that decodes re-encodes to the same frame's meaning.
+pub fn ctrl(bytes: &[u8]) {
+    if let Ok(c) = crate::ctrl::Ctrl::decode(bytes) {
+        assert_eq!(crate::ctrl::Ctrl::decode(&c.encode()), Ok(c), "control frame round trip");
+    }
+}
+
+/// An r2ccl-detect protocol frame; one that decodes re-encodes to the same message.
+pub fn detect(bytes: &[u8]) {
+    if let Ok(m) = r2ccl_detect::OobMessage::decode(bytes) {
+        assert_eq!(r2ccl_detect::OobMessage::decode(&m.encode()).as_ref(), Ok(&m), "detect frame round trip");
+    }
+}
+
+/// A health view of the agreement protocol.
+pub fn agree_view(from: u32, bytes: &[u8]) {
+    if let Ok((round, view)) = crate::agree::decode_view(from, bytes) {
+        let again = crate::agree::decode_view(from, &crate::agree::encode_view(round, &view));
+        assert_eq!(again.ok(), Some((round, view)), "agreement view round trip");
+    }
+}
+
+/// A rendezvous hello frame and a rank-table payload.
+pub fn rendezvous(bytes: &[u8]) {
+    let _ = parse_hello(bytes);
+    let _ = parse_table(bytes);
+}
+
+/// A rank's NIC blob from the rank table.
+pub fn nic_blob(bytes: &[u8]) {
+    if let Some(facts) = crate::comm::blob_facts(bytes) {
+        assert_eq!(crate::comm::blob_facts(&crate::comm::nic_blob(&facts)), Some(facts), "NIC blob round trip");
+    }
+}
+
+/// A unique id string; one that parses prints back to itself.
+pub fn unique_id(text: &str) {
+    if let Ok(id) = text.parse::<crate::UniqueId>() {
+        assert_eq!(id.to_string().parse::<crate::UniqueId>().ok(), Some(id), "unique id round trip");
+    }
+}
+
+/// A launch environment; an error never shows the secret it was given.
+pub fn launch_env(pairs: &[(String, String)]) {
+    let env: std::collections::BTreeMap<String, String> = pairs.iter().cloned().collect();
+    if let Err(e) = crate::bootstrap::LaunchInfo::from_env(&env) {
+        let text = e.to_string();
+        // A secret-looking string that no other variable (name or value) contains must not
+        // appear in the error.
+        let elsewhere = |key: &str, s: &str| env.iter().any(|(k, v)| k != key && (k.contains(s) || v.contains(s)));
+        if let Some(secret) = env.get("R2CCL_SECRET").filter(|s| s.len() >= 8) {
+            if !elsewhere("R2CCL_SECRET", secret) {
+                assert!(!text.contains(secret.as_str()), "R2CCL_SECRET echoed in {text:?}");
+            }
+        }
+        if let Some(uid) = env.get("R2CCL_UNIQUE_ID") {
+            if let Some((_, secret)) = uid.trim().rsplit_once(':').filter(|(_, s)| s.len() >= 8) {
+                if !elsewhere("R2CCL_UNIQUE_ID", secret) && !"(secret hidden)".contains(secret) {
+                    assert!(!text.contains(secret), "the unique id's secret echoed in {text:?}");
+                }
+            }
+        }
+    }
+}
