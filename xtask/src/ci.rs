@@ -91,6 +91,9 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         cmd_env("cargo", &["test", "-p", "r2ccl-ucx", "--test", "session_loopback"], &env)?;
         cmd_env("cargo", &["xtask", "e2e", "--retries", "1", "--scenario", "nic-down"], &env)
     })?;
+    step("fuzz: every target in fuzz/ for 20 s (nightly + libFuzzer, AddressSanitizer)", || {
+        cmd("cargo", &["xtask", "fuzz", "--seconds", "20"])
+    })?;
     step("cargo deny", || cmd("cargo", &["deny", "check", "licenses", "bans", "sources"]))?;
     println!("\nci: all checks passed in {:.0} s", t.elapsed().as_secs_f64());
     Ok(())

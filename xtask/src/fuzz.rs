@@ -12,9 +12,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-const USAGE: &str = "usage: cargo xtask fuzz [--seconds N] [--save] [TARGET...]
+const USAGE: &str = "usage: cargo xtask fuzz [--seconds N] [--save] [--stable] [TARGET...]
   builds fuzz/ with nightly + libFuzzer instrumentation, runs every target (or those named) for N
-  seconds each (default 20) on fuzz/corpus/TARGET; --save merges new inputs into fuzz/corpus";
+  seconds each (default 20) on fuzz/corpus/TARGET; --save merges new inputs into fuzz/corpus;
+  --stable (or no nightly installed) builds with the stable toolchain and RUSTC_BOOTSTRAP=1";
 
 /// libFuzzer's instrumentation, as cargo-fuzz passes it (plus AddressSanitizer for the unsafe code).
 const RUSTFLAGS: &str = "-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
@@ -32,16 +33,27 @@ fn targets(root: &Path) -> Result<Vec<String>> {
         .collect())
 }
 
+/// The toolchain's host triple (`rustc -vV`).
+fn host_triple(toolchain: &str) -> Result<String> {
+    let out = Command::new("rustc").args([toolchain, "-vV"]).output().context("running rustc -vV")?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .context("rustc -vV names no host")
+}
+
 pub(crate) fn main(args: &[String]) -> Result<()> {
     let root = crate::workspace_root();
     let mut seconds = 20u32;
     let mut save = false;
+    let mut stable = false;
     let mut chosen = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--seconds" => seconds = it.next().and_then(|v| v.parse().ok()).context(USAGE)?,
             "--save" => save = true,
+            "--stable" => stable = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -57,20 +69,32 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let run: Vec<String> = if chosen.is_empty() { all } else { chosen };
     let target_dir = root.join("target/fuzz/build");
     let start = Instant::now();
-    println!("$ RUSTFLAGS=... cargo +nightly build --release --manifest-path fuzz/Cargo.toml --bins");
-    let status = Command::new("cargo")
-        .args(["+nightly", "build", "--release", "--manifest-path", "fuzz/Cargo.toml", "--bins"])
+    // The -Z flags need nightly; where there is none (a machine with one toolchain), the stable
+    // compiler takes them with RUSTC_BOOTSTRAP=1, loudly.
+    let nightly = !stable && Command::new("rustc").args(["+nightly", "-V"]).output().is_ok_and(|o| o.status.success());
+    let toolchain = if nightly { "+nightly" } else { "+stable" };
+    if !nightly {
+        println!("******** fuzz: building with the stable toolchain and RUSTC_BOOTSTRAP=1 (no nightly, or --stable)");
+    }
+    // An explicit --target keeps RUSTFLAGS off build scripts and proc macros (as cargo-fuzz does).
+    let triple = host_triple(toolchain)?;
+    println!("$ RUSTFLAGS=... cargo {toolchain} build --release --manifest-path fuzz/Cargo.toml --bins --target {triple}");
+    let mut build = Command::new("cargo");
+    build
+        .args([toolchain, "build", "--release", "--manifest-path", "fuzz/Cargo.toml", "--bins", "--target", &triple])
         .env("RUSTFLAGS", RUSTFLAGS)
-        .env("CARGO_TARGET_DIR", &target_dir)
-        .status()
-        .context("running cargo +nightly (install the nightly toolchain: rustup toolchain install nightly)")?;
+        .env("CARGO_TARGET_DIR", target_dir.join(&toolchain[1..]));
+    if !nightly {
+        build.env("RUSTC_BOOTSTRAP", "1");
+    }
+    let status = build.status().context("running cargo")?;
     if !status.success() {
         bail!("building the fuzz targets failed ({status})");
     }
     println!("fuzz: built in {:.0} s", start.elapsed().as_secs_f64());
     let mut report = Vec::new();
     for t in &run {
-        let exe = target_dir.join("release").join(t);
+        let exe = target_dir.join(&toolchain[1..]).join(&triple).join("release").join(t);
         let corpus = root.join("fuzz/corpus").join(t);
         let work = root.join("target/fuzz").join(t);
         let artifacts = root.join("target/fuzz/artifacts").join(t);

@@ -89,20 +89,57 @@ pub fn launch_env(pairs: &[(String, String)]) {
     let env: std::collections::BTreeMap<String, String> = pairs.iter().cloned().collect();
     if let Err(e) = crate::bootstrap::LaunchInfo::from_env(&env) {
         let text = e.to_string();
-        // A secret-looking string that no other variable (name or value) contains must not
-        // appear in the error.
-        let elsewhere = |key: &str, s: &str| env.iter().any(|(k, v)| k != key && (k.contains(s) || v.contains(s)));
-        if let Some(secret) = env.get("R2CCL_SECRET").filter(|s| s.len() >= 8) {
+        // A secret-looking string that no other variable (name, value, or value as an error
+        // quotes it) contains must not appear in the error.
+        let elsewhere = |key: &str, s: &str| {
+            env.iter().any(|(k, v)| k != key && (k.contains(s) || v.contains(s) || format!("{v:?}").contains(s)))
+        };
+        // Secret-looking: 8 or more hex digits (no fixed message text has such a run).
+        let hex = |s: &&str| s.len() >= 8 && s.bytes().all(|b| b.is_ascii_hexdigit());
+        if let Some(secret) = env.get("R2CCL_SECRET").map(String::as_str).filter(hex) {
             if !elsewhere("R2CCL_SECRET", secret) {
-                assert!(!text.contains(secret.as_str()), "R2CCL_SECRET echoed in {text:?}");
+                assert!(!text.contains(secret), "R2CCL_SECRET echoed in {text:?}");
             }
         }
         if let Some(uid) = env.get("R2CCL_UNIQUE_ID") {
-            if let Some((_, secret)) = uid.trim().rsplit_once(':').filter(|(_, s)| s.len() >= 8) {
-                if !elsewhere("R2CCL_UNIQUE_ID", secret) && !"(secret hidden)".contains(secret) {
+            if let Some((head, secret)) = uid.trim().rsplit_once(':').filter(|(_, s)| hex(s)) {
+                let in_head = head.contains(secret) || format!("{head:?}").contains(secret);
+                if !elsewhere("R2CCL_UNIQUE_ID", secret) && !in_head && !"(secret hidden)".contains(secret) {
                     assert!(!text.contains(secret), "the unique id's secret echoed in {text:?}");
                 }
             }
         }
     }
+}
+
+/// The launcher variables [`launch_env_records`] names by index.
+const LAUNCH_VARS: [&str; 16] = [
+    "R2CCL_RANK",
+    "R2CCL_WORLD_SIZE",
+    "R2CCL_ROOT",
+    "R2CCL_SECRET",
+    "R2CCL_UNIQUE_ID",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_JOB_ID",
+    "TORCHELASTIC_RUN_ID",
+    "R2CCL_INSECURE_DERIVED_SECRET",
+];
+
+/// [`launch_env`] on records separated by 0xFF, each a variable index byte then the value.
+pub fn launch_env_records(data: &[u8]) {
+    let pairs: Vec<(String, String)> = data
+        .split(|&b| b == 0xFF)
+        .filter_map(|rec| {
+            let (&i, v) = rec.split_first()?;
+            Some((LAUNCH_VARS[usize::from(i) % LAUNCH_VARS.len()].to_owned(), String::from_utf8_lossy(v).into_owned()))
+        })
+        .collect();
+    launch_env(&pairs);
 }
