@@ -78,7 +78,9 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     }
     // An explicit --target keeps RUSTFLAGS off build scripts and proc macros (as cargo-fuzz does).
     let triple = host_triple(toolchain)?;
-    println!("$ RUSTFLAGS=... cargo {toolchain} build --release --manifest-path fuzz/Cargo.toml --bins --target {triple}");
+    println!(
+        "$ RUSTFLAGS=... cargo {toolchain} build --release --manifest-path fuzz/Cargo.toml --bins --target {triple}"
+    );
     let mut build = Command::new("cargo");
     build
         .args([toolchain, "build", "--release", "--manifest-path", "fuzz/Cargo.toml", "--bins", "--target", &triple])
@@ -125,7 +127,10 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
             files(&work)
         );
         if !out.status.success() {
-            eprintln!("{}", text.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n"));
+            eprintln!(
+                "{}",
+                text.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
             report.push(t.clone());
         }
         if save && out.status.success() {

@@ -15,10 +15,11 @@ use std::fmt;
 pub struct HealthEpoch(pub u64);
 
 impl HealthEpoch {
-    /// The epoch after this one.
+    /// The epoch after this one (saturating: a peer-sent `u64::MAX` stays there rather than
+    /// overflow).
     #[must_use]
     pub const fn next(self) -> Self {
-        Self(self.0 + 1)
+        Self(self.0.saturating_add(1))
     }
 }
 

@@ -74,7 +74,12 @@ fn perftest_exe() -> String {
 
 fn perftest_bw(tb: &Testbed, iters: u32) -> Option<f64> {
     let exe = perftest_exe();
-    let env = [("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "rail0")];
+    // A tree's ucx_perftest finds its own libraries only through the library path.
+    let mut lib_path = r2ccl_ucx_sys::BUILT_UCX_LIBDIR.to_owned();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        lib_path = format!("{lib_path}:{}", old.to_string_lossy());
+    }
+    let env = [("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "rail0"), ("LD_LIBRARY_PATH", lib_path.as_str())];
     let mut server = Command::new("ip");
     server.args(["netns", "exec", &tb.node_ns(1), &exe, "-t", "tag_bw", "-s", "4194304", "-n"]);
     server

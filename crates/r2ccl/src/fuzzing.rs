@@ -3,25 +3,56 @@
 //! decoder has an encoder, what decodes must encode back to the same value.
 
 use crate::bootstrap::rendezvous::{parse_hello, parse_table};
-use crate::oob::{decode_frames, Channel, OobEvent, OobStats};
+use crate::oob::{decode_frames, Channel, FrameKey, OobEvent, OobStats};
 use std::collections::VecDeque;
 
 /// The engine's frame kinds on the OOB `Detect` channel.
 const FRAME_CTRL: u8 = 0xC0;
 const FRAME_DETECT: u8 = 0xD0;
 
-/// An OOB byte stream delivered in the pieces `cuts` splits it into, every frame dispatched to
-/// the decoder of its channel (engine control, detection protocol, agreement views).
-pub fn oob_stream(bytes: &[u8], cuts: &[usize]) {
+/// The key of [`oob_stream`]'s connection.
+const OOB_KEY: [u8; 32] = [0x33; 32];
+
+/// An OOB byte stream delivered in the pieces `cuts` splits it into, verified under a fixed
+/// key, every frame dispatched to the decoder of its channel (engine control, detection
+/// protocol, agreement views). With `sealed`, the bytes are first read as records (channel
+/// byte, u16 length, payload) and sent as correctly tagged frames, so the fuzzer reaches the
+/// decoders behind the tag; otherwise they are the raw stream (a stranger's, refused at its
+/// first frame).
+pub fn oob_stream(bytes: &[u8], cuts: &[usize], sealed: bool) {
     let stats = OobStats::default();
+    let stream = if sealed {
+        let mut tx = FrameKey::new(&OOB_KEY);
+        let mut wire = Vec::new();
+        let mut rest = bytes;
+        while let [ch, l0, l1, tail @ ..] = rest {
+            let len = usize::from(u16::from_le_bytes([*l0, *l1])).min(tail.len());
+            let channel = match ch % 5 {
+                0 => Channel::Heartbeat,
+                1 => Channel::Detect,
+                2 => Channel::Agree,
+                3 => Channel::Abort,
+                _ => Channel::Control,
+            };
+            if tx.seal_into(&mut wire, channel, &tail[..len]).is_err() {
+                break;
+            }
+            rest = &tail[len..];
+        }
+        wire
+    } else {
+        bytes.to_vec()
+    };
+    let mut rx = FrameKey::new(&OOB_KEY);
     let mut buf = Vec::new();
     let mut events = VecDeque::new();
     let mut at = 0;
     for &c in cuts.iter().chain(std::iter::once(&usize::MAX)) {
-        let end = c.min(bytes.len()).max(at);
-        buf.extend_from_slice(&bytes[at..end]);
+        let end = c.min(stream.len()).max(at);
+        buf.extend_from_slice(&stream[at..end]);
         at = end;
-        if decode_frames(&mut buf, 1, &stats, &mut events).is_err() {
+        if decode_frames(&mut buf, &mut rx, 1, &stats, &mut events).is_err() {
+            assert!(!sealed, "a correctly tagged stream was refused");
             break;
         }
     }

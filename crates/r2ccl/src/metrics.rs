@@ -8,8 +8,14 @@
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use r2ccl_core::subsys;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Most bytes of a request (line and headers) the exporter reads.
+const MAX_REQUEST: usize = 8 << 10;
+/// How long one request may take to arrive, whole, and its answer to leave.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 
 /// `r2ccl_nic_up{node,nic}`: 1 while a NIC carries traffic, 0 while failed.
 pub const NIC_UP: &str = "r2ccl_nic_up";
@@ -137,20 +143,44 @@ pub fn install_prometheus(addr: SocketAddr) -> Result<(SocketAddr, PrometheusHan
     Ok((bound, handle))
 }
 
+/// The request line of a request that arrived whole (up to the blank line) within
+/// [`REQUEST_DEADLINE`] and [`MAX_REQUEST`] bytes; `None` for anything slower, longer or broken
+/// (a slow-drip client holds the exporter for the deadline at most).
+fn read_request(stream: &mut TcpStream) -> Option<String> {
+    let deadline = Instant::now() + REQUEST_DEADLINE;
+    let mut buf: Vec<u8> = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && !buf.windows(2).any(|w| w == b"\n\n") {
+        let left = deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero())?;
+        stream.set_read_timeout(Some(left)).ok()?;
+        let n = stream.read(&mut chunk).ok().filter(|&n| n > 0)?;
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > MAX_REQUEST {
+            return None;
+        }
+    }
+    let text = String::from_utf8_lossy(&buf);
+    Some(text.lines().next().unwrap_or("").to_owned())
+}
+
 fn serve(listener: &TcpListener, handle: &PrometheusHandle) {
+    let mut backoff = Duration::from_millis(10);
     for stream in listener.incoming() {
-        let Ok(mut stream) = stream else { continue };
-        let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(2)));
-        let mut first = String::new();
-        let mut reader = BufReader::new(&stream);
-        if reader.read_line(&mut first).is_err() {
-            continue;
-        }
-        // Drain the request headers.
-        let mut line = String::new();
-        while reader.read_line(&mut line).map(|n| n > 2).unwrap_or(false) {
-            line.clear();
-        }
+        let mut stream = match stream {
+            Ok(s) => {
+                backoff = Duration::from_millis(10);
+                s
+            }
+            Err(e) => {
+                // Out of descriptors and the like: wait rather than spin.
+                tracing::debug!(target: subsys::METRICS, error = %e, "accept failed");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let Some(first) = read_request(&mut stream) else { continue };
+        let _ = stream.set_write_timeout(Some(REQUEST_DEADLINE));
         let (status, body) = if first.starts_with("GET /metrics") || first.starts_with("GET / ") {
             ("200 OK", handle.render())
         } else {

@@ -86,6 +86,70 @@ fn strangers_are_dropped_and_counted_while_ranks_join() {
     let _ = silent.read(&mut buf);
 }
 
+/// Read the root's challenge, then drip a plausible hello one byte every `gap`: the root cuts the
+/// connection at its handshake deadline (2 s in all), however slowly the bytes come. Returns
+/// how long the root kept it after accepting it.
+fn drip(addr: &str, gap: Duration) -> Duration {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).unwrap();
+    let mut challenge = vec![0u8; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut challenge).unwrap();
+    // The handshake's clock starts when the root accepted (it sent the challenge then).
+    let t = Instant::now();
+    for b in [200u8, 0, 0, 0].iter().chain([1u8; 200].iter()) {
+        if s.write_all(&[*b]).is_err() {
+            break;
+        }
+        std::thread::sleep(gap);
+        let mut probe = [0u8; 1];
+        s.set_nonblocking(true).unwrap();
+        let closed = matches!(s.read(&mut probe), Ok(0));
+        s.set_nonblocking(false).unwrap();
+        if closed {
+            break;
+        }
+    }
+    t.elapsed()
+}
+
+#[test]
+fn slow_drip_oversized_and_many_strangers_do_not_stall_the_rendezvous() {
+    let world = 3;
+    let (addr, secret, root) = start_root(world, Duration::from_secs(20));
+    // 100 silent strangers (more than the 64 handshakes in progress at once), two slow-drip ones,
+    // and one announcing a 16 MiB hello.
+    let silent: Vec<TcpStream> = (0..100).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    let drips: Vec<_> = (0..2)
+        .map(|_| {
+            let addr = addr.clone();
+            thread::spawn(move || drip(&addr, Duration::from_millis(300)))
+        })
+        .collect();
+    let mut big = TcpStream::connect(&addr).unwrap();
+    let _ = big.write_all(&(16u32 << 20).to_le_bytes());
+    let start = Instant::now();
+    let joiners: Vec<_> = (1..world)
+        .map(|r| {
+            let (addr, secret) = (addr.clone(), secret.clone());
+            thread::spawn(move || join(&addr, &secret, world, info(r), Instant::now() + Duration::from_secs(15)))
+        })
+        .collect();
+    for j in joiners {
+        assert_eq!(j.join().unwrap().unwrap().len(), world as usize);
+    }
+    let took = start.elapsed();
+    let (_, rejected) = root.join().unwrap().unwrap();
+    for d in drips {
+        let held = d.join().unwrap();
+        assert!(held < Duration::from_millis(3500), "a slow-drip stranger was held {held:?}, past the 2 s deadline");
+    }
+    // The ranks queue behind at most two rounds of 64 silent strangers (2 s each).
+    assert!(took < Duration::from_secs(9), "the ranks joined in {took:?}");
+    assert!(rejected >= 64, "the strangers were counted: {rejected}");
+    drop(silent);
+}
+
 #[test]
 fn missing_rank_is_a_bounded_error_naming_it() {
     let world = 4;

@@ -14,7 +14,7 @@ fn past_fuzz_failures_pass() {
         let data = std::fs::read(&path).unwrap();
         match name.split('-').next().unwrap() {
             "launch_env" => r2ccl::fuzzing::launch_env_records(&data),
-            "oob_stream" => r2ccl::fuzzing::oob_stream(&data, &[]),
+            "oob_stream" => r2ccl::fuzzing::oob_stream(&data, &[], false),
             "ctrl_frame" => r2ccl::fuzzing::ctrl(&data),
             "rendezvous" => r2ccl::fuzzing::rendezvous(&data),
             "unique_id" => r2ccl::fuzzing::unique_id(&String::from_utf8_lossy(&data)),

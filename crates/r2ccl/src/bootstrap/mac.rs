@@ -47,6 +47,18 @@ pub(crate) fn data_keys(secret: &Secret, session: &[u8; 16]) -> (HeaderKey, u64)
     (key, u64::from_le_bytes(b))
 }
 
+/// The 32-byte key of one direction (`dir`) of an OOB connection between `connector` and
+/// `acceptor`, from the secret and both sides' handshake nonces: fresh per connection.
+pub(crate) fn oob_key(
+    secret: &Secret,
+    dir: &[u8],
+    nonces: (&[u8; 16], &[u8; 16]),
+    connector: u32,
+    acceptor: u32,
+) -> [u8; 32] {
+    full(secret, &[b"r2ccl oob key v1", dir, nonces.0, nonces.1, &connector.to_le_bytes(), &acceptor.to_le_bytes()])
+}
+
 /// The secret of a communicator split off one whose secret is `parent`: every member derives it
 /// from the leader's random `nonce` and the color, so no secret is sent anywhere.
 pub(crate) fn split_secret(parent: &Secret, nonce: &[u8; 16], color: u32) -> Secret {

@@ -4,7 +4,7 @@ mod launch;
 pub(crate) mod mac;
 pub(crate) mod rendezvous;
 mod uid;
-mod wire;
+pub(crate) mod wire;
 
 pub use launch::{LaunchError, LaunchInfo, LaunchSource, INSECURE_SECRET_ENV};
 pub use rendezvous::{join, BootstrapError, PeerInfo, RendezvousStats, Root, Table};

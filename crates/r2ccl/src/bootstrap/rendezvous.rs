@@ -4,7 +4,7 @@
 //! every wait is bounded by the caller's deadline.
 
 use super::mac::{tag, tags_equal};
-use super::wire::{read_frame, write_frame, Reader, WireError, Writer};
+use super::wire::{read_frame, read_frame_max, write_frame, Deadlined, Reader, WireError, Writer};
 use super::{Secret, UniqueId};
 use r2ccl_core::subsys;
 use std::io;
@@ -17,8 +17,12 @@ const VERSION: u8 = 2;
 const HELLO: u8 = 1;
 const TABLE: u8 = 2;
 const ABORT: u8 = 3;
-/// How long one connection may take to authenticate before it is dropped.
+/// How long one connection may take to authenticate, in all, before it is dropped.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(2);
+/// Largest hello a joiner may send before it has proven the secret.
+const MAX_HELLO: usize = 64 << 10;
+/// Most handshakes in progress at once (one thread each); more connections wait in the backlog.
+const MAX_HANDSHAKES: usize = 64;
 
 /// What each rank publishes to every other rank at bootstrap.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,14 +150,14 @@ struct Joined {
 }
 
 /// Authenticate one incoming connection (runs on its own thread, bounded by `HANDSHAKE_LIMIT`).
-fn handshake(mut stream: TcpStream, secret: &Secret) -> Result<Joined, String> {
-    stream.set_read_timeout(Some(HANDSHAKE_LIMIT)).map_err(|e| e.to_string())?;
-    stream.set_write_timeout(Some(HANDSHAKE_LIMIT)).map_err(|e| e.to_string())?;
+fn handshake(stream: TcpStream, secret: &Secret) -> Result<Joined, String> {
+    // One deadline for the whole exchange, not per read: a slow-drip stranger is cut off.
+    let mut io = Deadlined { stream: &stream, deadline: Instant::now() + HANDSHAKE_LIMIT };
     let nonce = random_nonce()?;
     let mut w = Writer::default();
     w.raw(MAGIC).u8(VERSION).raw(&nonce);
-    write_frame(&mut stream, &w.0).map_err(|e| format!("sending challenge: {e}"))?;
-    let frame = read_frame(&mut stream).map_err(|e| format!("reading hello: {e}"))?;
+    write_frame(&mut io, &w.0).map_err(|e| format!("sending challenge: {e}"))?;
+    let frame = read_frame_max(&mut io, MAX_HELLO).map_err(|e| format!("reading hello: {e}"))?;
     let (kind, mac, rank, world, info) = parse_hello(&frame).map_err(|e| format!("malformed hello: {e}"))?;
     if kind != HELLO {
         return Err(format!("expected hello, got message kind {kind}"));
@@ -166,6 +170,7 @@ fn handshake(mut stream: TcpStream, secret: &Secret) -> Result<Joined, String> {
         return Err(format!("hello for rank {rank} carries info of rank {}", info.rank));
     }
     stream.set_read_timeout(None).map_err(|e| e.to_string())?;
+    stream.set_write_timeout(Some(HANDSHAKE_LIMIT)).map_err(|e| e.to_string())?;
     Ok(Joined { rank, world, info, stream, nonce })
 }
 
@@ -271,6 +276,7 @@ impl Root {
         let (tx, rx) = mpsc::channel::<(SocketAddr, Result<Joined, String>)>();
         let mut joined: Vec<Option<Joined>> = (0..world).map(|_| None).collect();
         let mut count = 1u32;
+        let mut in_progress = 0usize;
         let fail = |joined: &mut Vec<Option<Joined>>, err: BootstrapError| {
             let reason = err.to_string();
             for j in joined.iter_mut().flatten() {
@@ -285,24 +291,41 @@ impl Root {
                 let waited_ms = start.elapsed().as_millis() as u64;
                 return Err(fail(&mut joined, BootstrapError::Timeout { missing, waited_ms }));
             }
-            match self.listener.accept() {
-                Ok((stream, peer)) => {
-                    let tx = tx.clone();
-                    let secret = self.secret.clone();
-                    std::thread::spawn(move || {
-                        let r = stream
-                            .set_nonblocking(false)
-                            .map_err(|e| e.to_string())
-                            .and_then(|()| handshake(stream, &secret));
-                        // The receiver is gone only if the rendezvous already ended.
-                        let _ = tx.send((peer, r));
-                    });
+            // Accept until the backlog is empty (thousands of ranks join within the loop's first
+            // rounds), with at most MAX_HANDSHAKES in progress; the rest wait in the backlog.
+            while in_progress < MAX_HANDSHAKES {
+                match self.listener.accept() {
+                    Ok((stream, peer)) => {
+                        let tx = tx.clone();
+                        let secret = self.secret.clone();
+                        let spawned = std::thread::Builder::new().name("r2ccl-rendezvous".into()).spawn(move || {
+                            let r = stream
+                                .set_nonblocking(false)
+                                .map_err(|e| e.to_string())
+                                .and_then(|()| handshake(stream, &secret));
+                            // The receiver is gone only if the rendezvous already ended.
+                            let _ = tx.send((peer, r));
+                        });
+                        match spawned {
+                            Ok(_) => in_progress += 1,
+                            Err(e) => {
+                                stats.rejected += 1;
+                                tracing::warn!(target: subsys::BOOTSTRAP, %peer, error = %e, "no thread for a bootstrap handshake; connection dropped");
+                            }
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => {}
+                    Err(e) => {
+                        // Out of descriptors and the like: retry on the next round, not fail the job.
+                        tracing::warn!(target: subsys::BOOTSTRAP, error = %e, "accept failed; retrying");
+                        break;
+                    }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(fail(&mut joined, io_err("accepting a connection")(e))),
             }
             let wait = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(5));
             while let Ok((peer, result)) = rx.recv_timeout(wait) {
+                in_progress = in_progress.saturating_sub(1);
                 match result {
                     Err(why) => {
                         stats.rejected += 1;

@@ -9,7 +9,7 @@ pub(crate) const MAX_FRAME: usize = 16 << 20;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
     /// The frame announced more bytes than allowed.
-    #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    #[error("frame of {0} bytes exceeds the limit")]
     TooLarge(usize),
     /// The message ended before a field did.
     #[error("message truncated at byte {0}")]
@@ -34,15 +34,53 @@ pub(crate) fn write_frame(w: &mut impl Write, payload: &[u8]) -> io::Result<()> 
 
 /// Read one frame; the IO error kind tells timeouts from closed connections.
 pub(crate) fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
+    read_frame_max(r, MAX_FRAME)
+}
+
+/// Read one frame of at most `max` bytes (a stranger's before it authenticates: kilobytes).
+pub(crate) fn read_frame_max(r: &mut impl Read, max: usize) -> io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_FRAME {
+    if len > max {
         return Err(io::Error::new(io::ErrorKind::InvalidData, WireError::TooLarge(len)));
     }
     let mut buf = vec![0u8; len];
     r.read_exact(&mut buf)?;
     Ok(buf)
+}
+
+/// A socket whose reads and writes all end by one deadline: each sets the socket timeout to
+/// the time left, so a peer that sends a byte now and then cannot stretch a handshake.
+pub(crate) struct Deadlined<'a> {
+    pub(crate) stream: &'a std::net::TcpStream,
+    pub(crate) deadline: std::time::Instant,
+}
+
+impl Deadlined<'_> {
+    fn left(&self) -> io::Result<std::time::Duration> {
+        self.deadline
+            .checked_duration_since(std::time::Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::TimedOut, "handshake deadline passed"))
+    }
+}
+
+impl Read for Deadlined<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.left()?))?;
+        (&mut &*self.stream).read(buf)
+    }
+}
+
+impl Write for Deadlined<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.left()?))?;
+        (&mut &*self.stream).write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        (&mut &*self.stream).flush()
+    }
 }
 
 /// Appends fields to a message.

@@ -2,20 +2,31 @@
 //! the bootstrap network (never a data NIC), carrying detection messages, health-view
 //! agreement and aborts, with heartbeats so a dead peer is noticed within the peer timeout.
 //!
-//! Threads: one heartbeat sender and one acceptor that drops and counts strangers for the
+//! Both ends of a connection prove the job secret ([`hello`]) and every frame carries a tag
+//! under the connection's key for its direction over a sequence number ([`frame`]): a relay
+//! cannot inject, replay or reorder frames. Writes never block: each peer has a queue that is
+//! written as far as its socket takes, and a peer whose queue has not drained for the peer
+//! timeout (or grew past 64 MiB) is cut off, which its reader sees as the connection lost.
+//!
+//! Threads: one heartbeat sender (it also drains the queues) and one acceptor that runs each
+//! handshake on a thread of its own (at most 16 at once) and drops and counts strangers for the
 //! mesh's lifetime. Reading is done by the thread that asks for events
 //! ([`OobMesh::recv_deadline`], the progress thread once the communicator runs): non-blocking
 //! reads of every connection, so a control message reaches the engine without a hand-off
 //! between threads; [`OobMesh::fds`] lets that thread sleep in `poll(2)` on the connections too.
 
+mod frame;
+mod hello;
+
+pub(crate) use frame::{decode_frames, FrameKey};
+
 use crate::bootstrap::{PeerInfo, Secret};
-use crate::bootstrap_mac::{tag, tags_equal};
 use r2ccl_core::subsys;
 use std::collections::VecDeque;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -96,22 +107,74 @@ pub enum OobError {
     NoSuchRank(u32),
 }
 
-const MAX_PAYLOAD: usize = 16 << 20;
 const HELLO_LIMIT: Duration = Duration::from_secs(2);
 
-fn write_msg(stream: &mut TcpStream, channel: Channel, payload: &[u8]) -> io::Result<()> {
-    let mut buf = Vec::with_capacity(5 + payload.len());
-    frame_into(&mut buf, channel, payload)?;
-    stream.write_all(&buf)
+/// Most bytes queued for one peer before it counts as stuck.
+const MAX_QUEUE: usize = 64 << 20;
+/// Most OOB handshakes in progress at once.
+const MAX_HANDSHAKES: usize = 16;
+
+/// One connection's write side: frames are tagged in order into `queue`, which is written
+/// without blocking as far as the socket takes.
+struct PeerOut {
+    stream: TcpStream,
+    key: FrameKey,
+    queue: Vec<u8>,
+    /// Since when the queue has been waiting on a full socket.
+    stuck_since: Option<Instant>,
+    /// Why the connection was cut off, if it was.
+    broken: Option<String>,
 }
 
-/// Append one frame (length, channel, payload) to `buf`.
-fn frame_into(buf: &mut Vec<u8>, channel: Channel, payload: &[u8]) -> io::Result<()> {
-    let len = u32::try_from(payload.len() + 1).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too large"))?;
-    buf.extend_from_slice(&len.to_le_bytes());
-    buf.push(channel as u8);
-    buf.extend_from_slice(payload);
-    Ok(())
+impl PeerOut {
+    /// Queue one frame and write what the socket takes.
+    fn send(&mut self, channel: Channel, payload: &[u8], timeout: Duration) -> io::Result<()> {
+        if let Some(why) = &self.broken {
+            return Err(io::Error::new(io::ErrorKind::BrokenPipe, why.clone()));
+        }
+        self.key.seal_into(&mut self.queue, channel, payload)?;
+        self.flush(timeout)
+    }
+
+    /// Write what the socket takes; cut the connection off when the peer has not read for
+    /// `timeout` or the queue is too long (its reader then sees the connection lost).
+    fn flush(&mut self, timeout: Duration) -> io::Result<()> {
+        if let Some(why) = &self.broken {
+            return Err(io::Error::new(io::ErrorKind::BrokenPipe, why.clone()));
+        }
+        while !self.queue.is_empty() {
+            match (&self.stream).write(&self.queue) {
+                Ok(0) => return self.cut("the connection took no bytes".into()),
+                Ok(n) => {
+                    self.queue.drain(..n);
+                    self.stuck_since = None;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let since = *self.stuck_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > timeout || self.queue.len() > MAX_QUEUE {
+                        let why = format!(
+                            "peer read nothing for {} ms ({} bytes queued)",
+                            since.elapsed().as_millis(),
+                            self.queue.len()
+                        );
+                        return self.cut(why);
+                    }
+                    return Ok(());
+                }
+                Err(e) => return self.cut(format!("write failed: {e}")),
+            }
+        }
+        Ok(())
+    }
+
+    fn cut(&mut self, why: String) -> io::Result<()> {
+        tracing::warn!(target: subsys::BOOTSTRAP, %why, "OOB connection cut off");
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        self.queue = Vec::new();
+        self.broken = Some(why.clone());
+        Err(io::Error::new(io::ErrorKind::BrokenPipe, why))
+    }
 }
 
 /// Counters of the mesh.
@@ -126,7 +189,9 @@ pub struct OobStats {
 /// One rank's end of the mesh.
 pub struct OobMesh {
     rank: u32,
-    writers: Vec<Option<Arc<Mutex<TcpStream>>>>,
+    writers: Vec<Option<Arc<Mutex<PeerOut>>>>,
+    /// A peer that read nothing for this long is cut off.
+    peer_timeout: Duration,
     inbox: Mutex<Inbox>,
     stats: Arc<OobStats>,
     shutdown: Arc<AtomicBool>,
@@ -143,6 +208,8 @@ struct Inbox {
 /// One connection's read side.
 struct PeerIn {
     stream: TcpStream,
+    /// Verifies the peer's frames.
+    key: FrameKey,
     /// Bytes received and not yet decoded (at most one partial frame after a pump).
     buf: Vec<u8>,
     /// When the last byte arrived (heartbeats included).
@@ -160,8 +227,7 @@ enum ReadOutcome {
 }
 
 impl PeerIn {
-    /// Read what the socket holds without blocking (the socket itself stays blocking for the
-    /// writers that share it).
+    /// Read what the socket holds without blocking.
     fn read_some(&mut self) -> ReadOutcome {
         const READ: usize = 64 * 1024;
         self.buf.reserve(READ);
@@ -187,44 +253,11 @@ impl PeerIn {
         }
     }
 
-    /// Decode the complete frames in the buffer; an impossible length loses the peer.
+    /// Decode and verify the complete frames in the buffer; an impossible length or a frame
+    /// that does not verify loses the peer.
     fn decode(&mut self, from: u32, stats: &OobStats, out: &mut VecDeque<OobEvent>) -> Result<(), String> {
-        decode_frames(&mut self.buf, from, stats, out)
+        decode_frames(&mut self.buf, &mut self.key, from, stats, out)
     }
-}
-
-/// Take the complete frames off the front of `buf` (what a peer's connection delivered so far)
-/// as events; an impossible length is an error (the peer is lost). Never panics, whatever the
-/// bytes.
-pub(crate) fn decode_frames(
-    buf: &mut Vec<u8>,
-    from: u32,
-    stats: &OobStats,
-    out: &mut VecDeque<OobEvent>,
-) -> Result<(), String> {
-    let mut at = 0;
-    while buf.len() - at >= 4 {
-        let len = u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]) as usize;
-        if len == 0 || len > MAX_PAYLOAD + 1 {
-            return Err(format!("connection error: bad OOB frame length {len}"));
-        }
-        if buf.len() - at - 4 < len {
-            break;
-        }
-        let ch = buf[at + 4];
-        let payload = &buf[at + 5..at + 4 + len];
-        match Channel::from_u8(ch) {
-            Some(Channel::Heartbeat) => {}
-            Some(channel) => out.push_back(OobEvent::Message { from, channel, payload: payload.to_vec() }),
-            None => {
-                stats.malformed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(target: subsys::BOOTSTRAP, peer = from, channel = ch, "dropped OOB frame with unknown channel");
-            }
-        }
-        at += 4 + len;
-    }
-    buf.drain(..at);
-    Ok(())
 }
 
 impl Inbox {
@@ -274,45 +307,6 @@ impl Inbox {
     }
 }
 
-/// Accept-side handshake: challenge, then the connector proves the secret and names its rank.
-fn accept_hello(stream: &mut TcpStream, secret: &Secret, world: u32) -> Result<u32, String> {
-    stream.set_read_timeout(Some(HELLO_LIMIT)).map_err(|e| e.to_string())?;
-    stream.set_write_timeout(Some(HELLO_LIMIT)).map_err(|e| e.to_string())?;
-    let nonce = *Secret::generate().map_err(|e| e.to_string())?.bytes();
-    stream.write_all(&nonce).map_err(|e| format!("sending challenge: {e}"))?;
-    let mut reply = [0u8; 20];
-    stream.read_exact(&mut reply).map_err(|e| format!("reading hello: {e}"))?;
-    let rank = u32::from_le_bytes([reply[0], reply[1], reply[2], reply[3]]);
-    let mut mac = [0u8; 16];
-    mac.copy_from_slice(&reply[4..]);
-    if !tags_equal(&mac, &tag(secret, &[b"oob-hello", &nonce, &rank.to_le_bytes()])) {
-        return Err("does not prove the job secret".into());
-    }
-    if rank >= world {
-        return Err(format!("claims rank {rank} of {world}"));
-    }
-    Ok(rank)
-}
-
-fn connect_hello(addr: &str, secret: &Secret, rank: u32, deadline: Instant) -> io::Result<TcpStream> {
-    loop {
-        match TcpStream::connect(addr) {
-            Ok(mut s) => {
-                let limit = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-                s.set_read_timeout(Some(limit))?;
-                let mut nonce = [0u8; 16];
-                s.read_exact(&mut nonce)?;
-                let mut hello = rank.to_le_bytes().to_vec();
-                hello.extend_from_slice(&tag(secret, &[b"oob-hello", &nonce, &rank.to_le_bytes()]));
-                s.write_all(&hello)?;
-                return Ok(s);
-            }
-            Err(e) if Instant::now() >= deadline => return Err(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
-
 impl OobMesh {
     /// Connect to every peer in `table` (lower ranks accept, higher ranks connect) by
     /// `deadline`. `listener` is this rank's OOB listener (its address is in the table).
@@ -332,53 +326,81 @@ impl OobMesh {
         let start = Instant::now();
         let stats = Arc::new(OobStats::default());
         let shutdown = Arc::new(AtomicBool::new(false));
-        let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+        let mut streams: Vec<Option<(TcpStream, hello::Keys)>> = (0..world).map(|_| None).collect();
         for peer in table.iter().filter(|p| p.rank < rank) {
-            let s = connect_hello(&peer.oob_addr, secret, rank, deadline)
+            let s = hello::connect(&peer.oob_addr, secret, rank, peer.rank, deadline)
                 .map_err(|source| OobError::Io { rank: peer.rank, source })?;
             streams[peer.rank as usize] = Some(s);
         }
         let expected: u32 = world - rank - 1;
-        let (acc_tx, acc_rx) = crossbeam_channel::unbounded::<(u32, TcpStream)>();
+        let (acc_tx, acc_rx) = crossbeam_channel::unbounded::<(u32, TcpStream, hello::Keys)>();
         {
             let (secret, stats, shutdown) = (secret.clone(), stats.clone(), shutdown.clone());
             if let Err(source) = listener.set_nonblocking(true) {
                 return Err(OobError::Io { rank, source });
             }
-            std::thread::spawn(move || {
+            // Each handshake on a thread of its own (at most MAX_HANDSHAKES at once): a silent
+            // stranger holds one of them for HELLO_LIMIT, never the acceptor.
+            let busy = Arc::new(AtomicUsize::new(0));
+            let accept = move || {
                 while !shutdown.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((mut s, addr)) => {
-                            let verdict = s
-                                .set_nonblocking(false)
-                                .map_err(|e| e.to_string())
-                                .and_then(|()| accept_hello(&mut s, &secret, world));
-                            match verdict {
-                                Ok(r) if r > rank && acc_tx.send((r, s)).is_ok() => {}
-                                Ok(r) => {
-                                    stats.rejected.fetch_add(1, Ordering::Relaxed);
-                                    tracing::warn!(target: subsys::BOOTSTRAP, %addr, r, "rejected unexpected OOB connection");
-                                }
-                                Err(why) => {
-                                    stats.rejected.fetch_add(1, Ordering::Relaxed);
-                                    tracing::warn!(target: subsys::BOOTSTRAP, %addr, %why, "rejected OOB connection");
+                    if busy.load(Ordering::Relaxed) >= MAX_HANDSHAKES {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    let (s, addr) = match listener.accept() {
+                        Ok(x) => x,
+                        Err(_) => {
+                            std::thread::sleep(Duration::from_millis(10));
+                            continue;
+                        }
+                    };
+                    let (secret, stats2, acc_tx, busy2) = (secret.clone(), stats.clone(), acc_tx.clone(), busy.clone());
+                    busy.fetch_add(1, Ordering::Relaxed);
+                    let run = move || {
+                        let verdict = s
+                            .set_nonblocking(false)
+                            .map_err(|e| e.to_string())
+                            .and_then(|()| hello::accept(&s, &secret, rank, world, HELLO_LIMIT));
+                        match verdict {
+                            Ok((r, keys)) if r > rank => {
+                                // The mesh may be built (or given up) already: then it is a stray.
+                                if acc_tx.send((r, s, keys)).is_err() {
+                                    stats2.rejected.fetch_add(1, Ordering::Relaxed);
                                 }
                             }
+                            Ok((r, _)) => {
+                                stats2.rejected.fetch_add(1, Ordering::Relaxed);
+                                tracing::warn!(target: subsys::BOOTSTRAP, %addr, r, "rejected unexpected OOB connection");
+                            }
+                            Err(why) => {
+                                stats2.rejected.fetch_add(1, Ordering::Relaxed);
+                                tracing::warn!(target: subsys::BOOTSTRAP, %addr, %why, "rejected OOB connection");
+                            }
                         }
-                        Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                        busy2.fetch_sub(1, Ordering::Relaxed);
+                    };
+                    if std::thread::Builder::new().name("r2ccl-oob-hello".into()).spawn(run).is_err() {
+                        // No thread: the connection (moved into the closure) is dropped.
+                        busy.fetch_sub(1, Ordering::Relaxed);
+                        stats.rejected.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-            });
+            };
+            std::thread::Builder::new()
+                .name("r2ccl-oob-accept".into())
+                .spawn(accept)
+                .map_err(|source| OobError::Io { rank, source })?;
         }
         let mut accepted = 0;
         while accepted < expected {
             let remaining = deadline.saturating_duration_since(Instant::now());
             match acc_rx.recv_timeout(remaining) {
-                Ok((r, s)) if streams[r as usize].is_none() => {
-                    streams[r as usize] = Some(s);
+                Ok((r, s, k)) if streams[r as usize].is_none() => {
+                    streams[r as usize] = Some((s, k));
                     accepted += 1;
                 }
-                Ok((r, _)) => {
+                Ok((r, ..)) => {
                     stats.rejected.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(target: subsys::BOOTSTRAP, r, "rejected duplicate OOB connection");
                 }
@@ -393,35 +415,45 @@ impl OobMesh {
         let mut peers = Vec::with_capacity(world as usize);
         let heard = Instant::now();
         for (peer, s) in streams.into_iter().enumerate() {
-            let Some(s) = s else {
+            let Some((s, keys)) = s else {
                 writers.push(None);
                 peers.push(None);
                 continue;
             };
+            let io = |source| OobError::Io { rank: peer as u32, source };
             // Control messages are small and latency-bound: no Nagle delay.
-            s.set_nodelay(true).map_err(|source| OobError::Io { rank: peer as u32, source })?;
-            let reader = s.try_clone().map_err(|source| OobError::Io { rank: peer as u32, source })?;
-            // Heartbeat writes must not block forever on a dead peer's full buffer.
-            s.set_write_timeout(Some(peer_timeout)).map_err(|source| OobError::Io { rank: peer as u32, source })?;
-            peers.push(Some(PeerIn { stream: reader, buf: Vec::new(), heard }));
-            writers.push(Some(Arc::new(Mutex::new(s))));
+            s.set_nodelay(true).map_err(io)?;
+            // Reads (MSG_DONTWAIT) and writes (queued) never block.
+            s.set_nonblocking(true).map_err(io)?;
+            let reader = s.try_clone().map_err(io)?;
+            peers.push(Some(PeerIn { stream: reader, key: keys.inbound, buf: Vec::new(), heard }));
+            let out = PeerOut { stream: s, key: keys.outbound, queue: Vec::new(), stuck_since: None, broken: None };
+            writers.push(Some(Arc::new(Mutex::new(out))));
         }
-        let beat: Vec<Arc<Mutex<TcpStream>>> = writers.iter().flatten().cloned().collect();
+        let beat: Vec<Arc<Mutex<PeerOut>>> = writers.iter().flatten().cloned().collect();
         let stop = shutdown.clone();
         let period = peer_timeout / 4;
-        std::thread::spawn(move || {
+        let heartbeat = move || {
             while !stop.load(Ordering::Relaxed) {
                 for w in &beat {
-                    if let Ok(mut s) = w.lock() {
-                        // A failed heartbeat shows up as PeerLost on the reader side.
-                        let _ = write_msg(&mut s, Channel::Heartbeat, &[]);
-                    }
+                    let mut out = w.lock().unwrap_or_else(PoisonError::into_inner);
+                    // A heartbeat behind queued frames adds nothing; the queue is drained either
+                    // way. A peer cut off shows up as PeerLost on the reader side.
+                    let _ = if out.queue.is_empty() {
+                        out.send(Channel::Heartbeat, &[], peer_timeout)
+                    } else {
+                        out.flush(peer_timeout)
+                    };
                 }
                 std::thread::sleep(period);
             }
-        });
+        };
+        std::thread::Builder::new()
+            .name("r2ccl-oob-heartbeat".into())
+            .spawn(heartbeat)
+            .map_err(|source| OobError::Io { rank, source })?;
         let inbox = Inbox { peers, events: VecDeque::new(), timeout: peer_timeout };
-        Ok(Self { rank, writers, inbox: Mutex::new(inbox), stats, shutdown })
+        Ok(Self { rank, writers, peer_timeout, inbox: Mutex::new(inbox), stats, shutdown })
     }
 
     /// This rank.
@@ -430,12 +462,13 @@ impl OobMesh {
         self.rank
     }
 
-    /// Send `payload` on `channel` to `to`.
+    /// Send `payload` on `channel` to `to`: queued in order and written as far as the socket
+    /// takes, never blocking.
     pub fn send(&self, to: u32, channel: Channel, payload: &[u8]) -> Result<(), OobError> {
         let w =
             self.writers.get(to as usize).ok_or(OobError::NoSuchRank(to))?.as_ref().ok_or(OobError::NoSuchRank(to))?;
-        let mut s = w.lock().map_err(|_| OobError::PeerGone(to))?;
-        write_msg(&mut s, channel, payload).map_err(|source| OobError::Io { rank: to, source })
+        let mut out = w.lock().map_err(|_| OobError::PeerGone(to))?;
+        out.send(channel, payload, self.peer_timeout).map_err(|source| OobError::Io { rank: to, source })
     }
 
     /// Send several messages to one peer on one channel in a single write (in order): a
@@ -444,12 +477,15 @@ impl OobMesh {
     pub fn send_many(&self, to: u32, channel: Channel, payloads: &[Vec<u8>]) -> Result<(), OobError> {
         let w =
             self.writers.get(to as usize).ok_or(OobError::NoSuchRank(to))?.as_ref().ok_or(OobError::NoSuchRank(to))?;
-        let mut buf = Vec::with_capacity(payloads.iter().map(|p| 5 + p.len()).sum());
-        for p in payloads {
-            frame_into(&mut buf, channel, p).map_err(|source| OobError::Io { rank: to, source })?;
+        let mut out = w.lock().map_err(|_| OobError::PeerGone(to))?;
+        if let Some(why) = &out.broken {
+            return Err(OobError::Io { rank: to, source: io::Error::new(io::ErrorKind::BrokenPipe, why.clone()) });
         }
-        let mut s = w.lock().map_err(|_| OobError::PeerGone(to))?;
-        s.write_all(&buf).map_err(|source| OobError::Io { rank: to, source })
+        let PeerOut { key, queue, .. } = &mut *out;
+        for p in payloads {
+            key.seal_into(queue, channel, p).map_err(|source| OobError::Io { rank: to, source })?;
+        }
+        out.flush(self.peer_timeout).map_err(|source| OobError::Io { rank: to, source })
     }
 
     /// Send to every peer; returns the ranks that could not be reached.
@@ -463,6 +499,7 @@ impl OobMesh {
     /// The next event, or `None` if nothing arrives by `deadline` (a deadline already passed
     /// still reads what the connections hold, without blocking).
     pub fn recv_deadline(&self, deadline: Instant) -> Option<OobEvent> {
+        self.flush_queues();
         loop {
             let fds = {
                 let mut inbox = self.inbox.lock().unwrap_or_else(PoisonError::into_inner);
@@ -491,6 +528,18 @@ impl OobMesh {
         }
     }
 
+    /// Write what the sockets take of every peer's queued frames (never waiting on a lock a
+    /// sender holds: that sender flushes itself).
+    fn flush_queues(&self) {
+        for w in self.writers.iter().flatten() {
+            if let Ok(mut out) = w.try_lock() {
+                if !out.queue.is_empty() {
+                    let _ = out.flush(self.peer_timeout);
+                }
+            }
+        }
+    }
+
     /// The connections' descriptors, to `poll(2)` for readability beside other sources (then
     /// call [`OobMesh::recv_deadline`] with a passed deadline to take what arrived).
     pub fn fds(&self) -> Vec<RawFd> {
@@ -509,10 +558,13 @@ impl Drop for OobMesh {
     fn drop(&mut self) {
         self.shutdown.store(true, Ordering::Relaxed);
         for w in self.writers.iter().flatten() {
-            if let Ok(s) = w.lock() {
-                // Closing both directions tells every peer at once (it reads end of file).
-                let _ = s.shutdown(std::net::Shutdown::Both);
+            let out = w.lock().unwrap_or_else(PoisonError::into_inner);
+            // What is queued goes out if the socket takes it now; then closing both directions
+            // tells every peer at once (it reads end of file).
+            if out.broken.is_none() && !out.queue.is_empty() {
+                let _ = (&out.stream).write(&out.queue);
             }
+            let _ = out.stream.shutdown(std::net::Shutdown::Both);
         }
     }
 }
