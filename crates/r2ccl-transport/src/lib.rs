@@ -29,6 +29,7 @@ mod chunkset;
 pub mod fabric;
 pub mod harness;
 mod ids;
+pub mod script;
 mod session;
 mod stripe;
 mod topology;

@@ -5,15 +5,14 @@
 //! (`Transport::can_place`) are received into a buffer; a refused header posts no payload receive.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use r2ccl_core::{NicId, Rank};
+use r2ccl_core::Rank;
 use r2ccl_transport::harness::HARNESS_KEY;
+use r2ccl_transport::script::Script;
 use r2ccl_transport::HeaderMac;
 use r2ccl_transport::{
-    Buffer, ChunkHeader, ChunkId, ChunkProblem, CommId, Completion, CompletionKind, MemHandle, PathFault, PathId,
-    PayloadId, PayloadInto, RequestId, Session, SessionConfig, SessionEvent, Topology, TransferKey, Transport,
-    TransportError, TransportEvent, WireError,
+    Buffer, ChunkHeader, ChunkId, ChunkProblem, CommId, CompletionKind, MemHandle, PathFault, PathId, PayloadId,
+    PayloadInto, Session, SessionConfig, SessionEvent, Topology, TransferKey, Transport, WireError,
 };
-use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 fn mac() -> HeaderMac {
@@ -23,112 +22,6 @@ fn mac() -> HeaderMac {
 /// Chunk size: the 2 x 8192-byte transfer below has two chunks.
 const CS: u32 = 8192;
 const LEN: usize = 2 * CS as usize;
-
-/// One rank's backend whose completions the test writes: it records what the session posts.
-#[derive(Default)]
-struct Script {
-    regions: BTreeMap<MemHandle, Vec<u8>>,
-    next: u64,
-    events: VecDeque<TransportEvent>,
-    /// Receives posted, in order.
-    recvs: Vec<(RequestId, PathId)>,
-    /// Payload receives posted, in order.
-    payloads: Vec<(RequestId, PathId, PayloadId, PayloadInto)>,
-    cancelled: Vec<RequestId>,
-    recycled: usize,
-    /// `can_place` says no.
-    unplaceable: bool,
-}
-
-impl Script {
-    fn id(&mut self) -> RequestId {
-        self.next += 1;
-        RequestId(self.next)
-    }
-
-    fn complete(&mut self, req: RequestId, path: PathId, kind: CompletionKind) {
-        self.events.push_back(TransportEvent::Completion(Completion { req, path, kind }));
-    }
-
-    /// The oldest posted receive not yet used (the test completes each at most once).
-    fn take_recv(&mut self) -> (RequestId, PathId) {
-        self.recvs.remove(0)
-    }
-}
-
-impl Transport for Script {
-    fn rank(&self) -> Rank {
-        Rank(1)
-    }
-    fn local_nics(&self) -> Vec<NicId> {
-        vec![NicId::new(1, 0)]
-    }
-    fn register(&mut self, len: usize) -> Result<MemHandle, TransportError> {
-        let h = MemHandle(self.next + 1000);
-        self.next += 1;
-        self.regions.insert(h, vec![0; len]);
-        Ok(h)
-    }
-    fn deregister(&mut self, handle: MemHandle) -> Result<(), TransportError> {
-        self.regions.remove(&handle).map(drop).ok_or(TransportError::UnknownHandle(handle))
-    }
-    fn region(&self, handle: MemHandle) -> Result<&[u8], TransportError> {
-        self.regions.get(&handle).map(Vec::as_slice).ok_or(TransportError::UnknownHandle(handle))
-    }
-    fn region_mut(&mut self, handle: MemHandle) -> Result<&mut [u8], TransportError> {
-        self.regions.get_mut(&handle).map(Vec::as_mut_slice).ok_or(TransportError::UnknownHandle(handle))
-    }
-    fn post_send(
-        &mut self,
-        _now: Duration,
-        _path: PathId,
-        _header: &[u8],
-        _src: MemHandle,
-        _offset: usize,
-        _len: usize,
-    ) -> Result<RequestId, TransportError> {
-        Ok(self.id())
-    }
-    fn post_recv(&mut self, _now: Duration, path: PathId, _capacity: usize) -> Result<RequestId, TransportError> {
-        let id = self.id();
-        self.recvs.push((id, path));
-        Ok(id)
-    }
-    fn post_payload_recv(
-        &mut self,
-        _now: Duration,
-        path: PathId,
-        payload: PayloadId,
-        into: PayloadInto,
-    ) -> Result<RequestId, TransportError> {
-        let id = self.id();
-        self.payloads.push((id, path, payload, into));
-        Ok(id)
-    }
-    fn can_place(&self, _region: MemHandle, _offset: usize, _len: usize) -> bool {
-        !self.unplaceable
-    }
-    fn post_probe(&mut self, _now: Duration, _path: PathId) -> Result<RequestId, TransportError> {
-        Ok(self.id())
-    }
-    fn cancel(&mut self, _now: Duration, req: RequestId) -> Result<(), TransportError> {
-        self.cancelled.push(req);
-        Ok(())
-    }
-    fn cancel_path(&mut self, _now: Duration, _path: PathId) -> usize {
-        0
-    }
-    fn progress(&mut self, _now: Duration) {}
-    fn poll_event(&mut self) -> Option<TransportEvent> {
-        self.events.pop_front()
-    }
-    fn poll_timeout(&self) -> Option<Duration> {
-        None
-    }
-    fn recycle(&mut self, _buf: Vec<u8>) {
-        self.recycled += 1;
-    }
-}
 
 fn key() -> TransferKey {
     TransferKey::new(1, 0, 0, 0, 1)

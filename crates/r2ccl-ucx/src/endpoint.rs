@@ -2,7 +2,7 @@
 //! for the owning path.
 
 use crate::error::{Status, UcxError};
-use crate::request::{wait_raw, Request, SendBuf};
+use crate::request::{wait_raw, Orphan, Request, SendBuf};
 use crate::sockaddr::RawSockaddr;
 use crate::worker::{WorkerAddress, WorkerShared};
 use r2ccl_ucx_sys as sys;
@@ -216,22 +216,19 @@ impl Endpoint {
     }
 }
 
-/// Close `ep` by force without waiting: a close still in progress finishes inside later progress and
-/// releases its request itself.
+/// Close `ep` by force without waiting. A close still in progress comes back as an orphan holding
+/// `keep` (the endpoint's error-callback state, which UCX may still call until the close finishes),
+/// to park on the worker until UCX lets go; a close finished at once drops `keep` here.
 ///
 /// # Safety
 /// The caller holds the lock of `ep`'s live worker; `ep` is live and never used again.
-pub(crate) unsafe fn close_force_nowait(ep: sys::ucp_ep_h) {
+pub(crate) unsafe fn close_force_nowait(ep: sys::ucp_ep_h, keep: Box<dyn Send>) -> Option<Orphan> {
     let mut param = zeroed_param();
     param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = sys::UCP_EP_CLOSE_FLAG_FORCE;
     // SAFETY: the caller guarantees a live endpoint under the worker lock.
     let ptr = unsafe { sys::ucp_ep_close_nbx(ep, &param) };
-    if sys::ucs_ptr_is_ptr(ptr) {
-        // SAFETY: a request UCX returned; freeing it before completion is allowed (no callback is set,
-        // UCX releases it when the close finishes).
-        unsafe { sys::ucp_request_free(ptr) };
-    }
+    sys::ucs_ptr_is_ptr(ptr).then(|| Orphan::new(ptr, keep))
 }
 
 impl Drop for Endpoint {

@@ -159,6 +159,11 @@ pub(crate) struct Orphan {
 unsafe impl Send for Orphan {}
 
 impl Orphan {
+    /// A request UCX still owns, kept with `keep` until it lets go.
+    pub(crate) fn new(raw: *mut c_void, keep: Box<dyn Send>) -> Self {
+        Self { raw, _buffer: keep }
+    }
+
     /// Free the request if UCX finished it; true when released.
     ///
     /// # Safety

@@ -128,14 +128,16 @@ impl Locked<'_> {
         let events = unsafe { sys::ucp_worker_progress(self.handle) };
         self.accept_incoming();
         if self.state.accepted.iter().any(|a| a.state.failure().is_some()) {
-            self.state.accepted.retain(|a| {
-                if a.state.failure().is_none() {
-                    return true;
+            let (failed, live): (Vec<Accepted>, Vec<Accepted>) =
+                std::mem::take(&mut self.state.accepted).into_iter().partition(|a| a.state.failure().is_some());
+            self.state.accepted = live;
+            for a in failed {
+                // SAFETY: a live endpoint of this worker, lock held; never used again. Its error
+                // state stays alive with the close until UCX lets go of it.
+                if let Some(o) = unsafe { close_force_nowait(a.handle, Box::new(a.state)) } {
+                    self.state.orphans.push(o);
                 }
-                // SAFETY: a live endpoint of this worker, lock held; never used again.
-                unsafe { close_force_nowait(a.handle) };
-                false
-            });
+            }
             self.drain_missed_events();
         }
         if !self.state.orphans.is_empty() {
@@ -224,8 +226,11 @@ impl Drop for WorkerShared {
                 unsafe { sys::ucp_listener_destroy(l.handle) };
             }
             for a in std::mem::take(&mut locked.state.accepted) {
-                // SAFETY: a live endpoint of this worker, lock held; never used again.
-                unsafe { close_force_nowait(a.handle) };
+                // SAFETY: a live endpoint of this worker, lock held; never used again. Its error
+                // state is kept with the close request until after the worker is destroyed.
+                if let Some(o) = unsafe { close_force_nowait(a.handle, Box::new(a.state)) } {
+                    locked.state.orphans.push(o);
+                }
             }
             locked.drain_missed_events();
         }

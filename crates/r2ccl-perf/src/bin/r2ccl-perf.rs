@@ -10,6 +10,9 @@ use r2ccl_core::{DType, Rank, ReduceOp};
 use r2ccl_perf::args::{Coll, PerfArgs};
 use r2ccl_perf::report::{self, Measure, Report, Row};
 use std::process::{Command, ExitCode};
+
+/// The descriptor of the rendezvous listener `launch` hands rank 0.
+const ROOT_FD_ENV: &str = "R2PERF_ROOT_FD";
 use std::time::{Duration, Instant};
 
 const USAGE: &str = "usage:
@@ -102,7 +105,11 @@ fn launch(argv: &[String]) -> Result<bool> {
     if n == 0 || n > 64 || nics == 0 || nics > 8 {
         bail!("launch: -n must be 1..=64 and --nics 1..=8");
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    // The rendezvous listener is bound here and handed to rank 0 open (ROOT_FD_ENV), never
+    // released and bound again: another process could take the port in between.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let root_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
     let secret = r2ccl::bootstrap::Secret::generate()?.to_hex();
     let exe = std::env::current_exe()?;
     let nic_list = vec!["lo"; nics].join(",");
@@ -124,9 +131,24 @@ fn launch(argv: &[String]) -> Result<bool> {
         }
         if r != 0 {
             cmd.stdout(std::process::Stdio::null());
+        } else {
+            cmd.env(ROOT_FD_ENV, root_fd.to_string());
+            // SAFETY: between fork and exec, only fcntl (async-signal-safe) on a descriptor this
+            // process owns: rank 0 inherits the listener instead of it being closed at exec.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    let flags = libc::fcntl(root_fd, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(root_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         children.push(cmd.spawn().with_context(|| format!("starting rank {r}"))?);
     }
+    // Rank 0 holds it now.
+    drop(listener);
     let mut ok = true;
     for (r, mut c) in children.into_iter().enumerate() {
         let status = c.wait()?;
@@ -315,8 +337,17 @@ fn rank_main(argv: &[String]) -> Result<bool> {
     if args.root >= world {
         bail!("-r {}: root must be below the world size {world}", args.root);
     }
+    // `launch` hands rank 0 the listener it bound (ROOT_FD_ENV), so that no other process can
+    // take the port between its bind and ours.
+    let inherited = std::env::var(ROOT_FD_ENV).ok().filter(|_| rank == 0).and_then(|v| v.parse::<i32>().ok());
+    let root = inherited.map(|fd| {
+        // SAFETY: `launch` passed this descriptor open, without close-on-exec, to this process
+        // only, and nothing else here owns it.
+        let l = unsafe { <std::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        r2ccl::Root::from_listener(l, launch.secret.clone())
+    });
     // R2CCL_FAULT drives the e2e scenarios' software faults.
-    let comm = CommBuilder::from_env(cfg)?.fault_injection_from_env(true).init()?;
+    let comm = CommBuilder::from_env(cfg)?.root(root).fault_injection_from_env(true).init()?;
     let timeout = if args.timeout_s == 0 { Duration::from_secs(120) } else { Duration::from_secs(args.timeout_s) };
     let main = rank == 0;
     if main {
