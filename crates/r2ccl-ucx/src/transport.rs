@@ -17,9 +17,10 @@
 //! header's payload receive, and a stranger who connects to a listener but cannot read the traffic
 //! cannot guess the tag of a payload receive (1 in 2^59 per message), while the header itself carries
 //! a keyed tag (`r2ccl_transport::wire`). Probe replies are unguessable the same way: a forged
-//! reply cannot make a dead path look alive. A message longer than the receive posted for its tag
-//! (a stranger's) is dropped and handed to the session as an empty message, which it counts as
-//! malformed: never a path failure. The receiver
+//! reply cannot make a dead path look alive. A header receive that fails (a message longer than any
+//! chunk, or a stranger's rendezvous abandoned half way: tags match any endpoint) is handed to the
+//! session as an empty message, which it counts as malformed and re-posts: never a path failure
+//! unless the NIC itself is down. The receiver
 //! reports the header ([`CompletionKind::Header`]); the session decides where the payload goes, and
 //! [`Transport::post_payload_recv`] posts a receive for exactly that tag, straight into the destination
 //! region where it can (`SessionConfig::place_payloads`, [`Transport::can_place`]; UCX's rendezvous then

@@ -888,6 +888,12 @@ fn nic_facts(nics: &[String], configured: u64, file: Option<&r2ccl_topo::NodeTop
         .collect()
 }
 
+/// How many collectives ahead of this rank a peer's health views and argument descriptions are
+/// kept (a peer runs ahead by the collectives already queued; the rest is dropped and counted).
+const PEER_AHEAD: u64 = 4096;
+/// Longest argument description kept from a peer, bytes.
+const MAX_DESC: usize = 4096;
+
 /// NUMA node "unknown" in a blob.
 const NO_NUMA: u32 = u32::MAX;
 
@@ -1587,8 +1593,14 @@ impl Progress {
                                 tracing::warn!(target: subsys::BOOTSTRAP, from, %e, "refused a health view");
                             }
                         }
-                    } else if mine.is_none_or(|m| round > m) {
-                        self.stash.entry(round).or_default().push((from, view));
+                    } else if mine.is_none_or(|m| round > m) && round <= self.seq.saturating_add(PEER_AHEAD) {
+                        // Bounded: rounds at most PEER_AHEAD ahead, one view per peer and round.
+                        let views = self.stash.entry(round).or_default();
+                        views.retain(|(f, _)| *f != from);
+                        views.push((from, view));
+                    } else {
+                        crate::metrics::count_malformed("oob", 1);
+                        tracing::debug!(target: subsys::BOOTSTRAP, from, round, "dropped a health view for a round too far ahead");
                     }
                 }
                 Err(e) => {
@@ -1602,7 +1614,8 @@ impl Progress {
                     return;
                 }
                 let seq = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
-                let theirs = String::from_utf8_lossy(&payload[8..]).into_owned();
+                // A description is a line of text: at most MAX_DESC bytes are kept.
+                let theirs = String::from_utf8_lossy(&payload[8..payload.len().min(8 + MAX_DESC)]).into_owned();
                 match self.descs.remove(&(seq, from)) {
                     Some(mine) if mine != theirs => {
                         let text =
@@ -1612,8 +1625,13 @@ impl Progress {
                         self.fail(current, CommError::Mismatch { seq, detail: text });
                     }
                     Some(_) => {}
-                    None => {
+                    // Kept for a collective this rank has not reached, at most PEER_AHEAD ahead.
+                    None if seq >= self.seq && seq <= self.seq.saturating_add(PEER_AHEAD) => {
                         self.peer_descs.insert((seq, from), theirs);
+                    }
+                    None => {
+                        crate::metrics::count_malformed("oob", 1);
+                        tracing::debug!(target: subsys::BOOTSTRAP, from, seq, "dropped a description for a collective out of range");
                     }
                 }
             }

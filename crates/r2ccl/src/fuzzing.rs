@@ -174,3 +174,21 @@ pub fn launch_env_records(data: &[u8]) {
         .collect();
     launch_env(&pairs);
 }
+
+/// A metrics request received in the pieces `cuts` splits it into: each prefix parses without
+/// panic, nothing past the size limit is accepted, and a request that ends its headers within the
+/// limit is accepted once whole, whatever the pieces.
+pub fn metrics_request(bytes: &[u8], cuts: &[usize]) {
+    use crate::metrics::{request_line, Request};
+    let mut seen = Vec::new();
+    for &c in cuts.iter().chain(std::iter::once(&bytes.len())) {
+        seen = bytes[..c.min(bytes.len()).max(seen.len())].to_vec();
+        if let Request::Complete(line) = request_line(&seen) {
+            assert!(!line.contains('\n'), "a request line holds no newline");
+            return;
+        }
+    }
+    if let Request::Complete(_) = request_line(bytes) {
+        panic!("a whole request was not seen through its pieces");
+    }
+}

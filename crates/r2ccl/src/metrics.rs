@@ -150,17 +150,42 @@ fn read_request(stream: &mut TcpStream) -> Option<String> {
     let deadline = Instant::now() + REQUEST_DEADLINE;
     let mut buf: Vec<u8> = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && !buf.windows(2).any(|w| w == b"\n\n") {
+    loop {
+        match request_line(&buf) {
+            Request::Complete(line) => return Some(line),
+            Request::TooLong => return None,
+            Request::Partial => {}
+        }
         let left = deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero())?;
         stream.set_read_timeout(Some(left)).ok()?;
         let n = stream.read(&mut chunk).ok().filter(|&n| n > 0)?;
         buf.extend_from_slice(&chunk[..n]);
-        if buf.len() > MAX_REQUEST {
-            return None;
-        }
     }
-    let text = String::from_utf8_lossy(&buf);
-    Some(text.lines().next().unwrap_or("").to_owned())
+}
+
+/// What the bytes of a request received so far amount to.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Request {
+    /// Not yet the blank line that ends the headers.
+    Partial,
+    /// A whole request: its first line.
+    Complete(String),
+    /// More than [`MAX_REQUEST`] bytes: dropped.
+    TooLong,
+}
+
+/// Parse the bytes received so far (sans-IO, so it can be fuzzed). Never panics.
+pub(crate) fn request_line(buf: &[u8]) -> Request {
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").or_else(|| buf.windows(2).position(|w| w == b"\n\n"));
+    match end {
+        Some(at) if at <= MAX_REQUEST => {
+            let text = String::from_utf8_lossy(&buf[..at]);
+            Request::Complete(text.lines().next().unwrap_or("").to_owned())
+        }
+        Some(_) => Request::TooLong,
+        None if buf.len() > MAX_REQUEST => Request::TooLong,
+        None => Request::Partial,
+    }
 }
 
 fn serve(listener: &TcpListener, handle: &PrometheusHandle) {
