@@ -3,6 +3,6 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = r2ccl_ucx::fuzz_parse_blob(data);
+    let _ = r2ccl_ucx::parse_address_blob(data);
     let _ = r2ccl_ucx::WorkerAddress::from_bytes(data.to_vec()).socket_addr();
 });

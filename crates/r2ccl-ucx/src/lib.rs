@@ -72,14 +72,8 @@ pub use memory::{MemRegion, RegionSlice};
 pub use netlink::{ifindex, is_running, parse_link_messages, LinkChange, LinkMonitor};
 pub use rail::{probe_seq, NicEndpointSet, PeerEndpoints, Rail, PROBE_TAG_BIT};
 pub use request::{wait_all, Pending, RecvBuf, Request, SendBuf, CANCEL_GRACE};
-pub use transport::{FiredFault, UcxTransport, UcxTransportConfig, UcxTransportError, FAULT_ENV};
+pub use transport::{parse_address_blob, FiredFault, UcxTransport, UcxTransportConfig, UcxTransportError, FAULT_ENV};
 pub use worker::{Worker, WorkerAddress};
-
-/// Whether `blob` parses as an address blob (for `fuzz/`, not API).
-#[doc(hidden)]
-pub fn fuzz_parse_blob(blob: &[u8]) -> bool {
-    transport::parse_blob_for_fuzzing(blob)
-}
 
 /// The UCX library version this process runs with, as `major.minor.release`.
 pub fn ucx_version() -> (u32, u32, u32) {

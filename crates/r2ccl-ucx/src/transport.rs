@@ -1251,16 +1251,16 @@ fn outcome(nics: &[Nic], kind: Kind, rail: usize, req: &mut Request<DataBuf>) ->
             buf.truncate(n);
             // A split header ends with its payload's tag; one that does not name a payload tag is
             // handed over whole, for the session to refuse as malformed.
-            let named = buf.len().checked_sub(PAYLOAD_TAG_LEN).and_then(|at| {
+            let named = split.then(|| buf.len().checked_sub(PAYLOAD_TAG_LEN)).flatten().and_then(|at| {
                 let t = u64::from_le_bytes(<[u8; PAYLOAD_TAG_LEN]>::try_from(&buf[at..]).ok()?);
                 (t & !(PAYLOAD_BIT | PAYLOAD_RANDOM) == 0 && t & PAYLOAD_BIT != 0).then_some((at, t))
             });
             match named {
-                Some((at, t)) if split => {
+                Some((at, t)) => {
                     buf.truncate(at);
                     (CompletionKind::Header { header: buf, payload: PayloadId(t) }, n)
                 }
-                _ => (CompletionKind::Received(buf), n),
+                None => (CompletionKind::Received(buf), n),
             }
         }
         Err(e) if kind == Kind::Recv && !nics.get(rail).is_some_and(Nic::is_down) => {
@@ -1290,9 +1290,10 @@ fn outcome(nics: &[Nic], kind: Kind, rail: usize, req: &mut Request<DataBuf>) ->
     })
 }
 
-/// Whether `b` parses as an address blob (the `fuzz/` entry point).
-pub(crate) fn parse_blob_for_fuzzing(b: &[u8]) -> bool {
-    parse_blob(b).is_ok()
+/// A rank's address blob ([`UcxTransport::local_address_blob`]) read back: the rank and its
+/// listener address per rail (empty for a dead rail), or what is wrong with it.
+pub fn parse_address_blob(b: &[u8]) -> Result<(Rank, Vec<WorkerAddress>), &'static str> {
+    parse_blob(b).map(|(rank, peer)| (rank, peer.addrs))
 }
 
 fn parse_blob(b: &[u8]) -> Result<(Rank, Peer), &'static str> {

@@ -27,13 +27,7 @@ pub fn oob_stream(bytes: &[u8], cuts: &[usize], sealed: bool) {
         let mut rest = bytes;
         while let [ch, l0, l1, tail @ ..] = rest {
             let len = usize::from(u16::from_le_bytes([*l0, *l1])).min(tail.len());
-            let channel = match ch % 5 {
-                0 => Channel::Heartbeat,
-                1 => Channel::Detect,
-                2 => Channel::Agree,
-                3 => Channel::Abort,
-                _ => Channel::Control,
-            };
+            let channel = Channel::from_u8(ch % 5).unwrap_or(Channel::Control);
             if tx.seal_into(&mut wire, channel, &tail[..len]).is_err() {
                 break;
             }

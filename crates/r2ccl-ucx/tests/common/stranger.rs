@@ -31,31 +31,14 @@ pub struct Sent {
     pub rounds: u64,
 }
 
-/// The rank and the per-rail listener addresses in an `r2ccl-ucx` address blob.
-fn parse_blob(b: &[u8]) -> Option<(u32, Vec<WorkerAddress>)> {
-    let u32_at = |at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
-    if b.get(..4)? != b"R2UX" {
-        return None;
-    }
-    let rank = u32_at(5)?;
-    let rails = u16::from_le_bytes(b.get(13..15)?.try_into().ok()?);
-    let mut at = 15;
-    let mut out = Vec::new();
-    for _ in 0..rails {
-        let len = u32_at(at)? as usize;
-        out.push(WorkerAddress::from_bytes(b.get(at + 4..at + 4 + len)?.to_vec()));
-        at += 4 + len;
-    }
-    Some((rank, out))
-}
-
 /// Attack the job whose address blobs are `blobs` for `duration`; transfers of `total_len` bytes.
 pub fn attack(blobs: &[Vec<u8>], total_len: u64, duration: Duration) -> Sent {
     let worker = match Context::new(ContextConfig::tcp("lo")).and_then(Worker::new) {
         Ok(w) => w,
         Err(e) => panic!("the stranger could not open UCX on lo: {e}"),
     };
-    let ranks: Vec<(u32, Vec<WorkerAddress>)> = blobs.iter().filter_map(|b| parse_blob(b)).collect();
+    let ranks: Vec<(u32, Vec<WorkerAddress>)> =
+        blobs.iter().filter_map(|b| r2ccl_ucx::parse_address_blob(b).ok()).map(|(r, a)| (r.0, a)).collect();
     assert_eq!(ranks.len(), blobs.len(), "every address blob parses");
     let n = ranks.len() as u32;
     let mut eps: Vec<(u32, u64, Endpoint)> = Vec::new();

@@ -3,7 +3,7 @@
 mod launch;
 pub(crate) mod mac;
 pub(crate) mod rendezvous;
-mod uid;
+pub(crate) mod uid;
 pub(crate) mod wire;
 
 pub use launch::{LaunchError, LaunchInfo, LaunchSource, INSECURE_SECRET_ENV};

@@ -116,11 +116,8 @@ fn decode_info(r: &mut Reader<'_>) -> Result<PeerInfo, WireError> {
     Ok(PeerInfo { rank: r.u32()?, node: r.string()?, oob_addr: r.string()?, blob: r.bytes()?.to_vec() })
 }
 
-/// 16 random bytes from the OS; no randomness is an error, never a guessable fallback.
 fn random_nonce() -> Result<[u8; 16], String> {
-    let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(|e| format!("the OS gave no randomness: {e}"))?;
-    Ok(b)
+    super::uid::random16().map_err(|e| e.to_string())
 }
 
 /// The rank table every rank gets from the rendezvous, and the random session nonce rank 0

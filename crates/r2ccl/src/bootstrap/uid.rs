@@ -4,6 +4,14 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 
+/// 16 random bytes from the OS (secrets, handshake nonces); no randomness is an error, never a
+/// guessable fallback.
+pub(crate) fn random16() -> std::io::Result<[u8; 16]> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).map_err(|e| std::io::Error::other(format!("the OS gave no randomness: {e}")))?;
+    Ok(b)
+}
+
 /// The job's 128-bit shared secret. `Debug` does not print it; its bytes are wiped on drop.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret([u8; 16]);
@@ -45,9 +53,7 @@ impl Secret {
 
     /// A fresh random secret from the OS.
     pub fn generate() -> Result<Self, UniqueIdError> {
-        let mut b = [0u8; 16];
-        getrandom::fill(&mut b).map_err(|e| UniqueIdError::Random(e.to_string()))?;
-        Ok(Self(b))
+        random16().map(Self).map_err(|e| UniqueIdError::Random(e.to_string()))
     }
 
     /// Derive a secret from a job identity string (weak: anyone who knows the job id can

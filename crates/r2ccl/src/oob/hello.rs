@@ -6,6 +6,7 @@
 //! acceptor). Connector: checks that. Every read and write of one handshake ends by one deadline.
 
 use super::frame::FrameKey;
+use crate::bootstrap::uid::random16;
 use crate::bootstrap::wire::Deadlined;
 use crate::bootstrap::Secret;
 use crate::bootstrap_mac::{oob_key, tag, tags_equal};
@@ -19,12 +20,6 @@ pub(crate) struct Keys {
     pub(crate) inbound: FrameKey,
     /// Tags what this side sends.
     pub(crate) outbound: FrameKey,
-}
-
-fn random16() -> io::Result<[u8; 16]> {
-    let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(|e| io::Error::other(format!("the OS gave no randomness: {e}")))?;
-    Ok(b)
 }
 
 fn keys(secret: &Secret, a: &[u8; 16], c: &[u8; 16], connector: u32, acceptor: u32, i_connect: bool) -> Keys {

@@ -47,7 +47,8 @@ pub enum Channel {
 }
 
 impl Channel {
-    fn from_u8(v: u8) -> Option<Self> {
+    /// The channel a frame's first byte names, if any.
+    pub(crate) fn from_u8(v: u8) -> Option<Self> {
         Some(match v {
             0 => Channel::Heartbeat,
             1 => Channel::Detect,
@@ -124,6 +125,8 @@ struct PeerOut {
     stuck_since: Option<Instant>,
     /// Why the connection was cut off, if it was.
     broken: Option<String>,
+    /// Set, for the whole mesh, when this queue is left waiting on a full socket.
+    backlog: Arc<AtomicBool>,
 }
 
 impl PeerOut {
@@ -152,6 +155,7 @@ impl PeerOut {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let since = *self.stuck_since.get_or_insert_with(Instant::now);
+                    self.backlog.store(true, Ordering::Relaxed);
                     if since.elapsed() > timeout || self.queue.len() > MAX_QUEUE {
                         let why = format!(
                             "peer read nothing for {} ms ({} bytes queued)",
@@ -192,6 +196,8 @@ pub struct OobMesh {
     writers: Vec<Option<Arc<Mutex<PeerOut>>>>,
     /// A peer that read nothing for this long is cut off.
     peer_timeout: Duration,
+    /// Some peer's queue waits on a full socket ([`OobMesh::flush_queues`] has work).
+    backlog: Arc<AtomicBool>,
     inbox: Mutex<Inbox>,
     stats: Arc<OobStats>,
     shutdown: Arc<AtomicBool>,
@@ -411,6 +417,7 @@ impl OobMesh {
                 }
             }
         }
+        let backlog = Arc::new(AtomicBool::new(false));
         let mut writers = Vec::with_capacity(world as usize);
         let mut peers = Vec::with_capacity(world as usize);
         let heard = Instant::now();
@@ -427,7 +434,14 @@ impl OobMesh {
             s.set_nonblocking(true).map_err(io)?;
             let reader = s.try_clone().map_err(io)?;
             peers.push(Some(PeerIn { stream: reader, key: keys.inbound, buf: Vec::new(), heard }));
-            let out = PeerOut { stream: s, key: keys.outbound, queue: Vec::new(), stuck_since: None, broken: None };
+            let out = PeerOut {
+                stream: s,
+                key: keys.outbound,
+                queue: Vec::new(),
+                stuck_since: None,
+                broken: None,
+                backlog: backlog.clone(),
+            };
             writers.push(Some(Arc::new(Mutex::new(out))));
         }
         let beat: Vec<Arc<Mutex<PeerOut>>> = writers.iter().flatten().cloned().collect();
@@ -453,7 +467,7 @@ impl OobMesh {
             .spawn(heartbeat)
             .map_err(|source| OobError::Io { rank, source })?;
         let inbox = Inbox { peers, events: VecDeque::new(), timeout: peer_timeout };
-        Ok(Self { rank, writers, peer_timeout, inbox: Mutex::new(inbox), stats, shutdown })
+        Ok(Self { rank, writers, peer_timeout, backlog, inbox: Mutex::new(inbox), stats, shutdown })
     }
 
     /// This rank.
@@ -530,12 +544,20 @@ impl OobMesh {
 
     /// Write what the sockets take of every peer's queued frames (never waiting on a lock a
     /// sender holds: that sender flushes itself).
+    /// Only when some queue was left waiting: the progress thread calls this every round, and
+    /// the mesh may have thousands of peers.
     fn flush_queues(&self) {
+        if !self.backlog.swap(false, Ordering::Relaxed) {
+            return;
+        }
         for w in self.writers.iter().flatten() {
-            if let Ok(mut out) = w.try_lock() {
-                if !out.queue.is_empty() {
+            match w.try_lock() {
+                // A flush that leaves bytes queued sets the flag again.
+                Ok(mut out) if !out.queue.is_empty() => {
                     let _ = out.flush(self.peer_timeout);
                 }
+                Ok(_) => {}
+                Err(_) => self.backlog.store(true, Ordering::Relaxed),
             }
         }
     }
