@@ -269,6 +269,8 @@ impl std::fmt::Debug for Communicator {
 pub(crate) struct Shared {
     error: Mutex<Option<CommError>>,
     events: Mutex<Vec<CommEvent>>,
+    /// The failed NICs of the agreed health view the latest collective was planned on.
+    failed: Mutex<Vec<NicId>>,
 }
 
 impl Communicator {
@@ -387,6 +389,13 @@ impl Communicator {
     /// The communicator's asynchronous error, if one happened (a lost peer, an abort).
     pub fn async_error(&self) -> Option<CommError> {
         self.shared.error.lock().ok().and_then(|e| e.clone())
+    }
+
+    /// The NICs every rank agreed are failed, as of the latest collective this rank started
+    /// (the view its plans use; empty while every NIC is healthy). Rails are NIC indices on
+    /// their node, nodes as [`Communicator::nodes`] numbers them.
+    pub fn failed_nics(&self) -> Vec<NicId> {
+        self.shared.failed.lock().map(|f| f.clone()).unwrap_or_default()
     }
 
     /// Failover and health events since the last call.
@@ -1327,6 +1336,9 @@ impl Progress {
                         v.epoch(),
                         v.failed_nics().iter().map(ToString::to_string).collect::<Vec<_>>()
                     ));
+                    if let Ok(mut f) = self.shared.failed.lock() {
+                        *f = v.failed_nics();
+                    }
                     self.agreed = v;
                 }
             }

@@ -21,7 +21,7 @@
 //!
 //! What it does not do: it never plans or chooses a strategy by itself (r2ccl-policy and
 //! r2ccl-algo do), and it moves no bytes itself (r2ccl-ucx does). GPU buffers are not
-//! supported yet; data-plane messages are not authenticated yet.
+//! supported yet (the Python package under `python/` binds this crate for CPU memory).
 //!
 //! # Example
 //!
@@ -81,7 +81,7 @@ pub use call::Handle;
 pub use comm::Communicator;
 pub use error::CommError;
 pub use metrics::{install_prometheus, MetricsError};
-pub use r2ccl_algo::Collective;
+pub use r2ccl_algo::{Collective, P2pOp};
 pub use r2ccl_config::Config;
 pub use r2ccl_core::{bf16, f16, DType, Element, NicId, NodeId, Rank, ReduceOp};
 pub use r2ccl_policy::Strategy;

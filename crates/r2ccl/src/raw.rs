@@ -159,18 +159,24 @@ impl Communicator {
         )
     }
 
-    /// Run a group of point-to-point operations on bytes of `dtype` and wait for all of them
-    /// (NCCL's `ncclSend` and `ncclRecv` between `ncclGroupStart` and `ncclGroupEnd`); the
-    /// typed form is [`Communicator::group`], whose rules apply.
-    pub fn group_bytes(&self, dtype: DType, ops: &mut [P2p<'_>]) -> Result<CollReport, CommError> {
-        let elem = dtype.size();
-        let mut plan = Vec::with_capacity(ops.len());
-        let mut input = Vec::new();
-        let mut out_len = 0usize;
+    /// Start a group of point-to-point operations without waiting (the non-blocking form of
+    /// [`Communicator::group_bytes`], for bindings): `input` holds the data of every
+    /// [`P2pOp::Send`] in `ops`, one after another in their order; [`Handle::wait`] returns
+    /// the data of every [`P2pOp::Recv`] the same way. It must finish within `timeout` of now
+    /// (the communicator's [`Communicator::collective_timeout`] when `None`).
+    pub fn start_group(
+        &self,
+        dtype: DType,
+        ops: &[P2pOp],
+        input: Vec<u8>,
+        timeout: Option<Duration>,
+    ) -> Result<Handle, CommError> {
+        let elem = dtype.size() as u64;
+        let (mut in_len, mut out_len) = (0u64, 0u64);
         for (i, op) in ops.iter().enumerate() {
-            let (peer, len, send) = match op {
-                P2p::Send { peer, data } => (*peer, data.len(), true),
-                P2p::Recv { peer, buf } => (*peer, buf.len(), false),
+            let (peer, count, total) = match op {
+                P2pOp::Send { peer, count } => (*peer, *count, &mut in_len),
+                P2pOp::Recv { peer, count } => (*peer, *count, &mut out_len),
             };
             if peer.0 >= self.world {
                 return Err(CommError::Invalid(format!(
@@ -178,21 +184,56 @@ impl Communicator {
                     peer.0, self.world
                 )));
             }
+            *total = count.checked_mul(elem).and_then(|b| total.checked_add(b)).ok_or_else(|| {
+                CommError::Invalid(format!("group operation {i}: {count} elements overflow the byte count"))
+            })?;
+        }
+        if input.len() as u64 != in_len {
+            return Err(CommError::Invalid(format!(
+                "group input holds {} bytes; its sends need {in_len}",
+                input.len()
+            )));
+        }
+        let output = usize::try_from(out_len)
+            .map(|n| vec![0; n])
+            .map_err(|_| CommError::Invalid(format!("group receives of {out_len} bytes do not fit in memory")))?;
+        let call = Call {
+            work: Work::Group(ops.to_vec()),
+            dtype,
+            count: 0,
+            bufs: Bufs::Owned { input, output },
+            access: None,
+        };
+        self.submit(call, timeout).map(Handle::new)
+    }
+
+    /// Run a group of point-to-point operations on bytes of `dtype` and wait for all of them
+    /// (NCCL's `ncclSend` and `ncclRecv` between `ncclGroupStart` and `ncclGroupEnd`); the
+    /// typed form is [`Communicator::group`], whose rules apply.
+    pub fn group_bytes(&self, dtype: DType, ops: &mut [P2p<'_>]) -> Result<CollReport, CommError> {
+        let elem = dtype.size();
+        let mut plan = Vec::with_capacity(ops.len());
+        let mut input = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            let (peer, len) = match op {
+                P2p::Send { peer, data } => (*peer, data.len()),
+                P2p::Recv { peer, buf } => (*peer, buf.len()),
+            };
             if len % elem != 0 {
                 return Err(CommError::Invalid(format!(
                     "group operation {i}: {len} bytes is not a whole number of {dtype} elements"
                 )));
             }
             let count = (len / elem) as u64;
-            plan.push(if send { P2pOp::Send { peer, count } } else { P2pOp::Recv { peer, count } });
             match op {
-                P2p::Send { data, .. } => input.extend_from_slice(data),
-                P2p::Recv { .. } => out_len += len,
+                P2p::Send { data, .. } => {
+                    plan.push(P2pOp::Send { peer, count });
+                    input.extend_from_slice(data);
+                }
+                P2p::Recv { .. } => plan.push(P2pOp::Recv { peer, count }),
             }
         }
-        let bufs = Bufs::Owned { input, output: vec![0; out_len] };
-        let call = Call { work: Work::Group(plan), dtype, count: 0, bufs, access: None };
-        let (output, report) = self.submit(call, None)?.wait()?;
+        let (output, report) = self.start_group(dtype, &plan, input, None)?.wait()?;
         let mut at = 0;
         for op in ops.iter_mut() {
             if let P2p::Recv { buf, .. } = op {

@@ -1,0 +1,430 @@
+//! `r2ccl._r2ccl`: the Python extension module under the `r2ccl` package (pyo3, abi3).
+//!
+//! What it does: binds [`r2ccl::Communicator`] for Python on raw host memory: a collective
+//! or a group of sends and receives starts from addresses and byte counts and returns a
+//! [`Work`] whose `wait` releases the GIL; errors become one exception class per
+//! [`r2ccl::CommError`] variant; health events, the agreed failed-NIC set and the
+//! Prometheus endpoint are readable. What it does not do: it never looks at Python objects'
+//! memory itself. The pure-Python layer (`r2ccl/__init__.py`, `r2ccl/torch.py`) turns buffers
+//! and tensors into addresses, checks their sizes, and keeps them alive until their work is
+//! done; this module trusts those addresses.
+//!
+//! Example (Python; the package's tests run it across processes):
+//!
+//! ```text
+//! import r2ccl, numpy as np
+//! root = r2ccl.Root.create("127.0.0.1")
+//! comm = r2ccl.Communicator(0, 1, root.unique_id(), nics=["lo", "lo"], root=root)
+//! x = np.arange(4, dtype=np.float32)
+//! comm.all_reduce(x)            # in place; a world of one leaves it as it is
+//! comm.finalize()
+//! ```
+
+mod errors;
+
+use errors::to_py;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use r2ccl::{Collective, CommError, DType, Handle, P2pOp, Rank, ReduceOp, UniqueId};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A lock that a panicking holder left poisoned is still usable: the state it guards is
+/// only ever replaced whole.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn parse_dtype(s: &str) -> PyResult<DType> {
+    s.parse::<DType>().map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+fn parse_op(s: Option<&str>) -> PyResult<ReduceOp> {
+    s.unwrap_or("sum").parse::<ReduceOp>().map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+fn to_duration(seconds: Option<f64>) -> PyResult<Option<Duration>> {
+    seconds
+        .map(|s| Duration::try_from_secs_f64(s).map_err(|_| PyValueError::new_err(format!("timeout {s} s"))))
+        .transpose()
+}
+
+/// Rank 0's rendezvous: bound at creation, handed to rank 0's [`Communicator`].
+#[pyclass(module = "r2ccl._r2ccl", frozen)]
+struct Root {
+    inner: Mutex<Option<r2ccl::Root>>,
+    id: String,
+}
+
+#[pymethods]
+impl Root {
+    /// Bind a rendezvous listener on `ip` (port chosen by the OS) with a fresh random secret.
+    #[staticmethod]
+    fn create(ip: &str) -> PyResult<Self> {
+        let ip: IpAddr = ip.parse().map_err(|e| PyValueError::new_err(format!("address `{ip}`: {e}")))?;
+        let root = r2ccl::Root::create(ip).map_err(|e| to_py(CommError::Bootstrap(e.to_string())))?;
+        let id = root.unique_id().map_err(|e| to_py(CommError::Bootstrap(e.to_string())))?.to_string();
+        Ok(Self { inner: Mutex::new(Some(root)), id })
+    }
+
+    /// The unique id to give every rank (it holds the secret: share it only with them).
+    fn unique_id(&self) -> String {
+        self.id.clone()
+    }
+
+    fn __repr__(&self) -> String {
+        "Root(<rendezvous; unique id hidden>)".to_owned()
+    }
+}
+
+/// What a finished call reports besides its data.
+#[pyclass(module = "r2ccl._r2ccl", frozen, get_all)]
+struct CollReport {
+    /// The collective's sequence number on its communicator (1 for the first).
+    seq: u64,
+    /// How it was scheduled (a strategy name, `group`, `tree` or `balance`).
+    strategy: String,
+    /// The health epoch its plan used.
+    epoch: u64,
+    /// Seconds inside the progress thread.
+    seconds: f64,
+}
+
+#[pymethods]
+impl CollReport {
+    fn __repr__(&self) -> String {
+        format!(
+            "CollReport(seq={}, strategy='{}', epoch={}, seconds={:.6})",
+            self.seq, self.strategy, self.epoch, self.seconds
+        )
+    }
+}
+
+impl From<r2ccl::CollReport> for CollReport {
+    fn from(r: r2ccl::CollReport) -> Self {
+        Self { seq: r.seq, strategy: r.strategy.name().to_owned(), epoch: r.epoch, seconds: r.seconds }
+    }
+}
+
+enum WorkState {
+    /// Started; a group's receives are copied to `scatter` (address, length) when it ends.
+    Running {
+        handle: Handle,
+        scatter: Vec<(usize, usize)>,
+    },
+    Done(Result<r2ccl::CollReport, CommError>),
+    /// Between the two, inside [`Work::finish`] only.
+    Finishing,
+}
+
+/// A started call. `wait` may be called from any thread and any number of times.
+#[pyclass(module = "r2ccl._r2ccl", frozen)]
+struct Work {
+    state: Mutex<WorkState>,
+}
+
+impl Work {
+    fn finish(state: &mut WorkState) {
+        let WorkState::Running { .. } = state else { return };
+        let WorkState::Running { handle, scatter } = std::mem::replace(state, WorkState::Finishing) else {
+            return;
+        };
+        let result = handle.wait().and_then(|(output, report)| {
+            let mut at = 0usize;
+            for &(addr, len) in &scatter {
+                let src = output.get(at..at + len).ok_or_else(|| CommError::Failed {
+                    seq: report.seq,
+                    why: format!("group output holds {} bytes, the receives {}", output.len(), at + len),
+                })?;
+                // SAFETY: the Python layer passed `addr` as a writable buffer of `len` bytes and
+                // keeps its owner alive, and written by nothing else, until this work is done.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, len) };
+                at += len;
+            }
+            Ok(report)
+        });
+        *state = WorkState::Done(result);
+    }
+}
+
+#[pymethods]
+impl Work {
+    /// Wait for the call (the GIL is released meanwhile); its report, or its exception.
+    fn wait(&self, py: Python<'_>) -> PyResult<CollReport> {
+        let result = py.allow_threads(|| {
+            let mut state = lock(&self.state);
+            Work::finish(&mut state);
+            match &*state {
+                WorkState::Done(r) => r.clone(),
+                WorkState::Running { .. } | WorkState::Finishing => {
+                    Err(CommError::Invalid("work still running after its wait".into()))
+                }
+            }
+        });
+        result.map(CollReport::from).map_err(to_py)
+    }
+
+    /// Whether the call has finished (then `wait` returns at once); never blocks.
+    fn is_done(&self) -> bool {
+        let Ok(mut state) = self.state.try_lock() else { return false };
+        match &mut *state {
+            WorkState::Done(_) => true,
+            WorkState::Running { handle, .. } => handle.is_done(),
+            WorkState::Finishing => false,
+        }
+    }
+}
+
+/// One rank's communicator.
+#[pyclass(module = "r2ccl._r2ccl", frozen)]
+struct Communicator {
+    inner: Mutex<Option<Arc<r2ccl::Communicator>>>,
+    rank: u32,
+    world: u32,
+}
+
+impl Communicator {
+    fn get(&self) -> PyResult<Arc<r2ccl::Communicator>> {
+        lock(&self.inner).clone().ok_or_else(|| to_py(CommError::Invalid("the communicator was finalized".into())))
+    }
+
+    fn wrap(comm: r2ccl::Communicator) -> Self {
+        let (rank, world) = (comm.rank().0, comm.world());
+        Self { inner: Mutex::new(Some(Arc::new(comm))), rank, world }
+    }
+}
+
+#[pymethods]
+impl Communicator {
+    /// Join `world` ranks at `unique_id` as `rank` (blocks, GIL released, until every rank
+    /// has joined or the bootstrap deadline passes). `node` defaults to the host name, `nics`
+    /// to the configured or discovered data NICs; rank 0 passes its `root`. The configuration
+    /// comes from `R2CCL_*` and `R2CCL_CONFIG`, as for Rust programs. `fault_injection_from_env`
+    /// reads `R2CCL_FAULT` (for tests only).
+    #[new]
+    #[pyo3(signature = (rank, world, unique_id, node=None, nics=None, root=None, fault_injection_from_env=false))]
+    #[allow(clippy::too_many_arguments)] // reason: Python's keyword arguments, one per builder setting
+    fn new(
+        py: Python<'_>,
+        rank: u32,
+        world: u32,
+        unique_id: &str,
+        node: Option<String>,
+        nics: Option<Vec<String>>,
+        root: Option<&Root>,
+        fault_injection_from_env: bool,
+    ) -> PyResult<Self> {
+        let id: UniqueId = unique_id
+            .parse()
+            .map_err(|e: r2ccl::bootstrap::UniqueIdError| to_py(CommError::Invalid(format!("unique id: {e}"))))?;
+        let config = r2ccl_config::load().map_err(|e| to_py(CommError::Invalid(e.to_string())))?;
+        let mut b = r2ccl::Communicator::builder(Rank(rank), world, id)
+            .config(config)
+            .fault_injection_from_env(fault_injection_from_env);
+        if let Some(node) = node {
+            b = b.node(node);
+        }
+        if let Some(nics) = nics {
+            b = b.nics(nics);
+        }
+        if let Some(root) = root {
+            let taken = lock(&root.inner).take();
+            if taken.is_none() {
+                return Err(PyValueError::new_err("this Root was already given to a communicator"));
+            }
+            b = b.root(taken);
+        }
+        let comm = py.allow_threads(|| b.init()).map_err(to_py)?;
+        Ok(Self::wrap(comm))
+    }
+
+    /// A communicator from the launcher's environment (`R2CCL_UNIQUE_ID`, `R2CCL_*`,
+    /// OpenMPI, Slurm, torchrun).
+    #[staticmethod]
+    fn from_env(py: Python<'_>) -> PyResult<Self> {
+        let comm = py.allow_threads(r2ccl::Communicator::from_env).map_err(to_py)?;
+        Ok(Self::wrap(comm))
+    }
+
+    /// This rank.
+    #[getter]
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The number of ranks.
+    #[getter]
+    fn world(&self) -> u32 {
+        self.world
+    }
+
+    /// The default deadline of a call, in seconds.
+    #[getter]
+    fn collective_timeout(&self) -> PyResult<f64> {
+        Ok(self.get()?.collective_timeout().as_secs_f64())
+    }
+
+    /// The node of every rank, by rank.
+    fn nodes(&self) -> PyResult<Vec<u32>> {
+        Ok(self.get()?.nodes().into_iter().map(|n| n.0).collect())
+    }
+
+    /// Start collective `coll` (`all_reduce`, `reduce_scatter`, `all_gather`, `broadcast`,
+    /// `reduce`, `all_to_all`) of `count` elements of `dtype` from address `send` into
+    /// address `recv` (equal addresses: in place), sized as the collective needs.
+    ///
+    /// Safety, for the Python layer: both addresses must stay valid, and untouched by
+    /// anything else, until the returned work is done.
+    #[pyo3(signature = (coll, dtype, count, send, recv, op=None, root=0, timeout=None))]
+    #[allow(clippy::too_many_arguments)] // reason: the C-style signature bindings call
+    fn start(
+        &self,
+        coll: &str,
+        dtype: &str,
+        count: u64,
+        send: usize,
+        recv: usize,
+        op: Option<&str>,
+        root: u32,
+        timeout: Option<f64>,
+    ) -> PyResult<Work> {
+        let op = parse_op(op)?;
+        let root = Rank(root);
+        let coll = match coll {
+            "all_reduce" => Collective::AllReduce { op },
+            "reduce_scatter" => Collective::ReduceScatter { op },
+            "all_gather" => Collective::AllGather,
+            "broadcast" => Collective::Broadcast { root },
+            "reduce" => Collective::Reduce { op, root },
+            "all_to_all" => Collective::AlltoAll,
+            other => return Err(PyValueError::new_err(format!("unknown collective `{other}`"))),
+        };
+        if send == 0 || recv == 0 {
+            return Err(PyValueError::new_err("a null buffer address"));
+        }
+        let comm = self.get()?;
+        // SAFETY: the caller's contract above.
+        let handle = unsafe {
+            comm.start_raw(coll, parse_dtype(dtype)?, count, send as *const u8, recv as *mut u8, to_duration(timeout)?)
+        }
+        .map_err(to_py)?;
+        Ok(Work { state: Mutex::new(WorkState::Running { handle, scatter: Vec::new() }) })
+    }
+
+    /// Start a group of sends and receives of `dtype` elements: `ops` lists
+    /// `(is_send, peer, address, nbytes)`. Sends are copied now; receives are written when the
+    /// work is waited for. Every rank of the communicator calls it at the same point.
+    #[pyo3(signature = (dtype, ops, timeout=None))]
+    fn start_group(&self, dtype: &str, ops: Vec<(bool, u32, usize, usize)>, timeout: Option<f64>) -> PyResult<Work> {
+        let dtype = parse_dtype(dtype)?;
+        let elem = dtype.size();
+        let mut plan = Vec::with_capacity(ops.len());
+        let mut input = Vec::new();
+        let mut scatter = Vec::new();
+        for (i, &(is_send, peer, addr, len)) in ops.iter().enumerate() {
+            if len % elem != 0 {
+                return Err(PyValueError::new_err(format!(
+                    "group operation {i}: {len} bytes is not a whole number of {dtype} elements"
+                )));
+            }
+            if addr == 0 && len > 0 {
+                return Err(PyValueError::new_err(format!("group operation {i}: a null buffer address")));
+            }
+            let (peer, count) = (Rank(peer), (len / elem) as u64);
+            if is_send {
+                if len > 0 {
+                    // SAFETY: the Python layer passes a readable buffer of `len` bytes.
+                    input.extend_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, len) });
+                }
+                plan.push(P2pOp::Send { peer, count });
+            } else {
+                plan.push(P2pOp::Recv { peer, count });
+                scatter.push((addr, len));
+            }
+        }
+        let handle = self.get()?.start_group(dtype, &plan, input, to_duration(timeout)?).map_err(to_py)?;
+        Ok(Work { state: Mutex::new(WorkState::Running { handle, scatter }) })
+    }
+
+    /// The NICs every rank agreed are failed, as `(node, rail)` pairs.
+    fn failed_nics(&self) -> PyResult<Vec<(u32, u16)>> {
+        Ok(self.get()?.failed_nics().into_iter().map(|n| (n.node.0, n.rail.0)).collect())
+    }
+
+    /// Failover and health events since the last call, as `(milliseconds, text)`.
+    fn take_events(&self) -> PyResult<Vec<(u64, String)>> {
+        Ok(self.get()?.take_events().into_iter().map(|e| (e.at_ms, e.text)).collect())
+    }
+
+    /// Raise the communicator's asynchronous error (a lost peer, an abort), if it has one.
+    fn check_async_error(&self) -> PyResult<()> {
+        match self.get()?.async_error() {
+            Some(e) => Err(to_py(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Abort: every rank's running and future calls fail with `reason`; never blocks.
+    #[pyo3(signature = (reason="aborted from Python"))]
+    fn abort(&self, reason: &str) -> PyResult<()> {
+        self.get()?.abort(reason);
+        Ok(())
+    }
+
+    /// Leave gracefully once every started call is done (GIL released). Later calls raise.
+    fn finalize(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(comm) = lock(&self.inner).take() else { return Ok(()) };
+        py.allow_threads(|| match Arc::try_unwrap(comm) {
+            Ok(comm) => comm.finalize(),
+            Err(shared) => {
+                // A call is being started on another thread right now: abort rather than wait.
+                shared.abort("finalized while a call was being started");
+                Ok(())
+            }
+        })
+        .map_err(to_py)
+    }
+
+    /// Leave at once: unfinished calls fail with `AbortedError`; peers are not waited for.
+    fn destroy(&self, py: Python<'_>) {
+        if let Some(comm) = lock(&self.inner).take() {
+            py.allow_threads(|| match Arc::try_unwrap(comm) {
+                Ok(comm) => comm.destroy(),
+                Err(shared) => shared.abort("destroyed"),
+            });
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Communicator(rank={}, world={})", self.rank, self.world)
+    }
+}
+
+/// Serve Prometheus metrics on `addr` (`"host:port"`, port 0 for any); returns the bound
+/// address. At most once per process.
+#[pyfunction]
+fn install_prometheus(addr: &str) -> PyResult<String> {
+    let addr: SocketAddr = addr.parse().map_err(|e| PyValueError::new_err(format!("address `{addr}`: {e}")))?;
+    let (bound, handle) = r2ccl::install_prometheus(addr).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    // The handle renders on demand; the server thread holds what it needs.
+    drop(handle);
+    Ok(bound.to_string())
+}
+
+/// The UCX version this module was built against and the one loaded, as strings.
+#[pyfunction]
+fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+#[pymodule]
+fn _r2ccl(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Root>()?;
+    m.add_class::<Communicator>()?;
+    m.add_class::<Work>()?;
+    m.add_class::<CollReport>()?;
+    m.add_function(wrap_pyfunction!(install_prometheus, m)?)?;
+    m.add_function(wrap_pyfunction!(version, m)?)?;
+    errors::register(m)
+}
