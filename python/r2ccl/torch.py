@@ -25,6 +25,7 @@ import os
 import queue
 import socket
 import threading
+import weakref
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
@@ -34,7 +35,7 @@ from torch._C._distributed_c10d import Backend as _C10dBackend
 import r2ccl
 from r2ccl._buffers import as_buffer, torch_dtype_name
 
-__all__ = ["R2cclBackend", "create_backend"]
+__all__ = ["R2cclBackend", "create_backend", "get_backend"]
 
 _R = dist.ReduceOp.RedOpType
 _OPS = {_R.SUM: "sum", _R.PRODUCT: "prod", _R.MIN: "min", _R.MAX: "max", _R.AVG: "avg"}
@@ -508,9 +509,27 @@ class R2cclBackend(_C10dBackend):
             comm.destroy()
 
 
-def create_backend(store: Any, rank: int, size: int, timeout: Optional[datetime.timedelta]) -> R2cclBackend:
-    """The creator ``torch.distributed`` calls for each group using ``"r2ccl"``."""
-    return R2cclBackend(store, rank, size, timeout)
+# The backend of each group this process belongs to, by group name.
+_BACKENDS: "weakref.WeakValueDictionary[str, R2cclBackend]" = weakref.WeakValueDictionary()
 
 
-dist.Backend.register_backend("r2ccl", create_backend, devices=["cpu"])
+def create_backend(opts: Any, backend_options: Any = None) -> R2cclBackend:
+    """The creator ``torch.distributed`` calls for each group using ``"r2ccl"`` (its extended
+    form: ``opts`` is a ``_DistributedBackendOptions``)."""
+    b = R2cclBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    if opts.group_id:
+        _BACKENDS[opts.group_id] = b
+    return b
+
+
+def get_backend(group: Any = None) -> R2cclBackend:
+    """The r2ccl backend of ``group`` (the default group when None), for what torch does not
+    expose: ``get_backend().comm.failed_nics()``, ``.comm.take_events()``."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    b = _BACKENDS.get(pg.group_name)
+    if b is None:
+        raise ValueError(f"group {pg.group_name!r} does not use the r2ccl backend")
+    return b
+
+
+dist.Backend.register_backend("r2ccl", create_backend, extended_api=True, devices=["cpu"])

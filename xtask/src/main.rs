@@ -2,7 +2,7 @@
 //!
 //! Commands: `setup` (install system packages and tools), `ci` (everything CI checks),
 //! `codegen` (regenerate the UCX bindings), `testbed` (namespaces multi-NIC cluster),
-//! `tidy` (repository conventions), `bench` (all benchmarks), `demo` (the main job;
+//! `tidy` (repository conventions), `bench` (all benchmarks), `python` (the Python package), `demo` (the main job;
 //! arrives with the facade). Kept lean: std, anyhow and the config loader; `bench` adds serde_json
 //! and plotters (bitmap PNGs, pure-Rust text).
 #![allow(clippy::print_stdout, clippy::print_stderr, reason = "a command-line tool reports on the terminal")]
@@ -12,6 +12,7 @@ mod ci;
 mod codegen;
 mod e2e;
 mod fuzz;
+mod python;
 mod setup;
 mod testbed;
 mod tidy;
@@ -34,6 +35,8 @@ commands:
           and loopback (r2ccl vs OpenMPI vs Gloo); writes target/bench/report.{json,md} and PNG plots
   bench --micro   the micro benchmarks (cargo bench --workspace)
   fuzz [--seconds N] [--save] [TARGET...]  the cargo-fuzz targets in fuzz/ (nightly), N s each
+  python [--bench]  the Python package in .venv: pip install ./python, its tests (numpy API,
+          torch.distributed backend), the DDP example with a NIC failure, torchrun; --bench: r2ccl vs gloo
   demo    the main job: 4 ranks x 2 NICs on loopback, AllReduce timeline with a NIC failure injected
           mid-run (R2CCL_FAULT); prints bus bandwidth before/during/after, failovers and the strategy";
 
@@ -69,6 +72,7 @@ fn run() -> Result<()> {
         Some("e2e") => e2e::main(&args[1..]),
         Some("bench") => bench::main(&args[1..]),
         Some("fuzz") => fuzz::main(&args[1..]),
+        Some("python") => python::main(&args[1..]),
         Some("demo") => demo(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             println!("{USAGE}");

@@ -31,6 +31,8 @@ pub const IDENTITY_VARS: &[&str] = &[
     "R2CCL_UCX_DIR",
     "R2CCL_UCX_ALLOW_MISMATCH",
     "R2CCL_INSECURE_DERIVED_SECRET",
+    "R2CCL_ROOT_IP",
+    "R2CCL_TEST_FAULT_INJECTION",
 ];
 
 /// Map one `R2CCL_*` variable to a dotted key path, `Ok(None)` for identity variables.

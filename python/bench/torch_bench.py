@@ -1,0 +1,107 @@
+"""torch.distributed all_reduce bus bandwidth and DDP step time: the "r2ccl" backend against gloo.
+
+4 processes on this machine, each a node of its own (r2ccl: 2 NICs on loopback; gloo: its TCP
+pairs over loopback), both backends in the same run, alternating, so that the ratio compares
+like with like on a noisy machine. Prints one table and the ratios r2ccl / gloo.
+Usage: python bench/torch_bench.py [--rounds N]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+WORLD = 4
+SIZES_MIB = [1, 4, 16, 64]
+
+
+def worker(backend: str, rank: int, store: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if backend == "r2ccl":
+        import r2ccl.torch  # noqa: F401
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
+    out = {"busbw": {}, "ddp_step_ms": None}
+    for mib in SIZES_MIB:
+        t = torch.ones(mib * (1 << 20) // 4, dtype=torch.float32)
+        iters = max(3, 48 // mib)
+        for _ in range(2):
+            dist.all_reduce(t)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(t)
+        dt = (time.perf_counter() - t0) / iters
+        nbytes = t.numel() * 4
+        out["busbw"][mib] = nbytes * 2 * (WORLD - 1) / WORLD / dt / 1e9
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
+                                torch.nn.ReLU(), torch.nn.Linear(2048, 512))
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x = torch.randn(32, 512)
+    steps = []
+    for i in range(12):
+        dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        ddp(x).square().mean().backward()
+        opt.step()
+        steps.append(time.perf_counter() - t0)
+    steps = sorted(steps[2:])
+    out["ddp_step_ms"] = steps[len(steps) // 2] * 1e3
+    if rank == 0:
+        print("RESULT " + json.dumps(out), flush=True)
+    dist.destroy_process_group()
+
+
+def launch(backend: str) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        procs = []
+        for rank in range(WORLD):
+            env = dict(os.environ, R2CCL_NODE=f"node{rank}", R2CCL_NICS="lo,lo", OMP_NUM_THREADS="1")
+            procs.append(subprocess.Popen([sys.executable, __file__, "--worker", backend, str(rank), os.path.join(d, "s")],
+                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+        for rank, p in enumerate(procs):
+            if p.returncode != 0:
+                sys.exit(f"{backend} rank {rank} failed:\n{outs[rank]}")
+        line = next(ln for ln in outs[0].splitlines() if ln.startswith("RESULT "))
+        return json.loads(line[len("RESULT "):])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", nargs=3)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    if args.worker:
+        backend, rank, store = args.worker
+        return worker(backend, int(rank), store)
+    runs = {"gloo": [], "r2ccl": []}
+    for _ in range(args.rounds):
+        for backend in ("gloo", "r2ccl"):
+            runs[backend].append(launch(backend))
+
+    def best(backend, key, mib=None):
+        vals = [r[key][str(mib)] if mib is not None else r[key] for r in runs[backend]]
+        return max(vals) if key == "busbw" else min(vals)
+
+    print(f"torch.distributed, {WORLD} processes on one host (r2ccl: each a node with 2 NICs on lo); "
+          f"best of {args.rounds} alternating rounds")
+    print(f"{'all_reduce float32':>20} {'gloo GB/s':>10} {'r2ccl GB/s':>11} {'r2ccl/gloo':>11}")
+    for mib in SIZES_MIB:
+        g, r = best("gloo", "busbw", mib), best("r2ccl", "busbw", mib)
+        print(f"{str(mib) + ' MiB':>20} {g:>10.3f} {r:>11.3f} {r / g:>10.2f}x")
+    g, r = best("gloo", "ddp_step_ms"), best("r2ccl", "ddp_step_ms")
+    print(f"{'DDP step (5.2M params)':>20} {g:>8.1f} ms {r:>8.1f} ms {r / g:>10.2f}x (time: lower is better)")
+
+
+if __name__ == "__main__":
+    main()

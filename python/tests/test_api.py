@@ -1,0 +1,130 @@
+"""The Python API on buffer-protocol objects (numpy, bytearray): exact results, typed errors,
+health readouts and the Prometheus endpoint. Ranks are threads of this process (each a node of
+its own with two NICs on loopback); the GIL is released while calls run, so they overlap."""
+
+import threading
+import urllib.request
+
+import numpy as np
+import pytest
+
+import r2ccl
+
+
+def run(world, body, env_nics=("lo", "lo"), **kw):
+    """Run body(comm) on `world` ranks as threads; their results by rank."""
+    root = r2ccl.Root.create("127.0.0.1")
+    uid = root.unique_id()
+    results, errors = [None] * world, []
+
+    def rank(r):
+        try:
+            comm = r2ccl.Communicator(r, world, uid, node=f"node{r}", nics=list(env_nics),
+                                      root=root if r == 0 else None, **kw)
+            results[r] = body(comm)
+            comm.finalize()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append((r, e))
+
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in ts), "a rank hung"
+    assert not errors, errors
+    return results
+
+
+def test_collectives_on_numpy_are_exact():
+    world, n = 3, 10000
+
+    def body(c):
+        r = c.rank
+        x = np.arange(n, dtype=np.float32) + r
+        c.all_reduce(x)
+        y = np.zeros(n, dtype=np.int64)
+        c.all_reduce(np.full(n, r + 1, dtype=np.int64), y, op="max")
+        g = np.zeros(world * 5, dtype=np.uint8)
+        c.all_gather(bytes([r] * 5), g)  # a read-only send buffer
+        rs = np.zeros(4, dtype=np.float64)
+        c.reduce_scatter(np.ones(4 * world), rs)
+        b = np.full(7, r, dtype=np.int32)
+        c.broadcast(b, root=2)
+        red = np.full(6, r + 1, dtype=np.float64)
+        c.reduce(red, op="prod", root=1)
+        a2a = np.zeros(world * 2, dtype=np.int32)
+        c.all_to_all(np.arange(world * 2, dtype=np.int32) + 100 * r, a2a)
+        w = c.all_reduce(np.ones(n, dtype=np.float16), async_op=True)
+        rep = w.wait()
+        ring = np.zeros(3, dtype=np.uint64)
+        c.group([("send", np.full(3, r, dtype=np.uint64), (r + 1) % world), ("recv", ring, (r - 1) % world)])
+        return x, y, g, rs, b, red, a2a, rep, ring
+
+    out = run(world, body)
+    for r, (x, y, g, rs, b, red, a2a, rep, ring) in enumerate(out):
+        assert np.array_equal(x, 3 * np.arange(n, dtype=np.float32) + 3)
+        assert (y == world).all()
+        assert g.tolist() == [k for k in range(world) for _ in range(5)]
+        assert (rs == world).all()
+        assert (b == 2).all()
+        assert (red == (6.0 if r == 1 else r + 1)).all()  # root gets 1*2*3; the others keep theirs
+        assert a2a.tolist() == [100 * i + 2 * r + k for i in range(world) for k in range(2)]
+        assert rep.seq == 8 and isinstance(rep.strategy, str)
+        assert (ring == (r - 1) % world).all()
+
+
+def test_bad_arguments_are_typed_errors_and_lose_nothing():
+    def body(c):
+        with pytest.raises(r2ccl.InvalidArgumentError):
+            c.all_gather(np.zeros(4, dtype=np.float32), np.zeros(5, dtype=np.float32))
+        with pytest.raises(TypeError):
+            c.all_reduce(np.zeros(4, dtype=np.int16))
+        with pytest.raises(ValueError):
+            c.all_reduce(np.zeros((4, 4), dtype=np.float32)[:, 0])  # not contiguous
+        with pytest.raises(ValueError):
+            c.all_reduce(np.zeros(4, dtype=np.float32), op="bxor")
+        x = np.ones(4, dtype=np.float32)
+        c.all_reduce(x)  # still usable, nothing was sent
+        return x
+
+    for x in run(2, body):
+        assert (x == 2).all()
+
+
+def test_mismatch_is_a_named_exception_on_every_rank():
+    def body(c):
+        c.all_reduce(np.ones(4, dtype=np.float32))
+        with pytest.raises(r2ccl.MismatchError) as e:
+            if c.rank == 0:
+                c.all_reduce(np.ones(8, dtype=np.float32))
+            else:
+                c.broadcast(np.ones(8, dtype=np.float32))
+        return e.value.seq
+
+    assert run(2, body) == [2, 2]
+
+
+def test_fault_shows_in_events_and_failed_nics(monkeypatch):
+    monkeypatch.setenv("R2CCL_FAULT", "rank=1,nic=0,after_msgs=20,kind=down")
+
+    def body(c):
+        x = np.ones(1 << 18, dtype=np.float32)
+        for _ in range(20):
+            x[:] = 1
+            c.all_reduce(x)
+        return (x == 2).all(), c.failed_nics(), c.take_events()
+
+    out = run(2, body, fault_injection_from_env=True)
+    for exact, failed, events in out:
+        assert exact
+        assert failed == [(1, 0)], failed
+        assert any("node1/nic0" in text for _, text in events), events
+
+
+def test_prometheus_endpoint_serves_metrics():
+    addr = r2ccl.install_prometheus("127.0.0.1:0")
+    run(2, lambda c: c.all_reduce(np.ones(16, dtype=np.float32)))
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    assert "r2ccl_" in text
