@@ -65,7 +65,8 @@ def launch(backend: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
         procs = []
         for rank in range(WORLD):
-            env = dict(os.environ, R2CCL_NODE=f"node{rank}", R2CCL_NICS="lo,lo", OMP_NUM_THREADS="1")
+            env = dict(os.environ, R2CCL_NODE=f"node{rank}", OMP_NUM_THREADS="1")
+            env.setdefault("R2CCL_NICS", "lo,lo")
             procs.append(subprocess.Popen([sys.executable, __file__, "--worker", backend, str(rank), os.path.join(d, "s")],
                                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outs = [p.communicate(timeout=600)[0] for p in procs]
@@ -80,14 +81,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", nargs=3)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--backends", default="gloo,r2ccl", help="comma-separated, run in this order each round")
     args = ap.parse_args()
     if args.worker:
         backend, rank, store = args.worker
         return worker(backend, int(rank), store)
-    runs = {"gloo": [], "r2ccl": []}
+    backends = args.backends.split(",")
+    runs = {b: [] for b in backends}
     for _ in range(args.rounds):
-        for backend in ("gloo", "r2ccl"):
+        for backend in backends:
             runs[backend].append(launch(backend))
+    if backends != ["gloo", "r2ccl"]:
+        print(json.dumps(runs))
+        return
 
     def best(backend, key, mib=None):
         vals = [r[key][str(mib)] if mib is not None else r[key] for r in runs[backend]]

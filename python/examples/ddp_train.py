@@ -90,10 +90,13 @@ def launch(fault: str) -> list:
             if p.returncode != 0:
                 print(out)
                 sys.exit(f"rank {rank} exited with {p.returncode}")
+        ranks = [line for out in outs for line in out.splitlines() if line.startswith("RANK")]
         for out in outs:
             for line in out.splitlines():
                 if line.startswith("RANK") or line.startswith("  rank"):
                     print(line)
+        if fault and not all("failed NICs agreed: [(1, 0)]" in line for line in ranks):
+            sys.exit("the injected fault did not take effect on every rank: nothing was compared")
         return [line for line in outs[0].splitlines() if line.startswith("LOSS")]
 
 

@@ -25,7 +25,7 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   setup   install the Debian packages and cargo tools the project needs (idempotent; needs root)
-  ci      setup, then fmt check, clippy -D warnings, build, tests, per-crate builds, tidy, cargo deny
+  ci      setup, then fmt check, clippy -D warnings, build, tests, per-crate builds, tidy, e2e, python, fuzz, cargo deny
   tidy    check repository conventions (also runs as a test)
   testbed up|down|status|check|fault   multi-NIC cluster from network namespaces (root)
   e2e [--scenario NAME] [--seed S]     fault scenarios (tests/scenarios) on the testbed with real ranks (root)
