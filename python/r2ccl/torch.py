@@ -20,6 +20,7 @@ makes the communicators read ``R2CCL_FAULT`` (for tests only).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import queue
@@ -58,14 +59,15 @@ def _root_ip() -> str:
     return "127.0.0.1"
 
 
-def _join(store: Any, key: str, rank: int, size: int) -> r2ccl.Communicator:
-    """Create (rank 0) or join (the others) the communicator published under ``key``."""
+def _join(store: Any, key: str, rank: int, size: int, timeout: Optional[float]) -> r2ccl.Communicator:
+    """Create (rank 0) or join (the others) the communicator published under ``key``; the
+    others wait for it at most ``timeout`` seconds (the group's timeout; 30 min without one)."""
     faults = os.environ.get("R2CCL_TEST_FAULT_INJECTION") == "1"
     if rank == 0:
         root = r2ccl.Root.create(_root_ip())
         store.set(key, root.unique_id())
         return r2ccl.Communicator(0, size, root.unique_id(), root=root, fault_injection_from_env=faults)
-    store.wait([key])
+    store.wait([key], datetime.timedelta(seconds=timeout or 1800))
     uid = store.get(key).decode()
     return r2ccl.Communicator(rank, size, uid, fault_injection_from_env=faults)
 
@@ -167,15 +169,21 @@ class _Direction:
         self._src, self._dst = src, dst
         self._queue: "queue.Queue[Any]" = queue.Queue()
         self._comm: Optional[r2ccl.Communicator] = None
-        threading.Thread(target=self._run, name=f"r2ccl-p2p-{src}-{dst}", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name=f"r2ccl-p2p-{src}-{dst}", daemon=True)
+        self._thread.start()
 
     def submit(self, t: torch.Tensor) -> "_Work":
         done = threading.Event()
         box: List[Optional[BaseException]] = [None]
         self._queue.put((t, done, box))
 
+        # The worker ends each item by the store's, the bootstrap's and the call's deadlines;
+        # this bound only guards against a worker that died.
+        limit = 2 * (self._backend._timeout or 1800) + 120
+
         def finish() -> None:
-            done.wait()
+            if not done.wait(limit):
+                raise r2ccl.CollectiveTimeoutError(f"point-to-point {self._src}->{self._dst}: no answer in {limit} s")
             if box[0] is not None:
                 raise box[0]
 
@@ -193,7 +201,7 @@ class _Direction:
             t, done, box = item
             try:
                 if self._comm is None:
-                    self._comm = _join(b._store, f"r2ccl/p2p/{self._src}/{self._dst}", int(me == self._dst), 2)
+                    self._comm = _join(b._store, f"r2ccl/p2p/{self._src}/{self._dst}", int(me == self._dst), 2, b._timeout)
                 if me == self._src:
                     self._comm.group([("send", t, 1)], timeout=b._timeout)
                 else:
@@ -203,7 +211,10 @@ class _Direction:
             done.set()
 
     def close(self) -> None:
+        """Stop the worker once its queue is done, and wait for it (a thread still inside the
+        extension when the interpreter exits would be killed mid-call)."""
         self._queue.put(None)
+        self._thread.join(timeout=2 * (self._backend._timeout or 1800) + 120)
 
 
 class R2cclBackend(_C10dBackend):
@@ -219,6 +230,7 @@ class R2cclBackend(_C10dBackend):
         self._comm: Optional[r2ccl.Communicator] = None
         self._directions: dict = {}
         self._futures: "Optional[queue.Queue[Any]]" = None
+        self._completer: Optional[threading.Thread] = None
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return "r2ccl"
@@ -237,7 +249,7 @@ class R2cclBackend(_C10dBackend):
         """The group's communicator (created by the first call)."""
         with self._lock:
             if self._comm is None:
-                self._comm = _join(self._store, "r2ccl/comm", self._rank_in_group, self._size)
+                self._comm = _join(self._store, "r2ccl/comm", self._rank_in_group, self._size, self._timeout)
             return self._comm
 
     # --- completion of futures ------------------------------------------------------------
@@ -246,13 +258,17 @@ class R2cclBackend(_C10dBackend):
         with self._lock:
             if self._futures is None:
                 self._futures = queue.Queue()
-                threading.Thread(target=self._complete_futures, name="r2ccl-futures", daemon=True).start()
+                self._completer = threading.Thread(target=self._complete_futures, name="r2ccl-futures", daemon=True)
+                self._completer.start()
             self._futures.put((work, fut))
 
     def _complete_futures(self) -> None:
         assert self._futures is not None
         while True:
-            work, fut = self._futures.get()
+            item = self._futures.get()
+            if item is None:
+                return
+            work, fut = item
             try:
                 work.wait()
                 fut.set_result(work.result())
@@ -463,6 +479,44 @@ class R2cclBackend(_C10dBackend):
 
     alltoall_base = all_to_all_single
 
+    def gather(self, outputs: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any) -> _Work:
+        t = _one(inputs)
+        _dtype(t)
+        root = opts.rootRank
+        ops = [("send", t.contiguous(), root)]
+        outs: List[torch.Tensor] = []
+        if self._rank_in_group == root:
+            outs = _one(outputs)
+            if len(outs) != self._size:
+                raise ValueError(f"r2ccl: gather needs {self._size} output tensors at the root, got {len(outs)}")
+            ops += [("recv", o, peer) for peer, o in enumerate(outs)]
+        return self._p2p_into(ops, outs)
+
+    def scatter(self, outputs: List[torch.Tensor], inputs: List[List[torch.Tensor]], opts: Any) -> _Work:
+        t = _one(outputs)
+        _dtype(t)
+        root = opts.rootRank
+        ops = []
+        if self._rank_in_group == root:
+            ins = _one(inputs)
+            if len(ins) != self._size:
+                raise ValueError(f"r2ccl: scatter needs {self._size} input tensors at the root, got {len(ins)}")
+            ops += [("send", i.contiguous(), peer) for peer, i in enumerate(ins)]
+        ops.append(("recv", t, root))
+        return self._p2p_into(ops, [t])
+
+    def _p2p_into(self, ops: list, outs: List[torch.Tensor]) -> _Work:
+        """A group whose receives land in ``outs`` (staged when not contiguous)."""
+        staged = {id(o): o.contiguous() for o in outs}
+        ops = [(k, staged.get(id(b), b) if k == "recv" else b, p) for k, b, p in ops]
+
+        def back() -> None:
+            for o in outs:
+                if staged[id(o)] is not o:
+                    o.copy_(staged[id(o)])
+
+        return self._group(ops, list(outs), back)
+
     def barrier(self, opts: Any) -> _Work:
         t = torch.zeros(1, dtype=torch.int32)
         return self._start("all_reduce", t, t, 1, "sum", result=[])
@@ -493,12 +547,21 @@ class R2cclBackend(_C10dBackend):
 
     # --- lifetime ---------------------------------------------------------------------------
 
-    def shutdown(self) -> None:
+    def _stop_threads(self) -> None:
+        """End the point-to-point workers and the future completer, and wait for them."""
         with self._lock:
-            comm, self._comm = self._comm, None
             directions, self._directions = self._directions, {}
+            futures, completer, self._futures, self._completer = self._futures, self._completer, None, None
         for d in directions.values():
             d.close()
+        if futures is not None and completer is not None:
+            futures.put(None)
+            completer.join(timeout=2 * (self._timeout or 1800) + 120)
+
+    def shutdown(self) -> None:
+        self._stop_threads()
+        with self._lock:
+            comm, self._comm = self._comm, None
         if comm is not None:
             comm.finalize()
 
@@ -507,6 +570,7 @@ class R2cclBackend(_C10dBackend):
             comm, self._comm = self._comm, None
         if comm is not None:
             comm.destroy()
+        self._stop_threads()
 
 
 # The backend of each group this process belongs to, by group name.
@@ -530,6 +594,14 @@ def get_backend(group: Any = None) -> R2cclBackend:
     if b is None:
         raise ValueError(f"group {pg.group_name!r} does not use the r2ccl backend")
     return b
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    """Threads of backends never shut down are stopped before the interpreter tears down (one
+    inside the extension at that moment would be killed mid-call)."""
+    for b in list(_BACKENDS.values()):
+        b._stop_threads()
 
 
 dist.Backend.register_backend("r2ccl", create_backend, extended_api=True, devices=["cpu"])

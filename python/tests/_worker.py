@@ -174,6 +174,22 @@ def case_ops():
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     same(t, data(prv, n, torch.int64, salt=2), "batch_isend_irecv")
+    # gather and scatter, every root.
+    for root in range(WORLD):
+        outs = [torch.zeros(n, dtype=torch.float32) for _ in range(WORLD)] if RANK == root else None
+        dist.gather(data(RANK, n, torch.float32, salt=root), outs, dst=root)
+        if RANK == root:
+            for r in range(WORLD):
+                same(outs[r], data(r, n, torch.float32, salt=root), "gather")
+        t = torch.zeros(n, dtype=torch.int64)
+        ins = [data(root, n, torch.int64, salt=j) for j in range(WORLD)] if RANK == root else None
+        dist.scatter(t, ins, src=root)
+        same(t, data(root, n, torch.int64, salt=RANK), "scatter")
+    # all_reduce_coalesced (several tensors in one call).
+    ts = [data(RANK, 10 + k, torch.float64, salt=k) for k in range(3)]
+    dist.all_reduce_coalesced(ts)
+    for k, t in enumerate(ts):
+        same(t, sum(data(r, 10 + k, torch.float64, salt=k) for r in range(WORLD)), "all_reduce_coalesced")
     dist.barrier()
     # new_group: dozens of groups are cheap (no communicator until used); use two of them.
     t0 = time.monotonic()

@@ -76,9 +76,10 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         }
         Ok(())
     })?;
-    step("python: pip install ./python in .venv, numpy and torch.distributed tests, DDP through a NIC failure, torchrun", || {
-        cmd("cargo", &["xtask", "python"])
-    })?;
+    step(
+        "python: pip install ./python in .venv, numpy and torch.distributed tests, DDP through a NIC failure, torchrun",
+        || cmd("cargo", &["xtask", "python"]),
+    )?;
     step("UCX 1.13 smoke (Debian's libucx-dev, target/ucx-1.13)", || {
         // Sites with an old system UCX stay supported: build against it (R2CCL_UCX_DIR empty means
         // pkg-config's UCX), load it (LD_LIBRARY_PATH empty), and run the UCX loopback session
