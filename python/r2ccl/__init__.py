@@ -29,7 +29,7 @@ from ._load import load_ucx as _load_ucx
 _load_ucx()
 
 from . import _r2ccl  # noqa: E402
-from ._buffers import Buffer, as_buffer  # noqa: E402
+from ._buffers import Buffer, as_buffer  # noqa: E402,F401 - as_buffer: for tests and bindings
 from ._r2ccl import (  # noqa: E402
     AbortedError,
     BootstrapError,
@@ -111,8 +111,18 @@ class Work:
         return self._report
 
     def is_done(self) -> bool:
-        """Whether the call has finished (then :meth:`wait` does not block)."""
-        return self._done or self._inner.is_done()
+        """Whether the call has finished and its results are in place (then :meth:`wait` does
+        not block)."""
+        if self._done:
+            return True
+        if not self._inner.is_done():
+            return False
+        if self._post is not None:
+            try:
+                self.wait()  # done: runs the finishing step without blocking
+            except BaseException:  # noqa: BLE001 - wait() raises it again
+                pass
+        return True
 
 
 def _check_op(op: str) -> str:
@@ -172,8 +182,11 @@ class Communicator:
              timeout: Optional[float], keep: Sequence[Any]) -> Any:
         if send.dtype != recv.dtype:
             raise InvalidArgumentError(f"send holds {send.dtype} elements, recv {recv.dtype}")
-        w = Work(self._c.start(coll, send.dtype, count, send.addr, recv.addr, op, root, timeout),
-                 keep=[send, recv, *keep])
+        # The extension holds the owners until the call is done, even if this Work is dropped.
+        owners = [send, recv, *keep]
+        inner = self._c.start(coll, send.dtype, count, send.addr, send.nbytes, recv.addr, recv.nbytes, owners, op,
+                              root, timeout)
+        w = Work(inner, keep=owners)
         return w if async_op else w.wait()
 
     def _pair(self, send: Any, recv: Any) -> Tuple[Buffer, Buffer]:
@@ -194,10 +207,12 @@ class Communicator:
         """Rank ``root`` gets the reduction in ``recv`` (``send`` when None); other ranks' buffers
         are left as they were."""
         s, r = self._pair(send, recv)
+        if r.count != s.count:
+            raise InvalidArgumentError(f"reduce: send has {s.count} elements, recv {r.count}")
         keep: List[Any] = []
-        if r is s and self.rank != root:
+        if self.rank != root:
             scratch = bytearray(s.nbytes)  # the non-roots' output is scratch: theirs stays
-            r = as_buffer(memoryview(scratch).cast("B"), writable=True, dtype=s.dtype)
+            r = as_buffer(scratch, writable=True, dtype=s.dtype)
             keep.append(scratch)
         return self._run("reduce", s, r, s.count, _check_op(op), root, async_op, timeout, keep)
 
@@ -245,7 +260,7 @@ class Communicator:
             dtype = b.dtype
             raw.append((kind == "send", int(peer), b.addr, b.nbytes))
             keep.append(b)
-        w = Work(self._c.start_group(dtype or "u8", raw, timeout), keep=keep)
+        w = Work(self._c.start_group(dtype or "u8", raw, keep, timeout), keep=keep)
         return w if async_op else w.wait()
 
     def failed_nics(self) -> List[Tuple[int, int]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import sys
 from typing import Any, Optional
 
 # r2ccl's element types, by the struct format character and item size of a buffer.
@@ -72,6 +73,8 @@ def as_buffer(obj: Any, writable: bool, dtype: Optional[str] = None) -> Buffer:
             raise TypeError(f"r2ccl: dtype {obj.dtype} is not supported (r2ccl has {', '.join(SIZES)})")
         return Buffer(obj.data_ptr(), obj.numel() * obj.element_size(), name, obj)
     mv = memoryview(obj)
+    if mv.format[:1] in (">", "!") and sys.byteorder == "little" or mv.format[:1] == "<" and sys.byteorder == "big":
+        raise TypeError(f"r2ccl: buffer format {mv.format!r} is not in this machine's byte order")
     if not mv.c_contiguous:
         raise ValueError("r2ccl: the buffer is not C-contiguous")
     name = dtype or _format_dtype(mv.format, mv.itemsize)
@@ -82,8 +85,10 @@ def as_buffer(obj: Any, writable: bool, dtype: Optional[str] = None) -> Buffer:
             raise ValueError("r2ccl: the buffer is read-only")
         copy = bytearray(mv.cast("B"))  # a send buffer: read once, from a writable copy
         return Buffer(ctypes.addressof(ctypes.c_char.from_buffer(copy)), mv.nbytes, name, copy)
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(mv.cast("B")))
-    return Buffer(addr, mv.nbytes, name, obj)
+    flat = mv.cast("B")
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(flat))
+    # The export (`flat`) is kept: while it lives the object cannot resize or unmap its memory.
+    return Buffer(addr, mv.nbytes, name, (obj, flat))
 
 
 def _format_dtype(fmt: str, itemsize: int) -> str:

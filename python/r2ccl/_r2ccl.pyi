@@ -65,13 +65,20 @@ class Communicator:
         dtype: str,
         count: int,
         send: int,
+        send_nbytes: int,
         recv: int,
+        recv_nbytes: int,
+        keep: Sequence[object],
         op: Optional[str] = None,
         root: int = 0,
         timeout: Optional[float] = None,
     ) -> Work: ...
     def start_group(
-        self, dtype: str, ops: Sequence[Tuple[bool, int, int, int]], timeout: Optional[float] = None
+        self,
+        dtype: str,
+        ops: Sequence[Tuple[bool, int, int, int]],
+        keep: Sequence[object],
+        timeout: Optional[float] = None,
     ) -> Work: ...
     def failed_nics(self) -> List[Tuple[int, int]]: ...
     def take_events(self) -> List[Tuple[int, str]]: ...

@@ -169,20 +169,23 @@ class _Direction:
         self._src, self._dst = src, dst
         self._queue: "queue.Queue[Any]" = queue.Queue()
         self._comm: Optional[r2ccl.Communicator] = None
+        self._aborted = False
         self._thread = threading.Thread(target=self._run, name=f"r2ccl-p2p-{src}-{dst}", daemon=True)
         self._thread.start()
 
     def submit(self, t: torch.Tensor) -> "_Work":
         done = threading.Event()
         box: List[Optional[BaseException]] = [None]
-        self._queue.put((t, done, box))
+        cancelled = [False]
+        self._queue.put((t, done, box, cancelled))
 
         # The worker ends each item by the store's, the bootstrap's and the call's deadlines;
-        # this bound only guards against a worker that died.
+        # this bound only guards against a worker that died or a queue that never drains.
         limit = 2 * (self._backend._timeout or 1800) + 120
 
         def finish() -> None:
             if not done.wait(limit):
+                cancelled[0] = True  # the worker skips it if it has not started it yet
                 raise r2ccl.CollectiveTimeoutError(f"point-to-point {self._src}->{self._dst}: no answer in {limit} s")
             if box[0] is not None:
                 raise box[0]
@@ -195,13 +198,19 @@ class _Direction:
         while True:
             item = self._queue.get()
             if item is None:
-                if self._comm is not None:
-                    self._comm.destroy()
+                comm, self._comm = self._comm, None
+                if comm is not None:
+                    comm.destroy()
                 return
-            t, done, box = item
+            t, done, box, cancelled = item
             try:
+                if self._aborted:
+                    raise r2ccl.AbortedError(f"point-to-point {self._src}->{self._dst}: the group was aborted")
+                if cancelled[0]:
+                    raise r2ccl.CollectiveTimeoutError("timed out in the queue")
                 if self._comm is None:
-                    self._comm = _join(b._store, f"r2ccl/p2p/{self._src}/{self._dst}", int(me == self._dst), 2, b._timeout)
+                    key = f"r2ccl/p2p/{self._src}/{self._dst}"
+                    self._comm = _join(b._store, key, int(me == self._dst), 2, b._timeout)
                 if me == self._src:
                     self._comm.group([("send", t, 1)], timeout=b._timeout)
                 else:
@@ -210,11 +219,18 @@ class _Direction:
                 box[0] = e
             done.set()
 
-    def close(self) -> None:
-        """Stop the worker once its queue is done, and wait for it (a thread still inside the
-        extension when the interpreter exits would be killed mid-call)."""
+    def abort(self) -> None:
+        """Fail what is queued and what runs (its communicator is destroyed)."""
+        self._aborted = True
+        comm = self._comm
+        if comm is not None:
+            comm.destroy()
+
+    def close(self, timeout: float) -> None:
+        """Stop the worker once its queue is done, and wait for it at most ``timeout`` s (a
+        thread still inside the extension when the interpreter exits would be killed mid-call)."""
         self._queue.put(None)
-        self._thread.join(timeout=2 * (self._backend._timeout or 1800) + 120)
+        self._thread.join(timeout=timeout)
 
 
 class R2cclBackend(_C10dBackend):
@@ -226,11 +242,11 @@ class R2cclBackend(_C10dBackend):
         self._rank_in_group = rank
         self._size = size
         self._timeout = timeout.total_seconds() if timeout is not None else None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held briefly: the fields below
+        self._init_lock = threading.Lock()  # held while the group's communicator is created
         self._comm: Optional[r2ccl.Communicator] = None
         self._directions: dict = {}
-        self._futures: "Optional[queue.Queue[Any]]" = None
-        self._completer: Optional[threading.Thread] = None
+        self._waiters: set = set()  # threads completing futures
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return "r2ccl"
@@ -247,7 +263,10 @@ class R2cclBackend(_C10dBackend):
     @property
     def comm(self) -> r2ccl.Communicator:
         """The group's communicator (created by the first call)."""
-        with self._lock:
+        comm = self._comm
+        if comm is not None:
+            return comm
+        with self._init_lock:
             if self._comm is None:
                 self._comm = _join(self._store, "r2ccl/comm", self._rank_in_group, self._size, self._timeout)
             return self._comm
@@ -255,25 +274,23 @@ class R2cclBackend(_C10dBackend):
     # --- completion of futures ------------------------------------------------------------
 
     def _complete_later(self, work: _Work, fut: torch.futures.Future) -> None:
-        with self._lock:
-            if self._futures is None:
-                self._futures = queue.Queue()
-                self._completer = threading.Thread(target=self._complete_futures, name="r2ccl-futures", daemon=True)
-                self._completer.start()
-            self._futures.put((work, fut))
+        """Complete ``fut`` when ``work`` is done, on a thread of its own: a callback of one
+        future may wait for another (PowerSGD's DDP hook does), so none waits behind another."""
 
-    def _complete_futures(self) -> None:
-        assert self._futures is not None
-        while True:
-            item = self._futures.get()
-            if item is None:
-                return
-            work, fut = item
+        def run() -> None:
             try:
                 work.wait()
                 fut.set_result(work.result())
             except BaseException as e:  # noqa: BLE001 - the future carries it
                 fut.set_exception(e)
+            finally:
+                with self._lock:
+                    self._waiters.discard(threading.current_thread())
+
+        t = threading.Thread(target=run, name="r2ccl-future", daemon=True)
+        with self._lock:
+            self._waiters.add(t)
+        t.start()
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -281,9 +298,13 @@ class R2cclBackend(_C10dBackend):
                root: int = 0, result: Optional[List[torch.Tensor]] = None,
                post: Optional[Callable[[], None]] = None, dtype: Optional[str] = None) -> _Work:
         dtype = dtype or _dtype(send)
+        if _dtype(send) != dtype or _dtype(recv) != dtype:
+            raise TypeError(f"r2ccl: {coll} of {send.dtype} into {recv.dtype}: the dtypes must match")
         s = as_buffer(send, writable=False, dtype=dtype)
         r = s if recv is send else as_buffer(recv, writable=True, dtype=dtype)
-        inner = self.comm._c.start(coll, dtype, count, s.addr, r.addr, op, root, self._timeout)
+        # The extension holds s and r until the call is done, even if every Work is dropped.
+        inner = self.comm._c.start(coll, dtype, count, s.addr, s.nbytes, r.addr, r.nbytes, [s, r], op, root,
+                                   self._timeout)
         work = r2ccl.Work(inner, keep=[s, r], post=post)
         return _Work(self, work.wait, result if result is not None else [recv], work.is_done)
 
@@ -370,18 +391,8 @@ class R2cclBackend(_C10dBackend):
             return self._start("all_gather", c, flat, n, result=list(outs), post=back, dtype=_dtype(c))
         # Uneven: everyone sends its tensor to everyone.
         c, _ = self._contiguous(t)
-        staged = [o if o.is_contiguous() else o.contiguous() for o in outs]
-        ops = []
-        for peer in range(self._size):
-            ops.append(("send", c, peer))
-            ops.append(("recv", staged[peer], peer))
-
-        def back_uneven() -> None:
-            for o, s in zip(outs, staged):
-                if o is not s:
-                    o.copy_(s)
-
-        return self._group(ops, list(outs), back_uneven)
+        ops = [op for peer in range(self._size) for op in (("send", c, peer), ("recv", outs[peer], peer))]
+        return self._p2p_into(ops, list(outs))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Work:
         if output.numel() != input.numel() * self._size:
@@ -433,18 +444,11 @@ class R2cclBackend(_C10dBackend):
                     o.copy_(flat_out[i * n:(i + 1) * n].view_as(o))
 
             return self._start("all_to_all", flat_in, flat_out, n, result=list(outputs), post=back)
-        staged = [o if o.is_contiguous() else o.contiguous() for o in outputs]
-        ops = []
-        for peer in range(self._size):
-            ops.append(("send", inputs[peer].contiguous(), peer))
-            ops.append(("recv", staged[peer], peer))
-
-        def back_uneven() -> None:
-            for o, s in zip(outputs, staged):
-                if o is not s:
-                    o.copy_(s)
-
-        return self._group(ops, list(outputs), back_uneven)
+        ops = [
+            op for peer in range(self._size)
+            for op in (("send", inputs[peer].contiguous(), peer), ("recv", outputs[peer], peer))
+        ]
+        return self._p2p_into(ops, list(outputs))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int],
                           input_split_sizes: List[int], opts: Any) -> _Work:
@@ -547,16 +551,17 @@ class R2cclBackend(_C10dBackend):
 
     # --- lifetime ---------------------------------------------------------------------------
 
-    def _stop_threads(self) -> None:
-        """End the point-to-point workers and the future completer, and wait for them."""
+    def _stop_threads(self, timeout: Optional[float] = None) -> None:
+        """End the point-to-point workers and wait for them and the future threads, each at
+        most ``timeout`` s (by default the longest a call may take)."""
+        limit = timeout if timeout is not None else 2 * (self._timeout or 1800) + 120
         with self._lock:
             directions, self._directions = self._directions, {}
-            futures, completer, self._futures, self._completer = self._futures, self._completer, None, None
+            waiters = list(self._waiters)
         for d in directions.values():
-            d.close()
-        if futures is not None and completer is not None:
-            futures.put(None)
-            completer.join(timeout=2 * (self._timeout or 1800) + 120)
+            d.close(limit)
+        for t in waiters:
+            t.join(timeout=limit)
 
     def shutdown(self) -> None:
         self._stop_threads()
@@ -568,9 +573,13 @@ class R2cclBackend(_C10dBackend):
     def abort(self) -> None:
         with self._lock:
             comm, self._comm = self._comm, None
+            directions = list(self._directions.values())
         if comm is not None:
             comm.destroy()
-        self._stop_threads()
+        for d in directions:
+            d.abort()
+        # Everything in flight now fails at once; the threads end quickly.
+        self._stop_threads(timeout=10)
 
 
 # The backend of each group this process belongs to, by group name.
@@ -601,7 +610,7 @@ def _stop_at_exit() -> None:
     """Threads of backends never shut down are stopped before the interpreter tears down (one
     inside the extension at that moment would be killed mid-call)."""
     for b in list(_BACKENDS.values()):
-        b._stop_threads()
+        b._stop_threads(timeout=30)
 
 
 dist.Backend.register_backend("r2ccl", create_backend, extended_api=True, devices=["cpu"])

@@ -6,17 +6,35 @@ use pyo3::prelude::*;
 use r2ccl::CommError;
 
 create_exception!(_r2ccl, R2cclError, PyRuntimeError, "Any error of an r2ccl call.");
-create_exception!(_r2ccl, BootstrapError, R2cclError, "Bootstrap or OOB setup failed.");
-create_exception!(_r2ccl, TransportError, R2cclError, "The transport (UCX) could not be set up.");
-create_exception!(_r2ccl, InvalidArgumentError, R2cclError, "Invalid options or arguments; nothing was sent.");
-create_exception!(_r2ccl, PeerLostError, R2cclError, "A peer process is gone (attribute `rank`).");
-create_exception!(_r2ccl, MismatchError, R2cclError, "Ranks called collective `seq` with different arguments.");
-create_exception!(_r2ccl, CollectiveTimeoutError, R2cclError, "A collective did not finish by its deadline.");
-create_exception!(_r2ccl, NodeIsolatedError, R2cclError, "Every NIC of a node is down (attribute `node`).");
-create_exception!(_r2ccl, NoCommonRailError, R2cclError, "Two nodes that must talk share no healthy rail.");
-create_exception!(_r2ccl, NoPathLeftError, R2cclError, "Every path to a peer failed for too long.");
-create_exception!(_r2ccl, CollectiveFailedError, R2cclError, "A collective failed for another reason.");
-create_exception!(_r2ccl, AbortedError, R2cclError, "The communicator was aborted.");
+
+/// Each exception class under `R2cclError`, declared and listed for [`register`].
+macro_rules! exceptions {
+    ($($name:ident: $doc:literal,)*) => {
+        $(create_exception!(_r2ccl, $name, R2cclError, $doc);)*
+
+        /// Add every exception class to the module.
+        pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+            let py = m.py();
+            m.add("R2cclError", py.get_type::<R2cclError>())?;
+            $(m.add(stringify!($name), py.get_type::<$name>())?;)*
+            Ok(())
+        }
+    };
+}
+
+exceptions! {
+    BootstrapError: "Bootstrap or OOB setup failed.",
+    TransportError: "The transport (UCX) could not be set up.",
+    InvalidArgumentError: "Invalid options or arguments; nothing was sent.",
+    PeerLostError: "A peer process is gone (attribute `rank`).",
+    MismatchError: "Ranks called collective `seq` with different arguments.",
+    CollectiveTimeoutError: "A collective did not finish by its deadline.",
+    NodeIsolatedError: "Every NIC of a node is down (attribute `node`).",
+    NoCommonRailError: "Two nodes that must talk share no healthy rail.",
+    NoPathLeftError: "Every path to a peer failed for too long.",
+    CollectiveFailedError: "A collective failed for another reason.",
+    AbortedError: "The communicator was aborted.",
+}
 
 /// The Python exception for `e`, with the ranks, nodes and sequence numbers it names as
 /// attributes (`seq`, `rank`, `node`, `nodes`).
@@ -51,22 +69,4 @@ pub(crate) fn to_py(e: CommError) -> PyErr {
         });
     }
     err
-}
-
-/// Add every exception class to the module.
-pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let py = m.py();
-    m.add("R2cclError", py.get_type::<R2cclError>())?;
-    m.add("BootstrapError", py.get_type::<BootstrapError>())?;
-    m.add("TransportError", py.get_type::<TransportError>())?;
-    m.add("InvalidArgumentError", py.get_type::<InvalidArgumentError>())?;
-    m.add("PeerLostError", py.get_type::<PeerLostError>())?;
-    m.add("MismatchError", py.get_type::<MismatchError>())?;
-    m.add("CollectiveTimeoutError", py.get_type::<CollectiveTimeoutError>())?;
-    m.add("NodeIsolatedError", py.get_type::<NodeIsolatedError>())?;
-    m.add("NoCommonRailError", py.get_type::<NoCommonRailError>())?;
-    m.add("NoPathLeftError", py.get_type::<NoPathLeftError>())?;
-    m.add("CollectiveFailedError", py.get_type::<CollectiveFailedError>())?;
-    m.add("AbortedError", py.get_type::<AbortedError>())?;
-    Ok(())
 }

@@ -109,9 +109,11 @@ impl From<r2ccl::CollReport> for CollReport {
 
 enum WorkState {
     /// Started; a group's receives are copied to `scatter` (address, length) when it ends.
+    /// `keep` holds the Python objects that own the memory the call reads and writes.
     Running {
         handle: Handle,
         scatter: Vec<(usize, usize)>,
+        keep: Vec<PyObject>,
     },
     Done(Result<r2ccl::CollReport, CommError>),
     /// Between the two, inside [`Work::finish`] only.
@@ -127,25 +129,78 @@ struct Work {
 impl Work {
     fn finish(state: &mut WorkState) {
         let WorkState::Running { .. } = state else { return };
-        let WorkState::Running { handle, scatter } = std::mem::replace(state, WorkState::Finishing) else {
+        let WorkState::Running { handle, scatter, keep } = std::mem::replace(state, WorkState::Finishing) else {
             return;
         };
-        let result = handle.wait().and_then(|(output, report)| {
-            let mut at = 0usize;
-            for &(addr, len) in &scatter {
-                let src = output.get(at..at + len).ok_or_else(|| CommError::Failed {
-                    seq: report.seq,
-                    why: format!("group output holds {} bytes, the receives {}", output.len(), at + len),
-                })?;
-                // SAFETY: the Python layer passed `addr` as a writable buffer of `len` bytes and
-                // keeps its owner alive, and written by nothing else, until this work is done.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, len) };
-                at += len;
-            }
-            Ok(report)
-        });
+        let result = finish_call(handle, &scatter);
+        // The memory is no longer touched: its owners may go (their references are released
+        // when this thread next holds the GIL, if it does not now).
+        drop(keep);
         *state = WorkState::Done(result);
     }
+}
+
+/// Wait for `handle`, then copy a group's receives to `scatter` (address, length).
+fn finish_call(handle: Handle, scatter: &[(usize, usize)]) -> Result<r2ccl::CollReport, CommError> {
+    handle.wait().and_then(|(output, report)| {
+        let mut at = 0usize;
+        for &(addr, len) in scatter {
+            let src = output.get(at..at + len).ok_or_else(|| CommError::Failed {
+                seq: report.seq,
+                why: format!("group output holds {} bytes, the receives {}", output.len(), at + len),
+            })?;
+            // SAFETY: the Python layer passed `addr` as a writable buffer of `len` bytes and
+            // keeps its owner alive, and written by nothing else, until this work is done.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, len) };
+            at += len;
+        }
+        Ok(report)
+    })
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        // A call dropped before it finished still reads and writes its buffers: a reaper waits
+        // for it (by its deadline) and only then lets the buffers' owners go.
+        let state = std::mem::replace(
+            self.state.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner),
+            WorkState::Finishing,
+        );
+        if let WorkState::Running { handle, scatter, keep } = state {
+            reaper().send((handle, scatter, keep));
+        }
+    }
+}
+
+/// A dropped call: its handle, a group's receive places, the owners of its memory.
+type Dropped = (Handle, Vec<(usize, usize)>, Vec<PyObject>);
+
+/// The reaper of dropped calls: one thread, started on first use.
+struct Reaper(Mutex<std::sync::mpsc::Sender<Dropped>>);
+
+impl Reaper {
+    fn send(&self, item: Dropped) {
+        if let Err(unsent) = lock(&self.0).send(item) {
+            // No reaper thread could be started: leak the call's buffers rather than free
+            // memory the call may still write.
+            std::mem::forget(unsent.0);
+        }
+    }
+}
+
+fn reaper() -> &'static Reaper {
+    static REAPER: std::sync::OnceLock<Reaper> = std::sync::OnceLock::new();
+    REAPER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Dropped>();
+        // If the thread cannot start, its receiver is dropped and every send leaks (see `send`).
+        let _ = std::thread::Builder::new().name("r2ccl-reaper".into()).spawn(move || {
+            for (handle, scatter, keep) in rx {
+                let _ = finish_call(handle, &scatter);
+                drop(keep);
+            }
+        });
+        Reaper(Mutex::new(tx))
+    })
 }
 
 #[pymethods]
@@ -168,11 +223,17 @@ impl Work {
     /// Whether the call has finished (then `wait` returns at once); never blocks.
     fn is_done(&self) -> bool {
         let Ok(mut state) = self.state.try_lock() else { return false };
-        match &mut *state {
-            WorkState::Done(_) => true,
+        let finished = match &mut *state {
+            WorkState::Done(_) => return true,
             WorkState::Running { handle, .. } => handle.is_done(),
             WorkState::Finishing => false,
+        };
+        if finished {
+            // Done: finishing does not block, and copies a group's receives into place, so
+            // that what the caller reads next is the result.
+            Work::finish(&mut state);
         }
+        finished
     }
 }
 
@@ -271,12 +332,14 @@ impl Communicator {
     }
 
     /// Start collective `coll` (`all_reduce`, `reduce_scatter`, `all_gather`, `broadcast`,
-    /// `reduce`, `all_to_all`) of `count` elements of `dtype` from address `send` into
-    /// address `recv` (equal addresses: in place), sized as the collective needs.
+    /// `reduce`, `all_to_all`) of `count` elements of `dtype` from address `send` (of
+    /// `send_nbytes` bytes) into address `recv` (of `recv_nbytes`; equal addresses: in place);
+    /// buffers smaller than the collective needs are refused. `keep` lists the objects that
+    /// own that memory: the work holds them until the call is done, even if it is dropped.
     ///
-    /// Safety, for the Python layer: both addresses must stay valid, and untouched by
-    /// anything else, until the returned work is done.
-    #[pyo3(signature = (coll, dtype, count, send, recv, op=None, root=0, timeout=None))]
+    /// Safety, for the Python layer: the addresses must be valid for those sizes while
+    /// `keep`'s objects live, and untouched by anything else until the work is done.
+    #[pyo3(signature = (coll, dtype, count, send, send_nbytes, recv, recv_nbytes, keep, op=None, root=0, timeout=None))]
     #[allow(clippy::too_many_arguments)] // reason: the C-style signature bindings call
     fn start(
         &self,
@@ -284,7 +347,10 @@ impl Communicator {
         dtype: &str,
         count: u64,
         send: usize,
+        send_nbytes: usize,
         recv: usize,
+        recv_nbytes: usize,
+        keep: Vec<PyObject>,
         op: Option<&str>,
         root: u32,
         timeout: Option<f64>,
@@ -303,20 +369,41 @@ impl Communicator {
         if send == 0 || recv == 0 {
             return Err(PyValueError::new_err("a null buffer address"));
         }
+        let dtype = parse_dtype(dtype)?;
         let comm = self.get()?;
-        // SAFETY: the caller's contract above.
-        let handle = unsafe {
-            comm.start_raw(coll, parse_dtype(dtype)?, count, send as *const u8, recv as *mut u8, to_duration(timeout)?)
+        // The extents the call reads and writes, against what the buffers hold.
+        let (in_len, out_len) = r2ccl_algo::ScheduleRequest::new(coll, dtype, count)
+            .buffer_lens(comm.world() as usize)
+            .map_err(|e| to_py(CommError::Invalid(e.to_string())))?;
+        let (need_send, need_recv) =
+            if send == recv { (in_len.max(out_len), in_len.max(out_len)) } else { (in_len, out_len) };
+        if (send_nbytes as u64) < need_send || (recv_nbytes as u64) < need_recv {
+            return Err(to_py(CommError::Invalid(format!(
+                "{} of {count} {dtype} elements needs {need_send} bytes to send and {need_recv} to receive{}; \
+                 the buffers hold {send_nbytes} and {recv_nbytes}",
+                coll.name(),
+                if send == recv { " (in place: one buffer)" } else { "" },
+            ))));
         }
-        .map_err(to_py)?;
-        Ok(Work { state: Mutex::new(WorkState::Running { handle, scatter: Vec::new() }) })
+        // SAFETY: the caller's contract above; the extents were checked against the buffers.
+        let handle =
+            unsafe { comm.start_raw(coll, dtype, count, send as *const u8, recv as *mut u8, to_duration(timeout)?) }
+                .map_err(to_py)?;
+        Ok(Work { state: Mutex::new(WorkState::Running { handle, scatter: Vec::new(), keep }) })
     }
 
     /// Start a group of sends and receives of `dtype` elements: `ops` lists
     /// `(is_send, peer, address, nbytes)`. Sends are copied now; receives are written when the
-    /// work is waited for. Every rank of the communicator calls it at the same point.
-    #[pyo3(signature = (dtype, ops, timeout=None))]
-    fn start_group(&self, dtype: &str, ops: Vec<(bool, u32, usize, usize)>, timeout: Option<f64>) -> PyResult<Work> {
+    /// work is waited for (or found done). `keep` lists the objects that own the receive
+    /// buffers, held until then. Every rank of the communicator calls it at the same point.
+    #[pyo3(signature = (dtype, ops, keep, timeout=None))]
+    fn start_group(
+        &self,
+        dtype: &str,
+        ops: Vec<(bool, u32, usize, usize)>,
+        keep: Vec<PyObject>,
+        timeout: Option<f64>,
+    ) -> PyResult<Work> {
         let dtype = parse_dtype(dtype)?;
         let elem = dtype.size();
         let mut plan = Vec::with_capacity(ops.len());
@@ -344,7 +431,7 @@ impl Communicator {
             }
         }
         let handle = self.get()?.start_group(dtype, &plan, input, to_duration(timeout)?).map_err(to_py)?;
-        Ok(Work { state: Mutex::new(WorkState::Running { handle, scatter }) })
+        Ok(Work { state: Mutex::new(WorkState::Running { handle, scatter, keep }) })
     }
 
     /// The NICs every rank agreed are failed, as `(node, rail)` pairs.

@@ -241,6 +241,9 @@ def case_dtype():
     for t in (torch.ones(4, dtype=torch.int16), torch.ones(4, dtype=torch.uint16)):
         _, e = expect(TypeError, lambda: dist.all_reduce(t))
     _, e2 = expect(TypeError, lambda: dist.broadcast(torch.ones(4, dtype=torch.int16), src=0))
+    # Output and input of different dtypes (torch does not check it here): refused, not overrun.
+    out16 = torch.zeros(4 * WORLD, dtype=torch.float16)
+    _, e3 = expect(TypeError, lambda: dist.all_gather_into_tensor(out16, torch.ones(4, dtype=torch.float32)))
     # Complex tensors reach the backend as float pairs (torch's view_as_real) and sum exactly.
     c = torch.full((4,), complex(RANK + 1, -RANK), dtype=torch.complex64)
     dist.all_reduce(c)

@@ -3,6 +3,7 @@ health readouts and the Prometheus endpoint. Ranks are threads of this process (
 its own with two NICs on loopback); the GIL is released while calls run, so they overlap."""
 
 import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -89,6 +90,55 @@ def test_bad_arguments_are_typed_errors_and_lose_nothing():
         return x
 
     for x in run(2, body):
+        assert (x == 2).all()
+
+
+def test_buffers_too_small_for_the_call_are_refused_by_the_extension():
+    def body(c):
+        # Straight to the extension, past the Python layer's checks: it checks the extents itself.
+        small = r2ccl.as_buffer(np.zeros(4, dtype=np.float32), writable=True)
+        big = r2ccl.as_buffer(np.zeros(8, dtype=np.float32), writable=True)
+        with pytest.raises(r2ccl.InvalidArgumentError):
+            c._c.start("all_gather", "f32", 4, small.addr, small.nbytes, small.addr, small.nbytes, [small])
+        with pytest.raises(r2ccl.InvalidArgumentError):
+            c._c.start("all_reduce", "f32", 8, big.addr, big.nbytes, small.addr, small.nbytes, [big, small])
+        with pytest.raises(r2ccl.InvalidArgumentError):
+            c.reduce(np.zeros(8, dtype=np.float32), np.zeros(4, dtype=np.float32))
+        with pytest.raises(TypeError):
+            c.all_reduce(np.zeros(4, dtype=">f4"))  # not this machine's byte order
+        x = np.ones(4, dtype=np.float32)
+        c.all_reduce(x)
+        return x
+
+    for x in run(2, body):
+        assert (x == 2).all()
+
+
+def test_dropped_async_calls_finish_and_polled_groups_land():
+    import gc
+
+    def body(c):
+        r = c.rank
+        # Started and dropped at once, with temporaries as buffers: the extension keeps them
+        # until the calls are done; later calls are exact.
+        for _ in range(5):
+            c.all_reduce(np.ones(1 << 16, dtype=np.float32), async_op=True)
+            c.all_gather(bytes(64), np.zeros(128, dtype=np.uint8), async_op=True)
+        gc.collect()
+        got = np.zeros(3, dtype=np.int64)
+        w = c.group([("send", np.full(3, r + 7, dtype=np.int64), 1 - r), ("recv", got, 1 - r)], async_op=True)
+        t0 = time.monotonic()
+        while not w.is_done():
+            assert time.monotonic() - t0 < 30, "the group never finished"
+            time.sleep(0.001)
+        polled = got.copy()  # read after is_done() only: the receive must be in place
+        x = np.ones(4, dtype=np.float32)
+        c.all_reduce(x)
+        return polled, x
+
+    out = run(2, body)
+    for r, (polled, x) in enumerate(out):
+        assert (polled == (1 - r) + 7).all(), polled
         assert (x == 2).all()
 
 

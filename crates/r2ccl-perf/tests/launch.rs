@@ -387,9 +387,25 @@ fn listening(pids: &[u32]) -> Vec<String> {
     addrs
 }
 
+/// On every address, one stranger sends garbage and leaves, another connects and says nothing
+/// (its connection is returned, to keep open).
+fn knock(addrs: &[String]) -> Vec<std::net::TcpStream> {
+    use std::io::Write as _;
+    let mut silent = Vec::new();
+    for addr in addrs {
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            let garbage: Vec<u8> = (0..512u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+            let _ = s.write_all(&garbage);
+        }
+        if let Ok(s) = std::net::TcpStream::connect(addr) {
+            silent.push(s);
+        }
+    }
+    silent
+}
+
 #[test]
 fn strangers_on_every_listening_port_are_dropped_and_the_job_stays_exact() {
-    use std::io::Write as _;
     let child = Command::new(env!("CARGO_BIN_EXE_r2ccl-perf"))
         .args(["launch", "-n", "3", "--nics", "2", "all_reduce", "-b", "1M", "-e", "1M", "-N", "0", "--duration", "4"])
         .env("R2CCL_DEBUG", "ERROR")
@@ -402,21 +418,76 @@ fn strangers_on_every_listening_port_are_dropped_and_the_job_stays_exact() {
     let addrs = listening(&ranks);
     // Every rank listens at least for the OOB mesh and for UCX's TCP connections.
     assert!(ranks.len() == 3 && addrs.len() >= 2 * ranks.len(), "ranks {ranks:?} listen on {addrs:?}");
-    let mut silent = Vec::new();
-    for addr in &addrs {
-        // One stranger sends garbage and leaves, another connects and says nothing.
-        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
-            let garbage: Vec<u8> = (0..512u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-            let _ = s.write_all(&garbage);
-        }
-        if let Ok(s) = std::net::TcpStream::connect(addr) {
-            silent.push(s);
-        }
-    }
+    let silent = knock(&addrs);
     eprintln!("strangers knocked on {} ports of ranks {ranks:?}: {addrs:?}", addrs.len());
     let o = child.wait_with_output().unwrap();
     drop(silent);
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     assert!(t.contains("# Out of bounds values : 0 OK"), "{t}");
+}
+
+/// The average bus bandwidth a timeline run (`-N 0`) printed.
+fn timeline_busbw(t: &str) -> f64 {
+    t.lines()
+        .find_map(|l| l.strip_prefix("# Avg bus bandwidth    : "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no average bus bandwidth in:\n{t}"))
+}
+
+/// Issue 29's attack on a whole job: while 3 ranks x 2 NICs run a checked AllReduce timeline, a
+/// stranger who speaks UCX but lacks the secret connects to every listening port of the ranks
+/// (found as a port scan would; it does not know which port is whose) and sends forged chunk
+/// headers for the current and future collectives, split headers and guessed payloads, oversized
+/// messages under every data tag and forged probe replies, claiming to be every rank; others send
+/// garbage or stay silent on every port. Every value stays exact, no rank fails over or fails
+/// back, and the bandwidth stays within reach of a control run's (the stranger shares the 2 cores).
+#[test]
+fn a_stranger_speaking_ucx_on_every_port_changes_no_result_and_fails_no_path() {
+    let args = ["launch", "-n", "3", "--nics", "2", "all_reduce", "-b", "1M", "-e", "1M", "-d", "int32"];
+    let timeline = ["-N", "0", "--duration", "4"];
+    let (control, _) = perf(&[&args[..], &timeline[..]].concat(), &[]);
+    let ct = text(&control);
+    assert!(control.status.success() && ct.contains("# Out of bounds values : 0 OK"), "control run:\n{ct}");
+    // Every rank logs its path failures and failovers (NET, INFO) on the shared stderr.
+    let child = Command::new(env!("CARGO_BIN_EXE_r2ccl-perf"))
+        .args(args)
+        .args(timeline)
+        .env("R2CCL_DEBUG", "INFO")
+        .env("R2CCL_DEBUG_SUBSYS", "NET")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    let ranks = children(child.id());
+    let addrs = listening(&ranks);
+    assert!(ranks.len() == 3 && addrs.len() >= 2 * ranks.len(), "ranks {ranks:?} listen on {addrs:?}");
+    let sockaddrs: Vec<std::net::SocketAddr> = addrs.iter().filter_map(|a| a.parse().ok()).collect();
+    let stranger = std::thread::spawn(move || {
+        r2ccl_ucx::stranger::attack_addrs(&sockaddrs, 3, 2, 1 << 20, Duration::from_millis(2300))
+    });
+    let silent = knock(&addrs);
+    let sent = stranger.join().unwrap().expect("the stranger opens UCX on lo");
+    let o = child.wait_with_output().unwrap();
+    drop(silent);
+    let t = text(&o);
+    let (before, after) = (timeline_busbw(&ct), timeline_busbw(&t));
+    eprintln!(
+        "stranger on {} ports of ranks {ranks:?}: {sent:?}; busbw {after:.3} GB/s against {before:.3} without it",
+        addrs.len()
+    );
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("# Out of bounds values : 0 OK"), "{t}");
+    assert!(sent.messages > 1000, "the stranger sent {sent:?}");
+    assert!(t.contains("# rank 0: failovers 0 fail-backs 0 wrong values 0"), "{t}");
+    assert!(t.contains("no failover"), "{t}");
+    let faults: Vec<&str> = t
+        .lines()
+        .filter(|l| l.contains("failover comm") || (l.contains("path node") && l.contains(" failed")))
+        .collect();
+    assert!(faults.is_empty(), "the stranger failed paths or caused failovers: {faults:#?}");
+    // Not a timing target: the stranger's flood costs CPU on a 2-core machine; a stalled job
+    // (the forged probe replies of old) would fall far below this.
+    assert!(after > 0.25 * before, "bus bandwidth {after:.3} under attack against {before:.3} without");
 }

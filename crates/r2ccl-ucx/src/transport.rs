@@ -505,6 +505,12 @@ impl UcxTransport {
             }
             parsed.insert(rank, (index, peer));
         }
+        // Each peer keeps a data and a probe endpoint on each rail (a replaced one closes), so
+        // twice that, plus slack for reconnects, bounds what strangers can make a listener hold.
+        let max_accepted = 4 * parsed.len() + 64;
+        for rail in self.set.rails() {
+            rail.worker().set_max_accepted(max_accepted);
+        }
         for (rank, (_, peer)) in parsed {
             if rank == self.rank {
                 continue;

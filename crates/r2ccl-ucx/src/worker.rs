@@ -39,7 +39,8 @@ impl WorkerAddress {
         sockaddr::unpack(&self.0).map_err(|why| UcxError::BadAddress { len: self.0.len(), why })
     }
 
-    fn from_socket_addr(addr: SocketAddr) -> Self {
+    /// The address of a listener at `addr` (what a rank's address blob carries per rail).
+    pub fn from_socket_addr(addr: SocketAddr) -> Self {
         Self(sockaddr::pack(addr))
     }
 }
@@ -92,7 +93,15 @@ pub(crate) struct WorkerState {
     listener: Option<Listener>,
     /// Endpoints accepted from peers' connection requests.
     accepted: Vec<Accepted>,
+    /// The most endpoints accepted at once; further connection requests are rejected.
+    max_accepted: usize,
+    /// Connection requests rejected for being over `max_accepted`.
+    rejected: u64,
 }
+
+/// The default cap on endpoints a worker's listener keeps accepted at once (each holds a socket
+/// and UCX state); [`Worker::set_max_accepted`] sizes it to the job.
+pub const DEFAULT_MAX_ACCEPTED: usize = 4096;
 
 /// How long a worker being destroyed keeps progressing to let its orphaned requests finish.
 const ORPHAN_DRAIN: std::time::Duration = std::time::Duration::from_millis(200);
@@ -168,6 +177,22 @@ impl Locked<'_> {
     fn accept_incoming(&mut self) {
         let requests = std::mem::take(&mut *self.incoming.lock().unwrap_or_else(PoisonError::into_inner));
         for ConnRequest(request) in requests {
+            if self.state.accepted.len() >= self.state.max_accepted {
+                if let Some(l) = &self.state.listener {
+                    // SAFETY: live listener and a request it delivered, lock held; used once.
+                    unsafe { sys::ucp_listener_reject(l.handle, request) };
+                }
+                self.state.rejected += 1;
+                if self.state.rejected.is_power_of_two() {
+                    tracing::warn!(
+                        target: r2ccl_core::subsys::NET,
+                        accepted = self.state.accepted.len(),
+                        rejected = self.state.rejected,
+                        "a listener holds its most accepted endpoints; connection requests rejected"
+                    );
+                }
+                continue;
+            }
             let state = Arc::new(EpState::new("accepted peer endpoint".into(), false));
             // SAFETY: ucp_ep_params_t is a plain C struct; all-zero means "no fields set".
             let mut params: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
@@ -291,7 +316,13 @@ impl Worker {
         Ok(Self {
             shared: Arc::new(WorkerShared {
                 handle,
-                state: Mutex::new(WorkerState { orphans: Vec::new(), listener: None, accepted: Vec::new() }),
+                state: Mutex::new(WorkerState {
+                    orphans: Vec::new(),
+                    listener: None,
+                    accepted: Vec::new(),
+                    max_accepted: DEFAULT_MAX_ACCEPTED,
+                    rejected: 0,
+                }),
                 context,
                 incoming: Mutex::new(Vec::new()),
             }),
@@ -354,6 +385,18 @@ impl Worker {
     /// How many endpoints accepted from peers' connections are open.
     pub fn accepted_count(&self) -> usize {
         self.shared.lock().state.accepted.len()
+    }
+
+    /// Keep at most `max` endpoints accepted at once (at least 1): the listener rejects further
+    /// connection requests, so that strangers who connect and never leave hold bounded memory
+    /// and sockets. Accepted endpoints that fail are closed and free their place.
+    pub fn set_max_accepted(&self, max: usize) {
+        self.shared.lock().state.max_accepted = max.max(1);
+    }
+
+    /// Connection requests rejected for being over the cap.
+    pub fn rejected_count(&self) -> u64 {
+        self.shared.lock().state.rejected
     }
 
     /// Make progress once (`ucp_worker_progress`); returns the number of events UCX processed.

@@ -61,6 +61,25 @@ fn two_workers_exchange_tagged_messages_bit_exact() {
     assert_eq!(b.orphan_count(), 0);
 }
 
+/// A stranger who opens connection after connection and never leaves holds at most the cap of
+/// accepted endpoints; the rest are rejected and counted.
+#[test]
+fn a_listener_keeps_at_most_its_cap_of_accepted_endpoints() {
+    let target = worker_on_lo();
+    target.set_max_accepted(3);
+    let addr = target.address().unwrap();
+    let stranger = worker_on_lo();
+    let eps: Vec<_> = (0..10).map(|i| stranger.connect(&addr, format!("stranger {i}")).unwrap()).collect();
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until && target.accepted_count() as u64 + target.rejected_count() < 10 {
+        target.progress();
+        stranger.progress();
+    }
+    assert_eq!(target.accepted_count(), 3, "accepted endpoints");
+    assert_eq!(target.rejected_count(), 7, "rejected connection requests");
+    drop(eps);
+}
+
 #[test]
 fn a_receive_that_never_matches_times_out_by_its_deadline_and_is_cancelled() {
     let w = worker_on_lo();

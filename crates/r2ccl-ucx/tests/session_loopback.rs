@@ -7,7 +7,8 @@
 
 mod common;
 
-use common::{rank_main, run_cluster, run_tests, self_cmd, stranger, Outcome, Scenario, ROLE_VAR};
+use common::{rank_main, run_cluster, run_tests, self_cmd, Outcome, Scenario, ROLE_VAR};
+use r2ccl_ucx::stranger;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -87,7 +88,7 @@ fn a_stranger_speaking_ucx_changes_nothing() {
     let out = seen.clone();
     let total = sc.bytes as u64;
     let inject: common::Injector = Box::new(move |blobs| {
-        let sent = stranger::attack(blobs, total, Duration::from_millis(1500));
+        let sent = stranger::attack(blobs, total, Duration::from_millis(1500)).expect("the stranger opens UCX on lo");
         *out.lock().unwrap() = sent;
         Vec::new()
     });

@@ -710,6 +710,9 @@ impl Progress {
             let _ = agreed.set_failed(*nic);
             engine.mark_nic_down(Duration::ZERO, &mut transport, *nic);
         }
+        if let Ok(mut f) = shared.failed.lock() {
+            *f = agreed.failed_nics();
+        }
         if !dead.is_empty() {
             let names: Vec<String> = dead.iter().map(ToString::to_string).collect();
             tracing::warn!(target: subsys::INIT, rank = opts.rank, nics = ?names, "NICs unusable since the start; planning without them");

@@ -8,7 +8,6 @@
 //! re-probes down paths. Every receiver checks its bytes bit for bit.
 #![allow(dead_code, reason = "each test binary uses a different part of the driver")]
 
-pub mod stranger;
 pub mod testbed;
 
 use r2ccl_core::{NicId, NodeId, Rank};
