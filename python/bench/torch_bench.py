@@ -99,7 +99,8 @@ def main() -> None:
         vals = [r[key][str(mib)] if mib is not None else r[key] for r in runs[backend]]
         return max(vals) if key == "busbw" else min(vals)
 
-    print(f"torch.distributed, {WORLD} processes on one host (r2ccl: each a node with 2 NICs on lo); "
+    nics = os.environ.get("R2CCL_NICS", "lo,lo")
+    print(f"torch.distributed, {WORLD} processes on one host (r2ccl: each a node, NICs {nics}); "
           f"best of {args.rounds} alternating rounds")
     print(f"{'all_reduce float32':>20} {'gloo GB/s':>10} {'r2ccl GB/s':>11} {'r2ccl/gloo':>11}")
     for mib in SIZES_MIB:

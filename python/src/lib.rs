@@ -505,8 +505,19 @@ fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
+/// Install r2ccl's log subscriber (`R2CCL_DEBUG`, `R2CCL_DEBUG_SUBSYS`, `R2CCL_DEBUG_FILE`, as
+/// in Rust programs that call `r2ccl_log::init`), unless the configuration is invalid (the first
+/// communicator then says why) or the process has a subscriber already.
+fn init_logging() {
+    let Ok(cfg) = r2ccl_config::load() else { return };
+    if let Ok(spec) = r2ccl_log::LogSpec::parse(&cfg.log.level, &cfg.log.subsys, &cfg.log.file) {
+        let _ = r2ccl_log::init(&spec);
+    }
+}
+
 #[pymodule]
 fn _r2ccl(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    init_logging();
     m.add_class::<Root>()?;
     m.add_class::<Communicator>()?;
     m.add_class::<Work>()?;

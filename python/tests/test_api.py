@@ -2,6 +2,7 @@
 health readouts and the Prometheus endpoint. Ranks are threads of this process (each a node of
 its own with two NICs on loopback); the GIL is released while calls run, so they overlap."""
 
+import os
 import threading
 import time
 import urllib.request
@@ -178,3 +179,31 @@ def test_prometheus_endpoint_serves_metrics():
     with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     assert "r2ccl_" in text
+
+
+def test_r2ccl_debug_logs_from_python(tmp_path):
+    """R2CCL_DEBUG works in a Python program as in a Rust one: the failover is logged."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "logs.py"
+    script.write_text(textwrap.dedent("""
+        import threading, numpy as np, r2ccl
+        root = r2ccl.Root.create("127.0.0.1")
+        uid = root.unique_id()
+        def rank(r):
+            c = r2ccl.Communicator(r, 2, uid, node=f"n{r}", nics=["lo", "lo"], root=root if r == 0 else None,
+                                   fault_injection_from_env=True)
+            x = np.ones(1 << 18, dtype=np.float32)
+            for _ in range(20):
+                c.all_reduce(x)
+            c.finalize()
+        ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+        [t.start() for t in ts]; [t.join() for t in ts]
+    """))
+    env = dict(os.environ, R2CCL_DEBUG="INFO", R2CCL_DEBUG_SUBSYS="NET",
+               R2CCL_FAULT="rank=1,nic=0,after_msgs=20,kind=down")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "node1/nic0" in out.stderr and "INFO" in out.stderr, out.stderr[-2000:]
