@@ -179,6 +179,8 @@ def test_prometheus_endpoint_serves_metrics():
     with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     assert "r2ccl_" in text
+    # Labelled by the collective that ran (it once read "collective" for every call).
+    assert 'collective="allreduce"' in text, [ln for ln in text.splitlines() if "collective_duration" in ln][:5]
 
 
 def test_r2ccl_debug_logs_from_python(tmp_path):

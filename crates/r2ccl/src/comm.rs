@@ -525,6 +525,8 @@ struct Current {
     /// The collective ran on registered memory: its result is in place already.
     registered: bool,
     out_len: usize,
+    /// The collective's name (`all_reduce`, ..., `group`), for metrics.
+    name: &'static str,
     strategy: Schedule,
     epoch: u64,
     started: Instant,
@@ -1202,7 +1204,7 @@ impl Progress {
                         };
                         let secs = c.started.elapsed().as_secs_f64();
                         self.last_done = c.seq;
-                        crate::metrics::record_collective("collective", c.strategy.name(), secs);
+                        crate::metrics::record_collective(c.name, c.strategy.name(), secs);
                         self.export_nic_bytes();
                         let report = CollReport { seq: c.seq, strategy: c.strategy, epoch: c.epoch, seconds: secs };
                         let _ = c.reply.send(out.map(|o| (o, report)).map_err(|e| CommError::from_engine(c.seq, &e)));
@@ -1443,7 +1445,7 @@ impl Progress {
                 let _ = reply.send(Err(CommError::from_engine(seq, &e)));
                 return None;
             }
-            return Some(self.current(seq, reply, (None, None, true), out_len, strategy, deadline));
+            return Some(self.current(seq, reply, (None, None, true), (out_len, work.name()), strategy, deadline));
         }
         let rank = self.rank;
         let copy_in = |engine: &mut Engine, transport: &mut UcxTransport, now: Duration| {
@@ -1484,22 +1486,24 @@ impl Progress {
                 return None;
             }
         };
-        Some(self.current(seq, reply, (borrowed, access, false), out_len, strategy, deadline))
+        Some(self.current(seq, reply, (borrowed, access, false), (out_len, work.name()), strategy, deadline))
     }
 
     /// The record of collective `seq`, started now.
-    /// `memory`: the borrowed output, its guard, and whether the call runs on registered memory.
+    /// `memory`: the borrowed output, its guard, and whether the call runs on registered memory;
+    /// `output`: the output's length and the collective's name.
     fn current(
         &self,
         seq: u64,
         reply: Sender<Reply>,
         memory: (Option<(*mut u8, usize)>, Option<Access>, bool),
-        out_len: usize,
+        output: (usize, &'static str),
         strategy: Schedule,
         deadline: Instant,
     ) -> Current {
         let started = Instant::now();
         let (borrowed, access, registered) = memory;
+        let (out_len, name) = output;
         Current {
             seq,
             reply,
@@ -1507,6 +1511,7 @@ impl Progress {
             access,
             registered,
             out_len,
+            name,
             strategy,
             epoch: self.agreed.epoch().0,
             started,
