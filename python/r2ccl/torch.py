@@ -26,6 +26,7 @@ import os
 import queue
 import socket
 import threading
+import time
 import weakref
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -127,6 +128,14 @@ class _Work(dist._Work):
             raise self._error
 
     def wait(self, timeout: Any = None) -> bool:
+        # torch passes a timedelta; zero means none (the call's own deadline still applies).
+        secs = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout or 0)
+        if secs > 0 and not self._completed:
+            deadline = time.monotonic() + secs
+            while not self._is_done():
+                if time.monotonic() > deadline:
+                    raise r2ccl.CollectiveTimeoutError(f"r2ccl: the work was not done within {secs} s")
+                time.sleep(0.0005)
         self._complete()
         return True
 

@@ -4,6 +4,7 @@ Usage: python _worker.py CASE RANK WORLD STORE_FILE. Exits 0 when every check pa
 ``OK <case> <details>`` or the failure.
 """
 
+import datetime
 import os
 import sys
 import time
@@ -84,6 +85,10 @@ def case_ops():
         dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.0))
         same(t, sum(data(r, n, dt) * 2 for r in range(WORLD)), f"all_reduce premul_sum {dt}")
         checked += 2
+    # wait() with a timeout (torch's timedelta) on a call that finishes in time.
+    t = data(RANK, n, torch.float32)
+    dist.all_reduce(t, async_op=True).wait(timeout=datetime.timedelta(seconds=60))
+    same(t, sum(data(r, n, torch.float32) for r in range(WORLD)), "all_reduce wait(timeout)")
     # The future DDP waits on holds the reduced tensor.
     t = data(RANK, n, torch.float32)
     fut = dist.all_reduce(t, async_op=True).get_future()
