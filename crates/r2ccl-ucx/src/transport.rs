@@ -681,6 +681,7 @@ impl UcxTransport {
         };
         let Some(r) = self.set.rails().get(rail) else { return State::Stuck };
         let me = u64::from(self.rank.0) | (u64::from(rail_u16(rail)) << 32);
+        let header_recv = matches!(held, Held::Recv(_));
         let res = match held {
             Held::Send(payload) => r.send(path.peer, me, DataBuf::Owned(payload)).map(State::Live),
             Held::Split(mut header, body) => {
@@ -718,6 +719,13 @@ impl UcxTransport {
         };
         match res {
             Ok(s) => s,
+            // A header receive that fails as it is posted matched a message already waiting that
+            // does not fit (a stranger's oversized message under a data tag): as when it fails
+            // later, an empty receipt, counted as malformed and re-posted, never a path failure.
+            Err(e) if header_recv && !self.nics.get(rail).is_some_and(Nic::is_down) => {
+                tracing::debug!(target: NET, %path, error = %e, "header receive failed at once");
+                State::Delayed(CompletionKind::Received(Vec::new()), Instant::now())
+            }
             Err(e) => {
                 tracing::debug!(target: NET, %path, error = %e, "post failed at once");
                 State::Delayed(CompletionKind::Failed(PathFault::Endpoint), Instant::now())

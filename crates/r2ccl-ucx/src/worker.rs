@@ -135,7 +135,8 @@ impl Locked<'_> {
     pub(crate) fn progress(&mut self) -> u32 {
         // SAFETY: the handle is a live worker and the lock is held.
         let events = unsafe { sys::ucp_worker_progress(self.handle) };
-        self.accept_incoming();
+        // Failed endpoints go first, so that a peer's reconnect arriving with its old
+        // endpoint's failure finds the old one's place free under the cap.
         if self.state.accepted.iter().any(|a| a.state.failure().is_some()) {
             let (failed, live): (Vec<Accepted>, Vec<Accepted>) =
                 std::mem::take(&mut self.state.accepted).into_iter().partition(|a| a.state.failure().is_some());
@@ -149,6 +150,7 @@ impl Locked<'_> {
             }
             self.drain_missed_events();
         }
+        self.accept_incoming();
         if !self.state.orphans.is_empty() {
             // SAFETY: orphan requests belong to this worker and the lock is held.
             self.state.orphans.retain_mut(|o| unsafe { !o.try_release() });
@@ -176,12 +178,16 @@ impl Locked<'_> {
     /// Create an endpoint for every queued connection request.
     fn accept_incoming(&mut self) {
         let requests = std::mem::take(&mut *self.incoming.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut rejected_now = 0u64;
         for ConnRequest(request) in requests {
             if self.state.accepted.len() >= self.state.max_accepted {
+                // Requests only come from the listener's callback, so it exists.
+                debug_assert!(self.state.listener.is_some(), "a connection request without a listener");
                 if let Some(l) = &self.state.listener {
                     // SAFETY: live listener and a request it delivered, lock held; used once.
                     unsafe { sys::ucp_listener_reject(l.handle, request) };
                 }
+                rejected_now += 1;
                 self.state.rejected += 1;
                 if self.state.rejected.is_power_of_two() {
                     tracing::warn!(
@@ -214,6 +220,11 @@ impl Locked<'_> {
                 tracing::debug!(target: r2ccl_core::subsys::NET, %status, "could not accept a peer's connection");
                 self.drain_missed_events();
             }
+        }
+        if rejected_now > 0 {
+            // A reject can remove a UCX async handler: drain its missed events (see
+            // `drain_missed_events`).
+            self.drain_missed_events();
         }
     }
 }

@@ -395,7 +395,7 @@ impl Communicator {
     /// (the view its plans use; empty while every NIC is healthy). Rails are NIC indices on
     /// their node, nodes as [`Communicator::nodes`] numbers them.
     pub fn failed_nics(&self) -> Vec<NicId> {
-        self.shared.failed.lock().map(|f| f.clone()).unwrap_or_default()
+        self.shared.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// Failover and health events since the last call.

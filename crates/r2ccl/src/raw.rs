@@ -194,9 +194,11 @@ impl Communicator {
                 input.len()
             )));
         }
-        let output = usize::try_from(out_len)
-            .map(|n| vec![0; n])
-            .map_err(|_| CommError::Invalid(format!("group receives of {out_len} bytes do not fit in memory")))?;
+        let too_big = || CommError::Invalid(format!("group receives of {out_len} bytes do not fit in memory"));
+        let out_len_usize = usize::try_from(out_len).map_err(|_| too_big())?;
+        let mut output = Vec::new();
+        output.try_reserve_exact(out_len_usize).map_err(|_| too_big())?;
+        output.resize(out_len_usize, 0);
         let call = Call {
             work: Work::Group(ops.to_vec()),
             dtype,
