@@ -247,14 +247,18 @@ impl Drop for WorkerShared {
         // (typically forced endpoint closes on a dead path that outlived their wait): give them a bounded
         // time to finish under progress first, so that the worker is destroyed with as little UCX work in
         // flight as possible. Whatever is left is released by the destroy, and only then may its buffers
-        // be freed. The accepted endpoints close first; the listener stays, rejecting every request,
-        // until just before the worker is destroyed with no progress in between: UCX 1.22 calls a
-        // destroyed listener's connection callback from a missed event of a half-open connection
-        // (a SIGSEGV in `ucp_cm_server_conn_request_cb` in about 1 of 60 runs of `r2ccl --test group`).
+        // be freed. The listener goes first (no new connections), then the accepted endpoints.
         {
             let mut locked = self.lock();
-            locked.state.max_accepted = 0;
-            locked.accept_incoming();
+            if let Some(l) = locked.state.listener.take() {
+                let pending = std::mem::take(&mut *self.incoming.lock().unwrap_or_else(PoisonError::into_inner));
+                for ConnRequest(r) in pending {
+                    // SAFETY: live listener and a request it delivered, lock held.
+                    unsafe { sys::ucp_listener_reject(l.handle, r) };
+                }
+                // SAFETY: the listener came from ucp_listener_create on this worker and is destroyed once.
+                unsafe { sys::ucp_listener_destroy(l.handle) };
+            }
             for a in std::mem::take(&mut locked.state.accepted) {
                 // SAFETY: a live endpoint of this worker, lock held; never used again. Its error
                 // state is kept with the close request until after the worker is destroyed.
@@ -280,16 +284,6 @@ impl Drop for WorkerShared {
             // SAFETY: the worker is still live and no other reference to it exists (we are in its drop);
             // ucp_request_free may be called on an unfinished request (no further notifications).
             unsafe { o.free_request() };
-        }
-        if let Some(l) = self.state.get_mut().unwrap_or_else(PoisonError::into_inner).listener.take() {
-            let pending = std::mem::take(&mut *self.incoming.lock().unwrap_or_else(PoisonError::into_inner));
-            for ConnRequest(r) in pending {
-                // SAFETY: live listener and a request it delivered; no other reference to the worker.
-                unsafe { sys::ucp_listener_reject(l.handle, r) };
-            }
-            // SAFETY: the listener came from ucp_listener_create on this worker and is destroyed once;
-            // the worker is destroyed next, with no progress that could call it back.
-            unsafe { sys::ucp_listener_destroy(l.handle) };
         }
         // SAFETY: the handle came from a successful ucp_worker_create and is destroyed once.
         unsafe { sys::ucp_worker_destroy(self.handle) };
