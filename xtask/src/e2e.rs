@@ -765,10 +765,21 @@ fn software_faults(sc: &Scenario) -> std::result::Result<Vec<String>, String> {
     Ok(specs)
 }
 
+/// A free loopback port below the kernel's default ephemeral range (32768-60999), for rank 0 to
+/// bind after we release it: a port from that range could be handed to another connection of the
+/// host in between (`r2ccl::bootstrap::free_port_outside_ephemeral_range` for the library's users).
+fn low_free_port() -> Result<u16> {
+    let start = std::process::id().wrapping_mul(7919) % 20_000;
+    (0..20_000u32)
+        .map(|i| 10_000 + ((start + i) % 20_000) as u16)
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .context("no free loopback port in 10000-29999")
+}
+
 /// The loopback fallback of [`execute`]: every rank on this host over `lo` (as many NICs as the
 /// scenario's nodes have), the faults injected in software (`R2CCL_FAULT`, [`software_faults`]).
 fn execute_loopback(sc: &Scenario, exe: &Path, logs: &Path, faults: &[String]) -> Result<Outcome> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = low_free_port()?;
     let secret = secret()?;
     let nics = vec!["lo"; sc.spec.nics as usize].join(",");
     let mut guard = Guard { prefix: None, children: Vec::new() };

@@ -298,7 +298,7 @@ fn runs_under_openmpi_mpirun() {
         eprintln!("******** SKIPPED runs_under_openmpi_mpirun: no mpirun (apt-get install openmpi-bin) ********");
         return;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = r2ccl::bootstrap::free_port_outside_ephemeral_range(std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
     let root = format!("R2CCL_ROOT=127.0.0.1:{port}");
     let start = Instant::now();
     let out = Command::new("mpirun")
@@ -318,7 +318,7 @@ fn runs_under_openmpi_mpirun() {
 fn a_nic_missing_at_start_is_planned_around() {
     // Rank 1's second NIC cannot be opened (it does not exist): the job starts anyway, every
     // rank plans without node 1's NIC 1 from the first collective on, and results are exact.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = r2ccl::bootstrap::free_port_outside_ephemeral_range(std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
     let root = format!("127.0.0.1:{port}");
     let start = Instant::now();
     let kids: Vec<_> = (0..3)

@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::print_stderr, reason = "test code: a panic or a note is the report")]
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -20,8 +20,10 @@ fn http_get(addr: &str, path: &str) -> Option<String> {
     out.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
 }
 
+/// A port outside the ephemeral range: one taken from it and released could be handed to another
+/// test's connection before the child binds it.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    r2ccl::bootstrap::free_port_outside_ephemeral_range(std::net::Ipv4Addr::LOCALHOST.into()).unwrap()
 }
 
 /// Kills the children when the test ends, also on a panic.

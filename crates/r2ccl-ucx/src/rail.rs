@@ -117,6 +117,11 @@ impl Rail {
         Ok(())
     }
 
+    /// Every endpoint of this rail, data and probe, to every peer.
+    pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> {
+        self.peers.values().flat_map(|e| e.data.iter().chain(std::iter::once(&e.probe)))
+    }
+
     /// An endpoint's label in errors and logs, e.g. `rank 3 rail 1 data`.
     fn label(&self, peer: Rank, what: &str) -> String {
         format!("rank {} rail {} {what}", peer.0, self.id.0)

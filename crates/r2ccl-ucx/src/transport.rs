@@ -67,6 +67,10 @@ pub const PAYLOAD_BIT: u64 = 1 << 60;
 const PAYLOAD_RANDOM: u64 = SPLIT_BIT - 1;
 /// Bytes after a split header naming its payload's tag.
 const PAYLOAD_TAG_LEN: usize = 8;
+/// Tag of the empty messages [`UcxTransport::leave`] settles connections with: no receive
+/// matches it (rank `u32::MAX` on rail 255 in the data bits, neither the probe nor the split
+/// or payload bits).
+const SETTLE_TAG: u64 = (1 << 61) | DATA_MASK;
 /// Rails a data tag can name (8 bits).
 const MAX_RAILS: usize = 256;
 /// Chunks of at least this many bytes are sent split (no copy on either side); smaller ones go as
@@ -340,6 +344,9 @@ pub struct UcxTransport {
     peers: BTreeMap<Rank, Peer>,
     /// Peers that left the communicator: their endpoints are closed and never reconnected.
     forgotten: std::collections::BTreeSet<Rank>,
+    /// This rank is leaving the communicator ([`UcxTransport::leave`]): no endpoint is
+    /// connected or reconnected any more, to any peer.
+    leaving: bool,
     /// The kernel's TCP state of this process's connections, and the instant it was read at
     /// ([`Transport::path_evidence`]).
     tcp_snapshot: Option<(Duration, Vec<crate::tcpinfo::Connection>)>,
@@ -461,6 +468,7 @@ impl UcxTransport {
             node: cfg.node,
             peers: BTreeMap::new(),
             forgotten: std::collections::BTreeSet::new(),
+            leaving: false,
             tcp_snapshot: None,
             stale: std::collections::BTreeSet::new(),
             events: VecDeque::new(),
@@ -612,7 +620,7 @@ impl UcxTransport {
 
     /// The address `peer` published for `rail`, unless it left or published none (a dead rail).
     fn peer_address(&self, rail: usize, peer: Rank) -> Option<WorkerAddress> {
-        if self.forgotten.contains(&peer) {
+        if self.leaving || self.forgotten.contains(&peer) {
             return None;
         }
         self.peers.get(&peer).and_then(|p| p.addrs.get(rail)).filter(|a| !a.as_bytes().is_empty()).cloned()
@@ -621,7 +629,7 @@ impl UcxTransport {
     /// Reconnect the endpoints to `peer` on `rail` if UCX reported them failed (a path coming back), or,
     /// for a data send, if the data endpoint was closed ([`UcxTransport::stop_split_send`]).
     fn heal_endpoints(&mut self, rail: usize, peer: Rank, for_data: bool) {
-        if self.forgotten.contains(&peer) {
+        if self.leaving || self.forgotten.contains(&peer) {
             return;
         }
         let failed = self.set.rails().get(rail).and_then(|r| r.peer(peer).ok()).is_none_or(|e| {
@@ -822,6 +830,50 @@ impl UcxTransport {
             _ => true,
         };
         (finished, safe)
+    }
+
+    /// Start leaving the communicator: from now on no endpoint is connected or reconnected to
+    /// any peer, and every connection this rank started is settled (established or failed)
+    /// before this returns, within `settle`. Call it before telling the peers this rank leaves.
+    ///
+    /// Why: a peer that hears this rank leave may destroy its listeners, and UCX 1.22 calls a
+    /// destroyed listener's connection callback when a connection it accepted delivers its
+    /// request afterwards (SIGSEGV in `ucp_cm_server_conn_request_cb`): a connection of ours
+    /// still on its way, or a reconnect started after our goodbye, would crash that peer.
+    ///
+    /// How: an empty message on every live endpoint, under [`SETTLE_TAG`] (which no receive
+    /// matches; it stays in the peer's unexpected queue until its worker goes), completes only
+    /// once the connection is wired up, that is once the peer accepted it. (An endpoint flush
+    /// would say the same, but a flush still pending when its endpoint is closed by force makes
+    /// UCX 1.22 touch the freed endpoint.) Returns how many endpoints had not settled in time.
+    pub fn leave(&mut self, settle: Duration) -> usize {
+        self.leaving = true;
+        let deadline = Instant::now() + settle;
+        let mut pending: Vec<Request<Vec<u8>>> = Vec::new();
+        for rail in self.set.rails() {
+            for ep in rail.endpoints().filter(|e| e.failure().is_none()) {
+                if let Ok(r) = ep.tag_send(SETTLE_TAG, Vec::new()) {
+                    pending.push(r);
+                }
+            }
+        }
+        while !pending.is_empty() && Instant::now() < deadline {
+            let mut events = 0;
+            for rail in self.set.rails() {
+                events += rail.worker().progress();
+            }
+            pending.retain_mut(|r| !r.is_done());
+            if events == 0 {
+                std::thread::yield_now();
+            }
+        }
+        let unsettled = pending.len();
+        if unsettled > 0 {
+            tracing::debug!(target: NET, unsettled, "leaving with endpoints whose connection had not settled");
+        }
+        // Released with the endpoints (or the workers), as every request given up on.
+        self.detached.extend(pending);
+        unsettled
     }
 
     /// Forget `peer`, which left the communicator: close its endpoints on every rail now, so

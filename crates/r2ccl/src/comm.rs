@@ -1252,6 +1252,10 @@ impl Progress {
     /// ranks that had not left.
     fn depart(&mut self, current: &mut Option<Current>, linger: bool) -> Vec<u32> {
         self.fail(current, CommError::Aborted("communicator destroyed".into()));
+        // No connection of ours may still be on its way to a peer that hears our goodbye and
+        // destroys its listeners (see `UcxTransport::leave`).
+        let settle = Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.min(2000));
+        self.transport.leave(settle);
         let mut bye = vec![DEPART];
         bye.extend_from_slice(&self.last_done.to_le_bytes());
         self.mesh.broadcast(Channel::Abort, &bye);

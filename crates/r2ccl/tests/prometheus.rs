@@ -6,7 +6,7 @@
 
 use r2ccl::metrics;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,8 +19,10 @@ fn http_get(addr: &str, path: &str) -> Option<String> {
     out.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
 }
 
+/// A port outside the ephemeral range: one taken from it and released could be handed to another
+/// test's connection before the child binds it.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    r2ccl::bootstrap::free_port_outside_ephemeral_range(std::net::Ipv4Addr::LOCALHOST.into()).unwrap()
 }
 
 #[test]
