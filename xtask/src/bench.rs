@@ -108,6 +108,7 @@ const USAGE: &str =
 parts: faultfree strategies pause loopback timeline (default: all); every part but loopback needs root
 --quick            CI-sized smoke (small sizes, short runs; under 2 minutes with a healthy library)
 --rate RATE        tbf rate per NIC of the testbed parts (default 100mbit; kbit/mbit/gbit)
+--nics K           NICs per node of the 4-node testbed (default 2; 2..=8)
 --reps N           repetitions per fault kind in the pause part (default 2 quick, 10 full)
 --loopback-nics K  NICs (lo) per r2ccl rank in the loopback part (default 1, like the peers' one TCP path)
 --strategies-size SIZE  AllReduce size per rank in the strategies part (default 64M, large as in the targets; 2M with --quick)
@@ -127,6 +128,8 @@ struct Opts {
     strategies: Vec<String>,
     /// `--rank-env`: extra variables for every testbed rank.
     rank_env: Vec<(String, String)>,
+    /// `--nics`: NICs per node of the testbed parts.
+    nics: u32,
     micro: bool,
 }
 
@@ -141,6 +144,7 @@ impl Opts {
             strategies_size: None,
             strategies: Vec::new(),
             rank_env: Vec::new(),
+            nics: 2,
             micro: false,
         };
         let mut it = args.iter();
@@ -164,6 +168,13 @@ impl Opts {
                     let r = value("--rate")?;
                     rate_bps(&r)?;
                     o.rate = r;
+                }
+                "--nics" => {
+                    let n: u32 = value("--nics")?.parse().context("--nics: not a number")?;
+                    if !(2..=8).contains(&n) {
+                        bail!("--nics must be 2..=8");
+                    }
+                    o.nics = n;
                 }
                 "--reps" => {
                     let n: u32 = value("--reps")?.parse().context("--reps: not a number")?;
@@ -2205,7 +2216,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         plan: crate::target_dir().join("release/r2ccl-plan"),
         out: out.clone(),
         quick: opts.quick,
-        spec: Spec { prefix: PREFIX.into(), nodes: 4, nics: 2, rate: Some(opts.rate.clone()) },
+        spec: Spec { prefix: PREFIX.into(), nodes: 4, nics: opts.nics, rate: Some(opts.rate.clone()) },
         reps: opts.reps.unwrap_or(if opts.quick { 2 } else { 10 }),
         loopback_nics: opts.loopback_nics,
         strategies_size: opts.strategies_size.clone(),
