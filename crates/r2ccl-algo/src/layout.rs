@@ -447,31 +447,105 @@ impl Fabric {
 }
 
 impl Fabric {
-    /// The split of a transfer from `src` to `dst` when every pair of `nodes` exchanges data at
-    /// once (the direct four-stage levels): same-rail parts, rail `r` weighted by the share of
-    /// both NICs one connection gets when the NIC's bandwidth is divided evenly between its
-    /// connections, `min(usable(src, r) / c(src, r), usable(dst, r) / c(dst, r))`, where `c(x, r)`
-    /// counts the other nodes of `nodes` whose NIC on rail `r` is usable. Under fair sharing each
-    /// part then runs at the rate its bytes need, and the pair's parts finish together. Pairs with
-    /// no usable rail in common get [`Fabric::split`].
-    pub fn fair_split(&self, src: NodeId, dst: NodeId, nodes: &[NodeId], mask: RailMask) -> Result<RailSplit, AlgoError> {
-        let k = self.layout.nics_per_node();
-        let up = |node: NodeId, r: usize| mask.contains(r) && self.usable_mbps(node, RailId(r as u16)) > 0;
-        let conns = |node: NodeId, r: usize| nodes.iter().filter(|&&x| x != node && up(x, r)).count().max(1) as u64;
-        let parts: Vec<RailPart> = (0..k)
-            .filter(|&r| up(src, r) && up(dst, r))
-            .filter_map(|r| {
-                let rail = RailId(r as u16);
-                // Scaled so that a 1 Mbit/s NIC shared by 4,096 connections keeps a weight.
-                let share = |x: NodeId| self.usable_mbps(x, rail).saturating_mul(1 << 12) / conns(x, r);
-                let weight = share(src).min(share(dst));
-                (weight > 0).then_some(RailPart { src: rail, dst: rail, weight })
-            })
-            .collect();
+    /// The split of a ring transfer from member `src` to member `dst` of a four-stage level
+    /// of `members` members whose `joiners` scatter into and gather back from every member
+    /// over `policy` splits (one segment, 1/`members` of the level, each way per joiner).
+    ///
+    /// A member's ring traffic (2 (s - 1) / s of the level each way) fills what the joiners
+    /// leave of its NICs by water-filling: every NIC ends at the same load per bandwidth, or
+    /// carries no ring traffic if the joiners alone load it beyond that. So a rail that
+    /// carries the joiners' traffic gets less of the ring, and no member NIC is loaded like
+    /// the joiner's own. Where the joiners load a member's NICs in proportion to bandwidth
+    /// (or there are none), this is `split(src, dst, mask, policy)`.
+    pub fn joined_ring_split(
+        &self,
+        src: NodeId,
+        dst: NodeId,
+        members: usize,
+        joiners: &[NodeId],
+        mask: RailMask,
+        policy: RailPolicy,
+    ) -> Result<RailSplit, AlgoError> {
+        let plain = self.split(src, dst, mask, policy)?;
+        if joiners.is_empty() || members < 2 {
+            return Ok(plain);
+        }
+        let tx = self.ring_room(src, members, joiners, mask, policy, true)?;
+        let rx = self.ring_room(dst, members, joiners, mask, policy, false)?;
+        let (Some(tx), Some(rx)) = (tx, rx) else { return Ok(plain) };
+        let parts = if self.rail_only {
+            (0..self.layout.nics_per_node())
+                .filter_map(|r| {
+                    let w = tx[r].min(rx[r]);
+                    (w > 0).then_some(RailPart { src: RailId(r as u16), dst: RailId(r as u16), weight: w })
+                })
+                .collect()
+        } else {
+            transport_plan(&tx, &rx)
+        };
         if parts.is_empty() {
-            return self.split(src, dst, mask, RailPolicy::Spread);
+            return Ok(plain);
         }
         Ok(RailSplit { parts })
+    }
+
+    /// Per-rail weights for `node`'s ring traffic around the joiners' load (see
+    /// [`Fabric::joined_ring_split`]), sending (`true`) or receiving; `None` where the joiners
+    /// load the node's NICs in proportion to bandwidth (the plain split is right then).
+    fn ring_room(
+        &self,
+        node: NodeId,
+        members: usize,
+        joiners: &[NodeId],
+        mask: RailMask,
+        policy: RailPolicy,
+        sending: bool,
+    ) -> Result<Option<Vec<u64>>, AlgoError> {
+        let k = self.layout.nics_per_node();
+        let mut cap = vec![0.0f64; k];
+        for (r, c) in cap.iter_mut().enumerate() {
+            if mask.contains(r) {
+                *c = self.usable_mbps(node, RailId(r as u16)) as f64;
+            }
+        }
+        if cap.iter().all(|&c| c == 0.0) {
+            return Ok(None);
+        }
+        // Joiner bytes per rail, in units of the level's length.
+        let mut load = vec![0.0f64; k];
+        for &e in joiners.iter().filter(|&&e| e != node) {
+            let sp = if sending { self.split(node, e, mask, policy)? } else { self.split(e, node, mask, policy)? };
+            let total = sp.total_weight().max(1) as f64;
+            for p in &sp.parts {
+                let r = if sending { p.src } else { p.dst }.index();
+                load[r] += p.weight as f64 / total / members as f64;
+            }
+        }
+        let level = |r: usize| if cap[r] > 0.0 { load[r] / cap[r] } else { f64::INFINITY };
+        let used: Vec<usize> = (0..k).filter(|&r| cap[r] > 0.0).collect();
+        let first = level(used[0]);
+        if used.iter().all(|&r| (level(r) - first).abs() <= 1e-9 * first.max(1e-12)) {
+            return Ok(None);
+        }
+        // Water level u: sum over rails of max(0, u * cap - load) = the ring's bytes.
+        let ring = 2.0 * (members as f64 - 1.0) / members as f64;
+        let mut order = used.clone();
+        order.sort_by(|&a, &b| level(a).total_cmp(&level(b)));
+        let (mut csum, mut lsum, mut u) = (0.0, 0.0, 0.0);
+        for (i, &r) in order.iter().enumerate() {
+            csum += cap[r];
+            lsum += load[r];
+            u = (ring + lsum) / csum;
+            if order.get(i + 1).is_none_or(|&n| u <= level(n)) {
+                break;
+            }
+        }
+        // Parts per million of the ring's bytes (integer weights, as splits take).
+        Ok(Some(
+            (0..k)
+                .map(|r| if cap[r] > 0.0 { ((u * cap[r] - load[r]).max(0.0) / ring * 1e6).round() as u64 } else { 0 })
+                .collect(),
+        ))
     }
 }
 

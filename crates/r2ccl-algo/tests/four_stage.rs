@@ -7,10 +7,10 @@
 mod common;
 
 use r2ccl_algo::{
-    build_all, model, simulate, Collective, ExecOrder, Fabric, Layout, RankSchedule, ScheduleRequest, SimParams,
-    StepKind, Strategy,
+    build_all, model, simulate, Collective, ExecOrder, Fabric, Layout, RailMask, RailPolicy, RailSplit, RankSchedule,
+    ScheduleRequest, SimParams, StepKind, Strategy,
 };
-use r2ccl_core::{DType, HealthView, NicId, ReduceOp};
+use r2ccl_core::{DType, HealthView, NicId, NodeId, ReduceOp};
 
 const MBPS: u64 = 100_000;
 
@@ -117,35 +117,73 @@ fn ratios(fab: &Fabric, count: u64, k: u32) -> (f64, f64) {
 }
 
 #[test]
-fn four_stage_ports_carry_the_bound_s_bytes_and_its_event_time_stays_bounded() {
-    // Failed NICs (every NIC at full speed or none): the busiest NIC port carries the bound's bytes.
-    // `simulate` serves each port first come, first served; the schedule is built for NICs that
-    // share their bandwidth fairly between connections (r2ccl-sim's max-min sharing runs these
-    // cases at 1.000-1.02 of the bound, `r2ccl-sim` tests `four_stage_reaches_the_bound`), so its
-    // event time here only has to stay bounded.
+fn four_stage_event_time_approaches_the_bound_where_the_port_model_allows_it() {
     let count = 1u64 << 20;
-    type Case<'a> = (usize, usize, &'a [(u32, u16, f64)]);
+    // Failed NICs (every NIC at full speed or none): the port floor is the bound, and the rate-matched
+    // schedule gets close to it (the unpaced schedule took 1.13-1.45x here).
+    type Case<'a> = (usize, usize, &'a [(u32, u16, f64)], f64);
     let failed: &[Case<'_>] = &[
-        (4, 4, &[(0, 1, 0.0)]),
-        (8, 8, &[(5, 3, 0.0)]),
-        (8, 2, &[(1, 1, 0.0)]),
-        (6, 4, &[(0, 0, 0.0), (3, 1, 0.0), (3, 2, 0.0)]),
-        (8, 4, &[(0, 0, 0.0), (1, 0, 0.0), (1, 1, 0.0), (1, 2, 0.0)]),
+        (4, 4, &[(0, 1, 0.0)], 1.12),
+        (8, 8, &[(5, 3, 0.0)], 1.08),
+        (8, 2, &[(1, 1, 0.0)], 1.06),
+        (6, 4, &[(0, 0, 0.0), (3, 1, 0.0), (3, 2, 0.0)], 1.07),
+        (8, 4, &[(0, 0, 0.0), (1, 0, 0.0), (1, 1, 0.0), (1, 2, 0.0)], 1.03),
     ];
-    for &(n, nics, deg) in failed {
+    for &(n, nics, deg, max) in failed {
         let fab = fabric(n, 1, nics, deg);
         let (t, floor) = ratios(&fab, count, 64);
         println!("four-stage n={n} nics={nics} {deg:?} K=64: T/LB {t:.4}, port floor/LB {floor:.4}");
         assert!(floor < 1.01, "n={n} nics={nics}: port floor {floor}");
-        assert!(t < 1.5, "n={n} nics={nics} {deg:?}: {t:.4} x the bound");
+        assert!(t < max, "n={n} nics={nics} {deg:?}: {t:.4} x the bound (expected < {max})");
     }
-    // One NIC per node, node 0 degraded to beta = 1 - X (the section-7 table). A part holds both ports
-    // at the slower rate, so a healthy NIC receiving from the straggler is busy 1/beta times longer
-    // than its bytes need.
-    for (n, x) in [(4usize, 0.25), (4, 0.5), (8, 0.125), (8, 0.5)] {
+    // One NIC per node, node 0 degraded to beta = 1 - X (the section-7 table). A part holds both ports at the
+    // slower rate, so a healthy NIC receiving from the straggler is busy 1/beta times longer: for beta > 1/2
+    // the port floor of these messages is above the bound (1.167 and 1.107); for beta = 1/2 it is the bound,
+    // with every port busy all the time.
+    for (n, x, floor_want, max) in
+        [(4usize, 0.25, 1.1667, 1.22), (4, 0.5, 1.0, 1.08), (8, 0.125, 1.1071, 1.15), (8, 0.5, 1.0, 1.09)]
+    {
         let fab = fabric(n, 1, 1, &[(0, 0, 1.0 - x)]);
-        let (t, floor) = ratios(&fab, count, 64);
-        println!("four-stage n={n} X={x} K=64: T/LB {t:.4}, port floor/LB {floor:.4}");
-        assert!(t >= floor * 0.999 && t < 1.5, "n={n} X={x}: {t:.4} x the bound");
+        for k in [16u32, 64] {
+            let (t, floor) = ratios(&fab, count, k);
+            println!("four-stage n={n} X={x} K={k}: T/LB {t:.4}, port floor/LB {floor:.4}");
+            assert!((floor - floor_want).abs() < 0.001, "n={n} X={x}: port floor {floor}");
+            if k == 64 {
+                assert!(t >= floor * 0.999 && t < max, "n={n} X={x} K={k}: {t:.4} x the bound (expected < {max})");
+            }
+        }
     }
+}
+
+/// The bytes share of each `(src, dst)` rail pair of a split.
+fn shares(sp: &RailSplit) -> Vec<(u16, u16, f64)> {
+    let total = sp.total_weight() as f64;
+    sp.parts.iter().map(|p| (p.src.0, p.dst.0, p.weight as f64 / total)).collect()
+}
+
+#[test]
+fn a_ring_that_a_joiner_shares_leaves_the_joiners_rail_its_load() {
+    // 4 nodes x 2 NICs, node 1 lost NIC 0: the joiner sends a third of the level to each member and gets
+    // it back, on rail 1 only when no path crosses rails. Each member's ring moves 4/3 of the level each
+    // way; water-filling puts 5/6 on rail 0 and 1/2 on rail 1, so both rails carry 5/6 (not 2/3 and 1).
+    let fab = fabric(4, 1, 2, &[(1, 0, 0.0)]).with_rail_only(true);
+    let joiners = [NodeId(1)];
+    for (a, b) in [(0u32, 2u32), (2, 3), (3, 0)] {
+        let sp = fab.joined_ring_split(NodeId(a), NodeId(b), 3, &joiners, RailMask::ALL, RailPolicy::Spread).unwrap();
+        let got = shares(&sp);
+        assert_eq!(got.len(), 2, "{a}->{b}: {got:?}");
+        assert_eq!((got[0].0, got[0].1, got[1].0, got[1].1), (0, 0, 1, 1), "{a}->{b}: same-rail parts");
+        assert!((got[0].2 - 5.0 / 8.0).abs() < 1e-6 && (got[1].2 - 3.0 / 8.0).abs() < 1e-6, "{a}->{b}: {got:?}");
+    }
+    // Rail-only Spread keeps the joiner's own transfers on the rail both ends have.
+    let out = fab.split(NodeId(1), NodeId(0), RailMask::ALL, RailPolicy::Spread).unwrap();
+    assert_eq!(shares(&out), vec![(1, 1, 1.0)]);
+    // With a spine, Spread lands the joiner's bytes on every member rail by bandwidth: the plain split.
+    let spine = fabric(4, 1, 2, &[(1, 0, 0.0)]);
+    let plain = spine.split(NodeId(0), NodeId(2), RailMask::ALL, RailPolicy::Spread).unwrap();
+    let joined = spine.joined_ring_split(NodeId(0), NodeId(2), 3, &joiners, RailMask::ALL, RailPolicy::Spread).unwrap();
+    assert_eq!(joined, plain);
+    // No joiners: the plain split.
+    let none = fab.joined_ring_split(NodeId(0), NodeId(2), 3, &[], RailMask::ALL, RailPolicy::Spread).unwrap();
+    assert_eq!(none, fab.split(NodeId(0), NodeId(2), RailMask::ALL, RailPolicy::Spread).unwrap());
 }

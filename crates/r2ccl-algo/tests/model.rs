@@ -73,22 +73,20 @@ fn four_stage_fraction_matches_section7_balance_equation() {
 }
 
 /// Built four-stage schedules: traffic time (perfectly pipelined) equals the lower bound
-/// within 1% for one and several stragglers, except where nodes lack rails their peers have
-/// (same-rail parts cannot load every NIC in proportion then: 5 nodes below, 1.109); the event
-/// simulation with chunk pipelining is reported.
+/// within 1% for one and several stragglers; the event simulation with chunk pipelining is reported.
 #[test]
 fn built_four_stage_reaches_lower_bound() {
-    type Case<'a> = (usize, usize, &'a [(u32, u16)], f64);
+    type Case<'a> = (usize, usize, &'a [(u32, u16)]);
     let cases: &[Case<'_>] = &[
-        (4, 4, &[(0, 1)], 1.0),
-        (4, 2, &[(2, 0)], 1.0),
-        (8, 8, &[(5, 3)], 1.0),
-        (8, 2, &[(1, 1)], 1.0),
-        (6, 4, &[(0, 0), (3, 1), (3, 2)], 1.0),
-        (5, 4, &[(1, 0), (2, 0), (2, 1), (4, 3)], 1.109),
-        (8, 4, &[(0, 0), (1, 0), (1, 1), (1, 2)], 1.0),
+        (4, 4, &[(0, 1)]),
+        (4, 2, &[(2, 0)]),
+        (8, 8, &[(5, 3)]),
+        (8, 2, &[(1, 1)]),
+        (6, 4, &[(0, 0), (3, 1), (3, 2)]),
+        (5, 4, &[(1, 0), (2, 0), (2, 1), (4, 3)]),
+        (8, 4, &[(0, 0), (1, 0), (1, 1), (1, 2)]),
     ];
-    for &(n, k, fail, want) in cases {
+    for &(n, k, fail) in cases {
         let fab = fabric(n, 1, k, fail);
         let count = 1 << 16;
         let d = (count * 4) as f64;
@@ -97,7 +95,7 @@ fn built_four_stage_reaches_lower_bound() {
         let scheds = build_all(&fab, &allreduce(count, Strategy::FourStage, 8)).unwrap();
         let traffic = Traffic::of(fab.layout(), &scheds).unwrap();
         let fluid = fluid_time(&fab, &traffic);
-        assert!((fluid / lb / want - 1.0).abs() < 0.01, "n={n} k={k} fail={fail:?}: fluid {fluid} vs bound {lb}");
+        assert!((fluid / lb - 1.0).abs() < 0.01, "n={n} k={k} fail={fail:?}: fluid {fluid} vs bound {lb}");
         let sim = simulate(&fab, &scheds, &SimParams::default()).unwrap();
         println!(
             "four-stage n={n} k={k} fail={fail:?}: fluid/LB {:.4}, event-sim/LB {:.4}",

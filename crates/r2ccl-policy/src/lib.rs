@@ -56,7 +56,7 @@ mod topology;
 
 pub use plan::{
     plan, plan_payload, rerank, rerank_exact, rerank_heuristic, ring_score, schedule_fabric, Candidate, NicBytes, Plan,
-    PlanError, Strategy, StrategyParams,
+    PlanError, Strategy, StrategyParams, FOUR_STAGE_SHARED_RING,
 };
 pub use r2ccl_algo::Collective;
 pub use rerank::{RingScore, EXACT_MAX_NODES};

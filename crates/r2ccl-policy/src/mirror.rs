@@ -54,6 +54,10 @@ fn residues(h: u64, s: u64, end: u64) -> u64 {
     }
 }
 
+/// Key of a joined ring edge: sender and receiver types, mask, policy, the level's member
+/// count and its joiners' types (sorted).
+type JoinedKey = (usize, usize, u64, RailPolicy, usize, Vec<usize>);
+
 /// One cached (type, type, mask, policy) split with its derived rates.
 struct EdgeInfo {
     split: RailSplit,
@@ -100,9 +104,9 @@ pub(crate) struct Net<'a> {
     pub(crate) intra_spb: f64,
     ty: Vec<usize>,
     cache: FastMap<(usize, usize, u64, RailPolicy), usize>,
-    /// Edges of the direct four-stage levels (see [`Net::direct_level`]), by sender and
-    /// receiver type and mask: r2ccl-algo's `fair_split` among every node.
-    fair: FastMap<(usize, usize, u64), usize>,
+    /// Edges of rings that joiners share (see [`Net::edge_joined`]): the plain key plus the
+    /// level's member count and its joiners' types.
+    joined: FastMap<JoinedKey, usize>,
     edges: Vec<EdgeInfo>,
 }
 
@@ -124,7 +128,7 @@ impl<'a> Net<'a> {
             intra_spb,
             ty,
             cache: FastMap::default(),
-            fair: FastMap::default(),
+            joined: FastMap::default(),
             edges: Vec::new(),
         }
     }
@@ -140,17 +144,27 @@ impl<'a> Net<'a> {
         Ok(e)
     }
 
-    /// The edge of a direct four-stage transfer from node `a` to node `b`, when every pair of
-    /// nodes exchanges data at once (r2ccl-algo's `fair_split` among all nodes).
-    fn edge_fair(&mut self, a: usize, b: usize, mask: RailMask) -> Result<usize, PlanError> {
-        let key = (self.ty[a], self.ty[b], mask.0);
-        if let Some(&e) = self.fair.get(&key) {
+    /// The edge of a ring transfer from member `a` to member `b` of a level of `members`
+    /// whose `joiners` also load the members' NICs (r2ccl-algo's `joined_ring_split`).
+    fn edge_joined(
+        &mut self,
+        a: usize,
+        b: usize,
+        members: usize,
+        joiners: &[usize],
+        mask: RailMask,
+        pol: RailPolicy,
+    ) -> Result<usize, PlanError> {
+        let mut types: Vec<usize> = joiners.iter().map(|&j| self.ty[j]).collect();
+        types.sort_unstable();
+        let key = (self.ty[a], self.ty[b], mask.0, pol, members, types);
+        if let Some(&e) = self.joined.get(&key) {
             return Ok(e);
         }
-        let nodes: Vec<NodeId> = (0..self.f.node_count()).map(|i| NodeId(i as u32)).collect();
-        let split = self.af.fair_split(NodeId(a as u32), NodeId(b as u32), &nodes, mask)?;
+        let nodes: Vec<NodeId> = joiners.iter().map(|&j| NodeId(j as u32)).collect();
+        let split = self.af.joined_ring_split(NodeId(a as u32), NodeId(b as u32), members, &nodes, mask, pol)?;
         let e = self.edge_from(a, b, split);
-        self.fair.insert(key, e);
+        self.joined.insert(key, e);
         Ok(e)
     }
 
@@ -242,12 +256,15 @@ impl<'a> Net<'a> {
 
     /// A ring reduce-scatter (`rs`) and/or all-gather (`ag`) among `nodes` (the node of each
     /// ring position) over `total` elements cut into one segment per position, each segment
-    /// in `chunks` messages. Returns the slowest inter-node edge.
+    /// in `chunks` messages. Returns the slowest inter-node edge. A four-stage level passes its
+    /// `joiners` (none elsewhere): their scatter-in and gather-back also load the members' NICs,
+    /// and the ring's splits go around that load (r2ccl-algo's `joined_ring_split`).
     #[allow(clippy::too_many_arguments, reason = "mirrors the builder's parameters one to one")]
     pub(crate) fn ring(
         &mut self,
         acc: &mut Acc,
         nodes: &[usize],
+        joiners: &[usize],
         total: u64,
         chunks: u32,
         mask: RailMask,
@@ -291,7 +308,12 @@ impl<'a> Net<'a> {
                     lists.len() - 1
                 }
             };
-            let r = self.send(acc, a, b, &lists[idx].1, mask, pol)?;
+            let r = if joiners.is_empty() || total == 0 {
+                self.send(acc, a, b, &lists[idx].1, mask, pol)?
+            } else {
+                let e = self.edge_joined(a, b, nodes.len(), joiners, mask, pol)?;
+                self.send_on(acc, a, b, e, &lists[idx].1)
+            };
             worst = worst.worst(r);
         }
         Ok(worst)
@@ -376,11 +398,6 @@ impl<'a> Net<'a> {
         pol: RailPolicy,
     ) -> Result<Shares, PlanError> {
         let e = self.edge(a, b, mask, pol)?;
-        Ok(self.part_bytes_on(e, msgs))
-    }
-
-    /// Bytes per part `(src rail, dst rail, bytes)` of messages `msgs` over edge `e`.
-    fn part_bytes_on(&mut self, e: usize, msgs: &[(u64, u64)]) -> Shares {
         let mut v = Vec::new();
         for &(l, t) in msgs {
             if l == 0 || t == 0 {
@@ -392,49 +409,48 @@ impl<'a> Net<'a> {
                 v.push((p.src.index(), p.dst.index(), t * bytes));
             }
         }
-        v
+        Ok(v)
     }
 
-    /// One direct four-stage level (r2ccl-algo's `spread_direct`) over `len` elements cut into
-    /// one segment per member, each in `chunks` messages: every member sends each other member
-    /// that member's segment (reduce-scatter) and its own segment (all-gather), every excluded
-    /// node sends each member its segment (scatter-in) and gets it back (gather-back), all over
-    /// [`Net::edge_fair`] splits. Pairs of node types with equal segment lengths share one
-    /// computed list of part bytes.
-    pub(crate) fn direct_level(
+    /// The four-stage scatter-in / gather-back of one level: every excluded node sends
+    /// member `j`'s segment to it and gets it back, in `chunks` messages. Members of one
+    /// node type with equal segment lengths share one computed split.
+    pub(crate) fn spread_join(
         &mut self,
         acc: &mut Acc,
         members: &[usize],
         excluded: &[usize],
         len: u64,
         chunks: u32,
-        mask: RailMask,
     ) -> Result<(), PlanError> {
         let s = members.len() as u64;
         let k = self.f.k;
-        let mut local: FastMap<(usize, usize, u64), Shares> = FastMap::default();
-        for (j, &m) in members.iter().enumerate() {
-            let seg = even_part(len, s, j as u64).1;
-            if seg == 0 {
-                continue;
-            }
-            let msgs = chunked(&[(seg, 1)], chunks);
-            // Member m's segment goes to m from every other member and every joiner, and from m
-            // to each of them.
-            for &x in members.iter().chain(excluded).filter(|&&x| x != m) {
-                for (a, b) in [(x, m), (m, x)] {
-                    let key = (self.ty[a], self.ty[b], seg);
-                    let v = match local.entry(key) {
-                        std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                        std::collections::hash_map::Entry::Vacant(slot) => {
-                            let e = self.edge_fair(a, b, mask)?;
-                            slot.insert(self.part_bytes_on(e, &msgs))
-                        }
-                    };
-                    for &(src, dst, bytes) in v.iter() {
-                        acc.tx[a * k + src] += bytes;
-                        acc.rx[b * k + dst] += bytes;
+        for &e in excluded {
+            let mut local: Vec<((usize, u64), (Shares, Shares))> = Vec::new();
+            for (j, &m) in members.iter().enumerate() {
+                let seg = even_part(len, s, j as u64).1;
+                if seg == 0 || m == e {
+                    continue;
+                }
+                let key = (self.ty[m], seg);
+                let idx = match local.iter().position(|(x, _)| *x == key) {
+                    Some(i) => i,
+                    None => {
+                        let msgs = chunked(&[(seg, 1)], chunks);
+                        let out = self.part_bytes(e, m, &msgs, RailMask::ALL, RailPolicy::Spread)?;
+                        let back = self.part_bytes(m, e, &msgs, RailMask::ALL, RailPolicy::Spread)?;
+                        local.push((key, (out, back)));
+                        local.len() - 1
                     }
+                };
+                let (out, back) = &local[idx].1;
+                for &(src, dst, bytes) in out {
+                    acc.tx[e * k + src] += bytes;
+                    acc.rx[m * k + dst] += bytes;
+                }
+                for &(src, dst, bytes) in back {
+                    acc.tx[m * k + src] += bytes;
+                    acc.rx[e * k + dst] += bytes;
                 }
             }
         }

@@ -324,6 +324,14 @@ pub fn schedule_fabric(topology: &Topology, health: &HealthView) -> Result<r2ccl
 
 /// Pipeline chunk counts the planner tries.
 const CHUNK_CHOICES: [u32; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+/// What the four-stage schedule costs over the bound when the slowest nodes keep a share of the
+/// full ring (they keep more than half the others' bandwidth): each slow node's ring share then
+/// goes over one connection to its ring successor, which flows sharing links fairly per
+/// connection (and ports held at the slow sender's rate) do not drain in proportion to its bytes.
+/// Calibrated on r2ccl-sim's runs of the built schedule (1.155-1.17x the bound under max-min,
+/// 1.13-1.20x under the port model; docs/reproduction.md, table 2); where the slow nodes only
+/// join (at most half the bandwidth) the schedule reaches the bound and no factor applies.
+pub const FOUR_STAGE_SHARED_RING: f64 = 1.15;
 /// Chunk counts for reduce-to-helper / broadcast-back stages.
 const HELPER_CHUNKS: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
 /// Relative margin within which recursive AllReduce's prediction counts as equal to
@@ -418,7 +426,7 @@ fn basic(
             // Several ranks per node: r2ccl-algo's hierarchical AllReduce (a chain reduce to the
             // node's leader, the leaders' ring, a chain broadcast), pipelined in k chunks; without
             // pipelining the 2(g-1) intra-node hops of the whole buffer would run one after another.
-            let r = c.net.ring(&mut c.acc(), order, c.count, 1, RailMask::ALL, pol, true, true)?;
+            let r = c.net.ring(&mut c.acc(), order, &[], c.count, 1, RailMask::ALL, pol, true, true)?;
             let g = f64::from(c.g);
             let time = |kf: f64| {
                 let ring = if c.n < 2 { 0.0 } else { 2.0 * (n - 1.0) * (kf * c.hop(r) + c.block / n * r.spb) };
@@ -448,7 +456,7 @@ fn basic(
                     (tr, 2.0 * (n - 1.0) * c.block, StrategyParams { rails: true, chunks: Some(rk), ..params })
                 }
                 _ => {
-                    c.net.ring(&mut acc, order, c.count, kk, RailMask::ALL, pol, true, true)?;
+                    c.net.ring(&mut acc, order, &[], c.count, kk, RailMask::ALL, pol, true, true)?;
                     let params = if c.g > 1 { StrategyParams { chunks: Some(kk), ..params } } else { params };
                     (t, 2.0 * (n - 1.0) * c.block, params)
                 }
@@ -457,7 +465,7 @@ fn basic(
         Collective::ReduceScatter { .. } | Collective::AllGather => {
             let rs = matches!(c.coll, Collective::ReduceScatter { .. });
             let flat = c.flat(order);
-            let mut r = c.net.ring(&mut acc, &flat, c.p as u64 * c.count, 1, RailMask::ALL, pol, rs, !rs)?;
+            let mut r = c.net.ring(&mut acc, &flat, &[], c.p as u64 * c.count, 1, RailMask::ALL, pol, rs, !rs)?;
             if c.g > 1 {
                 r = r.worst(intra);
             }
@@ -524,7 +532,7 @@ fn rails_allreduce(c: &mut Ctx<'_>, order: &[usize], pol: RailPolicy) -> Result<
     for i in 0..c.g as usize {
         let (_, len) = r2ccl_algo::even_part(c.count, u64::from(c.g), i as u64);
         let mask = r2ccl_algo::rails_group_mask(c.net.af, i, c.g as usize, pol);
-        let r = c.net.ring(&mut probe, order, len, 1, mask, pol, true, true)?;
+        let r = c.net.ring(&mut probe, order, &[], len, 1, mask, pol, true, true)?;
         hop = hop.max(c.hop(r));
     }
     let nic_bytes = if c.n < 2 { 0.0 } else { c.busiest(&probe) };
@@ -549,7 +557,7 @@ fn rails_allreduce(c: &mut Ctx<'_>, order: &[usize], pol: RailPolicy) -> Result<
     for i in 0..c.g as usize {
         let (_, len) = r2ccl_algo::even_part(c.count, u64::from(c.g), i as u64);
         let mask = r2ccl_algo::rails_group_mask(c.net.af, i, c.g as usize, pol);
-        c.net.ring(&mut acc, order, len, kk, mask, pol, true, true)?;
+        c.net.ring(&mut acc, order, &[], len, kk, mask, pol, true, true)?;
     }
     Ok((t, kk, acc))
 }
@@ -667,8 +675,8 @@ fn r2ccl_allreduce(c: &mut Ctx<'_>, order: &[usize]) -> Result<Option<Candidate>
     let params = R2cclParams { degraded: NodeId(dn as u32), tail_fraction: y, pipeline_chunks: k };
     let main_len = params.main_len(c.count);
     let mut acc = c.acc();
-    c.net.ring(&mut acc, order, main_len, 1, h, pol, true, true)?;
-    c.net.ring(&mut acc, &healthy, c.count - main_len, 1, h.not(), pol, true, true)?;
+    c.net.ring(&mut acc, order, &[], main_len, 1, h, pol, true, true)?;
+    c.net.ring(&mut acc, &healthy, &[], c.count - main_len, 1, h.not(), pol, true, true)?;
     c.net.helper_join(&mut acc, &healthy, &[dn], c.count - main_len, k, h, pol)?;
     let total = 2.0 * (nf - 1.0) * (1.0 - y) * d + 2.0 * (nf - 2.0) * y * d + 2.0 * y * d + (nf - 2.0) * y * d;
     let sp = StrategyParams {
@@ -726,7 +734,7 @@ fn recursive(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, PlanError> {
     let mut acc = c.acc();
     let mut total = 0.0;
     for l in &lv {
-        c.net.ring(&mut acc, &l.members, l.len, 1, RailMask::ALL, RailPolicy::Balance, true, true)?;
+        c.net.ring(&mut acc, &l.members, &[], l.len, 1, RailMask::ALL, RailPolicy::Balance, true, true)?;
     }
     for l in &lv {
         c.net.helper_join(&mut acc, &l.members, &l.excluded, l.len, k, RailMask::ALL, RailPolicy::Balance)?;
@@ -813,15 +821,10 @@ fn four_stage(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, PlanError> 
     let bw = order_mbps(c.net.f, order);
     let plan = model::four_stage_plan(&bw)?;
     let bytes_bw: Vec<f64> = bw.iter().map(|b| b * BYTES_PER_MBPS).collect();
-    // Node-level, the plan reaches the bound, and so does the built schedule under fair sharing
-    // of NICs between connections (r2ccl-algo's direct levels over fair splits) where its
-    // same-rail parts load every NIC in proportion to its bandwidth; where rails the nodes do
-    // not share leave a NIC more than its share, that NIC's bytes set the time.
-    let mut whole = c.acc();
-    for l in levels(order, &bw, &plan, c.count) {
-        c.net.direct_level(&mut whole, &l.members, &l.excluded, l.len, 1, RailMask::ALL)?;
-    }
-    let t_bw = model::four_stage_time(&bytes_bw, c.block)?.max(c.busiest(&whole));
+    // The bandwidth model reaches the bound; the built schedule does not when the slowest
+    // class keeps a share of the full ring (see FOUR_STAGE_SHARED_RING).
+    let shared_ring = plan.thresholds.len() > 1 && plan.fractions.first().is_some_and(|&f| f > 1e-9);
+    let t_bw = model::four_stage_time(&bytes_bw, c.block)? * if shared_ring { FOUR_STAGE_SHARED_RING } else { 1.0 };
     let mut best = (f64::INFINITY, 1u32);
     for k in CHUNK_CHOICES {
         if u64::from(k) > c.count.max(1) {
@@ -836,7 +839,8 @@ fn four_stage(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, PlanError> 
     let (t, k) = best;
     let mut acc = c.acc();
     for l in levels(order, &bw, &plan, c.count) {
-        c.net.direct_level(&mut acc, &l.members, &l.excluded, l.len, k, RailMask::ALL)?;
+        c.net.spread_join(&mut acc, &l.members, &l.excluded, l.len, k)?;
+        c.net.ring(&mut acc, &l.members, &l.excluded, l.len, k, RailMask::ALL, RailPolicy::Spread, true, true)?;
     }
     let params = StrategyParams {
         chunks: Some(k),

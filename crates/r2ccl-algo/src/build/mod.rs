@@ -86,16 +86,24 @@ impl Cx<'_> {
         Ok(r)
     }
 
-    /// The split of a transfer from `src` to `dst` when every pair of `nodes` (ranks) exchanges
-    /// data at once ([`Fabric::fair_split`]).
-    pub(crate) fn fair_split_ref(&mut self, src: Rank, dst: Rank, nodes: &[Rank], mask: RailMask) -> Result<SplitRef, AlgoError> {
+    /// The split of a ring transfer from `src` to `dst`, members of a level of `members`
+    /// whose `joiners` (ranks) also load the members' NICs ([`Fabric::joined_ring_split`]).
+    pub(crate) fn joined_split_ref(
+        &mut self,
+        src: Rank,
+        dst: Rank,
+        members: usize,
+        joiners: &[Rank],
+        mask: RailMask,
+    ) -> Result<SplitRef, AlgoError> {
         let layout = self.fab.layout();
         let (sn, dn) = (layout.node_idx(src), layout.node_idx(dst));
         if sn == dn {
             return Ok(SplitRef::INTRA);
         }
-        let ids: Vec<NodeId> = nodes.iter().map(|&r| NodeId(layout.node_idx(r) as u32)).collect();
-        let split = self.fab.fair_split(NodeId(sn as u32), NodeId(dn as u32), &ids, mask)?;
+        let nodes: Vec<NodeId> = joiners.iter().map(|&r| NodeId(layout.node_idx(r) as u32)).collect();
+        let split =
+            self.fab.joined_ring_split(NodeId(sn as u32), NodeId(dn as u32), members, &nodes, mask, self.policy)?;
         Ok(self.b.intern_split(split))
     }
 

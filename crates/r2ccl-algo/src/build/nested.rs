@@ -186,49 +186,78 @@ fn helper_levels(
     Ok(())
 }
 
+/// Ring admission window of the four-stage schedule, in chunks of `k` (see [`spread`]):
+/// a sixteenth of the collective, at least 4 chunks.
+///
+/// Four chunks keep the members' ring and the scatter-in in step in r2ccl-algo's port
+/// model, where a ring that runs ahead only delays the joiners' gather-back (16 chunks of
+/// 64 took 1.18 x the bound there instead of 1.09). On real TCP paths each stage also
+/// waits behind the bytes queued in socket buffers and shapers; with 256 or 512 chunks a
+/// window of 4 is a few milliseconds of data, too little to absorb that, and the ring
+/// stalls: the 4 x 2 testbed with one NIC down took 1.076 x the bound at 64 MiB
+/// (K = 512) with 4, against 1.056-1.063 with 16 to 64 (`cargo xtask bench --part
+/// strategies`, docs/benchmarks.md).
+fn ring_window(k: u64) -> u64 {
+    (k / 16).max(4)
+}
+
 /// One level of the four-stage schedule as this rank sees it.
-struct DirectLevel {
+struct SpreadLevel {
     members: Vec<Rank>,
     excluded: Vec<Rank>,
     range: Elems,
+    mask: RailMask,
     /// This rank's position among the members.
     pos: Option<usize>,
     /// This rank's index among the joiners.
     joiner: Option<usize>,
-    /// Phases of the reduce-scatter (scatter-in included) and the all-gather (gather-back included).
-    ph: [u16; 2],
+    /// Phases of scatter-in, reduce-scatter, all-gather and gather-back.
+    ph: [u16; 4],
+    /// Splits of this rank's ring sends to its successor and receives from its predecessor
+    /// (around the joiners' load, [`crate::Fabric::joined_ring_split`]); `None` off the ring.
+    ring_splits: Option<(SplitRef, SplitRef)>,
 }
 
-impl DirectLevel {
+impl SpreadLevel {
     /// Member `j`'s segment.
     fn seg(&self, j: usize) -> Elems {
         self.range.part(self.members.len() as u64, j as u64)
     }
+
+    /// Whether this rank is in a ring of this level that moves bytes.
+    fn rings(&self) -> bool {
+        self.pos.is_some() && self.members.len() >= 2 && self.range.len > 0
+    }
 }
 
-/// The four-stage levels (section 7) with direct exchanges. In each level every member sends
-/// each other member its piece of that member's segment and reduces what it receives into its
-/// own (reduce-scatter), and the other leaders (joiners) send each member its piece likewise
-/// (scatter-in); then every member sends its reduced segment to every other member and to every
-/// joiner (all-gather and gather-back). Chunk-major: chunk `c` of every level, level by level,
-/// so every rank's program order is the same interleaving; a chunk's all-gather follows its
-/// reduce-scatter by data dependencies only.
+/// The four-stage levels (section 7): each level's members run a ring AllReduce of its
+/// range; the other leaders (joiners) scatter their share of it in, evenly over the
+/// members, and gather the result back.
 ///
-/// Every transfer between two nodes goes over their [`crate::Fabric::fair_split`] among all
-/// leaders. Each node's bytes are those of the water-filled plan (as a ring per level would
-/// move them); what direct exchanges change is how they spread over connections. NICs share
-/// their bandwidth evenly between connections (round-robin between queue pairs, TCP's fairness
-/// between flows), and the plan's per-pair bytes are in the ratio of those fair shares, so every
-/// connection runs at the rate its bytes need and all of them finish together: the time is the
-/// lower bound's (r2ccl-sim, max-min sharing: 1.000 of it for 4 to 16 nodes of 4 or 8 NICs, one
-/// or two NICs lost, and for one NIC per node at 75% or 87.5%). In one ring per level, a slower
-/// member sends its whole share to its one successor, whose NICs give that connection only
-/// their fair part: 1.15-1.24x the bound.
-fn spread_direct(cx: &mut Cx<'_>, leaders: &[Rank], me: Option<usize>, levels: &[Level]) -> Result<(), AlgoError> {
+/// The schedule is chunk-major and rate-matched. Chunk `c` of every level goes through
+/// scatter-in, reduce-scatter, all-gather and gather-back (steps are emitted chunk by
+/// chunk, level by level, so every rank's program order is the same interleaving), and
+/// dependencies keep the stages at the pace the water-filled plan gives them:
+/// - ring admission: a member starts the reduce-scatter of chunk `c` only once its own
+///   reduce-scatter of chunk `c - w` is complete (`w` of [`ring_window`]) (that chunk's scatter-in
+///   included). Reduced chunks, and with them gather-back, flow from the start instead of
+///   after the whole reduce-scatter, and a ring runs no more than the window ahead of the
+///   scatter-in it needs;
+/// - scatter pacing: a joiner's scatter-in message `m` (of `s * K` for a level of `s`
+///   members) waits for send `m / (s * K)` (as a fraction) of its own lowest ring, its
+///   clock. Without it the scatter-in, ready at once, takes the joiner's NICs first and
+///   the ring through the joiner stalls; with it the joiner's NICs carry ring and
+///   scatter-in bytes in the plan's proportion all along;
+/// - gather-back of a chunk follows its scatter-in and reduce-scatter by data dependencies.
+///
+/// The messages (peers, sizes, splits) are exactly those of a plain ring AllReduce per
+/// level plus one scatter-in and one gather-back message per joiner, member and chunk, so
+/// bytes per NIC are unchanged by the pacing.
+fn spread(cx: &mut Cx<'_>, leaders: &[Rank], me: Option<usize>, levels: &[Level]) -> Result<(), AlgoError> {
     let k = u64::from(cx.chunks);
     let mut lv = Vec::with_capacity(levels.len());
     for level in levels {
-        let ph = [cx.phase(), cx.phase()];
+        let ph = [cx.phase(), cx.phase(), cx.phase(), cx.phase()];
         let mut inside = vec![false; leaders.len()];
         for &m in &level.members {
             inside[m] = true;
@@ -237,62 +266,88 @@ fn spread_direct(cx: &mut Cx<'_>, leaders: &[Rank], me: Option<usize>, levels: &
         let excluded: Vec<Rank> = (0..leaders.len()).filter(|&i| !inside[i]).map(|i| leaders[i]).collect();
         let pos = me.and_then(|i| level.members.iter().position(|&m| m == i));
         let joiner = me.and_then(|i| excluded.iter().position(|&r| r == leaders[i]));
-        lv.push(DirectLevel { members, excluded, range: level.range, pos, joiner, ph });
+        let s = members.len();
+        let ring_splits = match pos {
+            Some(p) if s >= 2 => {
+                let (next, prev) = (members[(p + 1) % s], members[(p + s - 1) % s]);
+                let to_next = cx.joined_split_ref(cx.me, next, s, &excluded, level.mask)?;
+                let from_prev = cx.joined_split_ref(prev, cx.me, s, &excluded, level.mask)?;
+                Some((to_next, from_prev))
+            }
+            _ => None,
+        };
+        lv.push(SpreadLevel { members, excluded, range: level.range, mask: level.mask, pos, joiner, ph, ring_splits });
     }
-    let Some(me_idx) = me else { return Ok(()) };
-    // Every pair of leaders talks: one split each way per peer, by leader index.
-    let me_rank = leaders[me_idx];
-    let mut out_split = vec![SplitRef::INTRA; leaders.len()];
-    let mut in_split = vec![SplitRef::INTRA; leaders.len()];
-    for (i, &r) in leaders.iter().enumerate().filter(|&(i, _)| i != me_idx) {
-        out_split[i] = cx.fair_split_ref(me_rank, r, leaders, RailMask::ALL)?;
-        in_split[i] = cx.fair_split_ref(r, me_rank, leaders, RailMask::ALL)?;
+    if me.is_none() {
+        return Ok(());
     }
-    let index = |r: Rank| leaders.iter().position(|&x| x == r).unwrap_or(me_idx);
-    let to = |r: Rank| out_split[index(r)];
-    let from = |r: Rank| in_split[index(r)];
-    let w = std::env::var("R2CCL_EXP_W").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or((k / 8).max(4));
-    let mut gate: Vec<Vec<Option<u32>>> = vec![Vec::new(); lv.len()];
+    // The clock: this rank's lowest ring, its sends in emission order and their number.
+    let clock = lv.iter().position(SpreadLevel::rings);
+    let clock_total = clock.map_or(0, |l| 2 * (lv[l].members.len() as u64 - 1) * k);
+    let mut clock_sends: Vec<u32> = Vec::new();
+    // Per level: the receive that completes this rank's reduce-scatter of each chunk.
+    let mut rs_done: Vec<Vec<Option<u32>>> = vec![Vec::new(); lv.len()];
     for c in 0..k {
         let chunk = c as u32;
         for (l, v) in lv.iter().enumerate() {
             let s = v.members.len();
-            let admit: Vec<u32> =
-                c.checked_sub(w).and_then(|x| gate[l].get(x as usize).copied().flatten()).into_iter().collect();
-            let (rs, ag) = (Tag::new(v.ph[0], 0, chunk), Tag::new(v.ph[1], 0, chunk));
-            let mut last = None;
+            // Scatter-in; joiner q starts at member q so that joiners do not collide.
             if let Some(q) = v.joiner {
-                // Joiner q starts at member q so that joiners do not collide.
                 for a in 0..s {
-                    let m = v.members[(q + a) % s];
-                    cx.send_via(m, rs, v.seg((q + a) % s).part(k, c), to(m), &admit);
+                    let j = (q + a) % s;
+                    let m = c * s as u64 + a as u64;
+                    let due = (u128::from(m) * u128::from(clock_total) / (s as u128 * u128::from(k))) as usize;
+                    let pace: Vec<u32> = clock_sends.get(due).or(clock_sends.last()).copied().into_iter().collect();
+                    cx.send(v.members[j], Tag::new(v.ph[0], 0, chunk), v.seg(j).part(k, c), v.mask, &pace)?;
                 }
+            }
+            if let Some(j) = v.pos {
+                for &e in &v.excluded {
+                    cx.recv(e, Tag::new(v.ph[0], 0, chunk), v.seg(j).part(k, c), true, v.mask)?;
+                }
+            }
+            // The ring: reduce-scatter, then all-gather.
+            if let (Some(pos), Some((out, inn))) = (v.pos, v.ring_splits) {
+                let (next, prev) = (v.members[(pos + 1) % s], v.members[(pos + s - 1) % s]);
+                let is_clock = clock == Some(l);
+                let mut done = None;
+                for t in 0..s - 1 {
+                    let tag = Tag::new(v.ph[1], t as u32, chunk);
+                    let admit: Vec<u32> = match c.checked_sub(ring_window(k)) {
+                        Some(w) if t == 0 => rs_done[l].get(w as usize).copied().flatten().into_iter().collect(),
+                        _ => Vec::new(),
+                    };
+                    let (src, dst) =
+                        (v.seg((pos + 2 * s - t - 1) % s).part(k, c), v.seg((pos + 2 * s - t - 2) % s).part(k, c));
+                    let sent = cx.send_via(next, tag, src, out, &admit);
+                    if is_clock {
+                        clock_sends.extend(sent);
+                    }
+                    let got = cx.recv_via(prev, tag, dst, true, inn);
+                    done = got.or(done);
+                }
+                rs_done[l].push(done);
+                for t in 0..s - 1 {
+                    let tag = Tag::new(v.ph[2], t as u32, chunk);
+                    let (src, dst) = (v.seg((pos + s - t) % s).part(k, c), v.seg((pos + 2 * s - t - 1) % s).part(k, c));
+                    let sent = cx.send_via(next, tag, src, out, &[]);
+                    if is_clock {
+                        clock_sends.extend(sent);
+                    }
+                    cx.recv_via(prev, tag, dst, false, inn);
+                }
+            }
+            // Gather-back.
+            if let Some(j) = v.pos {
+                for &e in &v.excluded {
+                    cx.send(e, Tag::new(v.ph[3], 0, chunk), v.seg(j).part(k, c), v.mask, &[])?;
+                }
+            }
+            if v.joiner.is_some() {
                 for (j, &m) in v.members.iter().enumerate() {
-                    last = cx.recv_via(m, ag, v.seg(j).part(k, c), false, from(m)).or(last);
+                    cx.recv(m, Tag::new(v.ph[3], 0, chunk), v.seg(j).part(k, c), false, v.mask)?;
                 }
             }
-            if let Some(pos) = v.pos {
-                let mine = v.seg(pos).part(k, c);
-                // Round d: send to the member d places ahead, receive from the one d behind
-                // (program order stays valid in every rank).
-                for d in 1..s {
-                    let (a, b) = (v.members[(pos + d) % s], v.members[(pos + s - d) % s]);
-                    cx.send_via(a, rs, v.seg((pos + d) % s).part(k, c), to(a), &admit);
-                    last = cx.recv_via(b, rs, mine, true, from(b)).or(last);
-                }
-                for &e in &v.excluded {
-                    last = cx.recv_via(e, rs, mine, true, from(e)).or(last);
-                }
-                for d in 1..s {
-                    let (a, b) = (v.members[(pos + d) % s], v.members[(pos + s - d) % s]);
-                    cx.send_via(a, ag, mine, to(a), &[]);
-                    cx.recv_via(b, ag, v.seg((pos + s - d) % s).part(k, c), false, from(b));
-                }
-                for &e in &v.excluded {
-                    cx.send_via(e, ag, mine, to(e), &[]);
-                }
-            }
-            gate[l].push(last);
         }
     }
     Ok(())
@@ -374,6 +429,6 @@ pub(crate) fn four_stage(cx: &mut Cx<'_>, ring: &[Rank], n: u64) -> Result<(), A
             model::four_stage_plan(&bw)?
         };
         let levels = plan_levels(leaders.len(), &bw, &plan, n);
-        spread_direct(cx, leaders, me, &levels)
+        spread(cx, leaders, me, &levels)
     })
 }
