@@ -81,7 +81,11 @@ fn main() -> Result<(), SimError> {
                 let v = it.next().map(String::as_str).unwrap_or("");
                 let parse = |x: &str| -> Option<(u32, u32, f64)> {
                     let f: Vec<&str> = x.split(':').collect();
-                    Some((f.first()?.parse().ok()?, f.get(1)?.parse().ok()?, f.get(2).map_or(Some(0.0), |y| y.parse().ok())?))
+                    Some((
+                        f.first()?.parse().ok()?,
+                        f.get(1)?.parse().ok()?,
+                        f.get(2).map_or(Some(0.0), |y| y.parse().ok())?,
+                    ))
                 };
                 custom = Some(v.split(',').filter_map(parse).collect());
             }
