@@ -1,8 +1,6 @@
 //! The `R2CCL_*` environment: aliases for common keys, generic `R2CCL_<SECTION>__<KEY>`,
 //! and the identity variables that other parts of r2ccl read.
 
-use crate::ConfigError;
-
 /// Short environment names for common keys, as NCCL users expect them.
 pub const ENV_ALIASES: &[(&str, &str)] = &[
     ("R2CCL_DEBUG", "log.level"),
@@ -35,18 +33,28 @@ pub const IDENTITY_VARS: &[&str] = &[
     "R2CCL_TEST_FAULT_INJECTION",
 ];
 
-/// Map one `R2CCL_*` variable to a dotted key path, `Ok(None)` for identity variables.
-pub(crate) fn key_of(var: &str) -> Result<Option<String>, ConfigError> {
+/// What an `R2CCL_*` variable is.
+pub(crate) enum EnvKey {
+    /// A configuration key (dotted path), by alias or as `R2CCL_<SECTION>__<KEY>`.
+    Config(String),
+    /// A variable read elsewhere ([`IDENTITY_VARS`]).
+    Identity,
+    /// Neither: a variable of another r2ccl version, or a typo.
+    Unknown,
+}
+
+/// Map one `R2CCL_*` variable to what it is.
+pub(crate) fn key_of(var: &str) -> EnvKey {
     if let Some((_, key)) = ENV_ALIASES.iter().find(|(v, _)| *v == var) {
-        return Ok(Some((*key).to_owned()));
+        return EnvKey::Config((*key).to_owned());
     }
     if IDENTITY_VARS.contains(&var) {
-        return Ok(None);
+        return EnvKey::Identity;
     }
     let rest = var.strip_prefix("R2CCL_").unwrap_or(var);
     if rest.contains("__") {
         let key = rest.split("__").map(str::to_ascii_lowercase).collect::<Vec<_>>().join(".");
-        return Ok(Some(key));
+        return EnvKey::Config(key);
     }
-    Err(ConfigError::UnknownEnv { var: var.to_owned() })
+    EnvKey::Unknown
 }

@@ -13,15 +13,6 @@ pub enum ConfigError {
         /// Known keys of the same section.
         known: String,
     },
-    /// An `R2CCL_*` environment variable that is neither a config key nor a known identity variable.
-    #[error(
-        "unknown environment variable `{var}`; set config keys as R2CCL_<SECTION>__<KEY> \
-         (e.g. R2CCL_DETECT__PROBE_INTERVAL_MS) or use a documented alias; see docs/configuration.md"
-    )]
-    UnknownEnv {
-        /// The variable name.
-        var: String,
-    },
     /// A value of the wrong type for its key.
     #[error("config key `{key}` (from {origin}): {detail}")]
     BadType {

@@ -1,10 +1,12 @@
 //! r2ccl-config: the library's configuration, loaded and validated once.
 //!
-//! What it does: layers built-in defaults, then a TOML file (`R2CCL_CONFIG`, default
-//! `configs/default.toml` when it exists), then `R2CCL_*` environment variables, into
-//! the typed [`Config`]. An unknown key or variable, a wrong type or an out-of-range
+//! What it does: layers built-in defaults, then the TOML file `R2CCL_CONFIG` names (none is
+//! read otherwise), then `R2CCL_*` environment variables, into
+//! the typed [`Config`]. An unknown key in a file, a wrong type or an out-of-range
 //! value is rejected with a one-line [`ConfigError`] naming the key, the value and
-//! what is allowed. Every key and variable is listed in `docs/configuration.md`.
+//! what is allowed; an `R2CCL_*` variable this version does not know is ignored and
+//! named in [`Config::ignored_env`] (fleets set one environment for several versions).
+//! Every key and variable is listed in `docs/configuration.md`.
 //!
 //! What it does not do: it does not act on the configuration (no logging setup, no
 //! sockets); it does not read launcher identity variables (`R2CCL_RANK`, ...), which

@@ -1,12 +1,15 @@
-//! Loading: defaults, then the TOML file, then the environment; unknown keys and bad
-//! values are rejected with the key and its origin.
+//! Loading: defaults, then the TOML file, then the environment; unknown keys in a file and
+//! bad values are rejected with the key and its origin; unknown `R2CCL_*` variables are
+//! set aside in [`Config::ignored_env`] (one environment may serve several r2ccl versions).
 
-use crate::{env::key_of, Config, ConfigError};
+use crate::env::{key_of, EnvKey};
+use crate::{Config, ConfigError};
 use config::{FileFormat, Map, Value, ValueKind};
 use std::collections::BTreeMap;
-use std::path::Path;
 
-/// The file read when `R2CCL_CONFIG` is unset (relative to the working directory; skipped if absent).
+/// The repository's documented defaults as a file (equal to the built-in defaults): a starting
+/// point to copy. It is read only when `R2CCL_CONFIG` names it; nothing is read implicitly from
+/// the working directory.
 pub const DEFAULT_CONFIG_PATH: &str = "configs/default.toml";
 
 /// Load from this process's environment and the file it names.
@@ -16,7 +19,7 @@ pub fn load() -> Result<Config, ConfigError> {
 }
 
 /// Load from the given environment (only `R2CCL_*` variables are looked at) and the
-/// file it names in `R2CCL_CONFIG` (or [`DEFAULT_CONFIG_PATH`] when that exists).
+/// file it names in `R2CCL_CONFIG`, if any.
 pub fn load_from<I, K, V>(env: I) -> Result<Config, ConfigError>
 where
     I: IntoIterator<Item = (K, V)>,
@@ -26,9 +29,8 @@ where
     let env: BTreeMap<String, String> =
         env.into_iter().map(|(k, v)| (k.into(), v.into())).filter(|(k, _)| k.starts_with("R2CCL_")).collect();
     let (text, origin) = match env.get("R2CCL_CONFIG") {
-        Some(path) => (read(path)?, path.clone()),
-        None if Path::new(DEFAULT_CONFIG_PATH).exists() => (read(DEFAULT_CONFIG_PATH)?, DEFAULT_CONFIG_PATH.into()),
-        None => (String::new(), String::from("(no file)")),
+        Some(path) if !path.is_empty() => (read(path)?, path.clone()),
+        _ => (String::new(), String::from("(no file)")),
     };
     build(&text, &origin, &env)
 }
@@ -103,10 +105,19 @@ fn build(text: &str, file_origin: &str, env: &BTreeMap<String, String>) -> Resul
         builder = builder.add_source(config::File::from_str(text, FileFormat::Toml));
     }
 
+    let mut ignored = Vec::new();
     for (var, value) in env {
-        let Some(key) = key_of(var)? else { continue };
+        let key = match key_of(var) {
+            EnvKey::Config(key) => key,
+            EnvKey::Identity => continue,
+            EnvKey::Unknown => {
+                ignored.push(format!("{var}: not a variable of r2ccl {}", env!("CARGO_PKG_VERSION")));
+                continue;
+            }
+        };
         let Some(&is_list) = known.get(&key) else {
-            return Err(unknown(&key, var, &known));
+            ignored.push(format!("{var}: no config key `{key}` in r2ccl {}", env!("CARGO_PKG_VERSION")));
+            continue;
         };
         let set = if is_list {
             let items: Vec<String> =
@@ -121,8 +132,9 @@ fn build(text: &str, file_origin: &str, env: &BTreeMap<String, String>) -> Resul
     }
 
     let merged = builder.build().map_err(|e| ConfigError::File { path: file_origin.into(), detail: e.to_string() })?;
-    let cfg: Config = merged.try_deserialize().map_err(|e| bad_type(e, &origins))?;
+    let mut cfg: Config = merged.try_deserialize().map_err(|e| bad_type(e, &origins))?;
     cfg.validate()?;
+    cfg.ignored_env = ignored;
     Ok(cfg)
 }
 

@@ -21,6 +21,10 @@ pub struct Config {
     pub topo: TopoConfig,
     /// Metrics export (`[metrics]`).
     pub metrics: MetricsConfig,
+    /// `R2CCL_*` variables of the environment this version does not know (another version's, or
+    /// a typo), each with why; ignored. Not a key: the communicator logs each at WARN.
+    #[serde(skip)]
+    pub ignored_env: Vec<String>,
 }
 
 /// `[log]`: what is logged and where (as `NCCL_DEBUG*`).

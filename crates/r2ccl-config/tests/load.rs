@@ -55,11 +55,18 @@ fn unknown_key_in_file_names_key_and_file() {
 }
 
 #[test]
-fn unknown_env_is_rejected() {
-    let err = load_from(env(&[("R2CCL_DEBG", "INFO")])).unwrap_err().to_string();
-    assert!(err.contains("R2CCL_DEBG"), "{err}");
-    let err = load_from(env(&[("R2CCL_DETECT__NOPE", "1")])).unwrap_err().to_string();
-    assert!(err.contains("detect.nope") && err.contains("R2CCL_DETECT__NOPE"), "{err}");
+fn unknown_env_is_set_aside_and_named() {
+    // One environment may serve several r2ccl versions: a variable or key this version does not
+    // know is ignored, and named for the communicator to warn about; the rest still applies.
+    let c = load_from(env(&[("R2CCL_DEBG", "INFO"), ("R2CCL_DETECT__NOPE", "1"), ("R2CCL_DEBUG", "INFO")])).unwrap();
+    assert_eq!(c.log.level, "INFO");
+    assert_eq!(c.ignored_env.len(), 2, "{:?}", c.ignored_env);
+    assert!(c.ignored_env[0].starts_with("R2CCL_DEBG: not a variable of r2ccl"), "{:?}", c.ignored_env);
+    assert!(c.ignored_env[1].contains("R2CCL_DETECT__NOPE") && c.ignored_env[1].contains("detect.nope"));
+    // A bad value of a known key still stops the load, and so does an unknown key in a file.
+    assert!(load_from(env(&[("R2CCL_DETECT__GOOD_PROBES", "0"), ("R2CCL_DEBG", "x")])).is_err());
+    assert!(load_str("[detect]\nnope = 1\n", "f.toml").is_err());
+    assert!(load_from(env(&[])).unwrap().ignored_env.is_empty());
 }
 
 #[test]

@@ -139,6 +139,9 @@ impl CommBuilder {
             Some(root) => Some(root.into_listener()),
             None => None,
         };
+        for why in &self.config.ignored_env {
+            tracing::warn!(target: subsys::ENV, "ignored environment variable {why}");
+        }
         let node = self.node.unwrap_or_else(|| CommOptions::default_node(&self.config));
         let nics = match self.nics {
             Some(n) => n,
