@@ -70,7 +70,19 @@ impl CommOptions {
     /// `root`.
     pub(crate) fn default_nics(config: &Config, node: &str, root: &str) -> Result<Vec<String>, CommError> {
         Ok(if !config.transport.nics.is_empty() {
-            config.transport.nics.clone()
+            // Discovery only for an exclusion list (`^...`), which starts from the data NICs found.
+            let discovered = if config.transport.nics.first().is_some_and(|f| f.starts_with('^')) {
+                let oob = crate::netif::select_oob(&config.bootstrap.oob_iface, &crate::netif::ipv4_addresses());
+                crate::netif::default_data_nics(oob.map(|(n, _)| n).as_deref())
+            } else {
+                Vec::new()
+            };
+            let nics = crate::netif::select_nics(&config.transport.nics, &crate::netif::interface_names(), &discovered)
+                .map_err(CommError::Invalid)?;
+            if nics != config.transport.nics {
+                tracing::info!(target: subsys::INIT, spec = ?config.transport.nics, ?nics, "data NICs from transport.nics");
+            }
+            nics
         } else if !config.topo.file.is_empty() {
             // The static description names this node's data NICs.
             let nics = file_nics(&topo_file_node(&config.topo.file, node)?);
@@ -82,7 +94,7 @@ impl CommOptions {
             let oob = if config.bootstrap.oob_iface.is_empty() {
                 crate::netif::iface_of(oob_bind_addr(root))
             } else {
-                Some(config.bootstrap.oob_iface.clone())
+                crate::netif::select_oob(&config.bootstrap.oob_iface, &crate::netif::ipv4_addresses()).map(|(n, _)| n)
             };
             let nics = crate::netif::default_data_nics(oob.as_deref());
             tracing::info!(target: subsys::INIT, ?nics, ?oob, "data NICs discovered (set R2CCL_NICS to choose)");
@@ -545,10 +557,16 @@ impl Progress {
         let bind_ip = if cfg.bootstrap.oob_iface.is_empty() {
             oob_bind_addr(&opts.root)
         } else {
-            let iface = &cfg.bootstrap.oob_iface;
-            IpAddr::V4(crate::netif::iface_ipv4(iface).ok_or_else(|| {
-                CommError::Invalid(format!("bootstrap.oob_iface `{iface}` (R2CCL_OOB_IFACE) has no IPv4 address here"))
-            })?)
+            let spec = &cfg.bootstrap.oob_iface;
+            let (iface, ip) = crate::netif::select_oob(spec, &crate::netif::ipv4_addresses()).ok_or_else(|| {
+                CommError::Invalid(format!(
+                    "bootstrap.oob_iface `{spec}` (R2CCL_OOB_IFACE) matches no interface with an IPv4 address here"
+                ))
+            })?;
+            if &iface != spec {
+                tracing::info!(target: subsys::INIT, spec = %spec, %iface, %ip, "OOB interface from bootstrap.oob_iface");
+            }
+            IpAddr::V4(ip)
         };
         let oob = TcpListener::bind((bind_ip, 0))
             .map_err(|e| CommError::Bootstrap(format!("OOB listener on {bind_ip}: {e}")))?;
