@@ -516,3 +516,23 @@ fn a_stranger_speaking_ucx_on_every_port_changes_no_result_and_causes_no_failove
     // (the forged probe replies of old) would fall far below this.
     assert!(after > 0.25 * before, "bus bandwidth {after:.3} under attack against {before:.3} without");
 }
+
+/// A job that ends normally prints no warning: ranks that finish first close their endpoints once
+/// every rank has said goodbye, and the others expect it (issue 36: a 16-rank job used to end with
+/// a burst of "UCX endpoint error ... Connection reset by remote peer" lines); an `R2CCL_*`
+/// variable of another version is named in one warning per rank and otherwise ignored.
+#[test]
+fn a_clean_exit_prints_no_warnings_and_unknown_variables_are_ignored() {
+    let args = ["launch", "-n", "8", "--nics", "1", "all_reduce", "-b", "8", "-e", "8"];
+    let (o, _) = perf(&args, &[("R2CCL_DEBUG", "WARN")]);
+    let t = text(&o);
+    assert!(o.status.success() && t.contains("# Out of bounds values : 0 OK"), "{t}");
+    let warnings: Vec<&str> = t.lines().filter(|l| l.contains(" WARN ") || l.contains(" ERROR ")).collect();
+    assert!(warnings.is_empty(), "{warnings:#?}");
+    let (o, _) = perf(&args, &[("R2CCL_DEBUG", "WARN"), ("R2CCL_SOME_FUTURE_KNOB", "1")]);
+    let t = text(&o);
+    assert!(o.status.success() && t.contains("# Out of bounds values : 0 OK"), "{t}");
+    let ignored = t.lines().filter(|l| l.contains("ignored environment variable R2CCL_SOME_FUTURE_KNOB")).count();
+    assert_eq!(ignored, 8, "{t}");
+    assert_eq!(t.lines().filter(|l| l.contains(" WARN ")).count(), 8, "{t}");
+}

@@ -8,7 +8,7 @@ use crate::worker::{WorkerAddress, WorkerShared};
 use r2ccl_ucx_sys as sys;
 use std::ffi::c_void;
 use std::fmt;
-use std::sync::atomic::{AtomicI8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,13 +22,14 @@ pub(crate) struct EpState {
     /// `UCS_OK` (0) while healthy; the first error status UCX reported otherwise.
     failed: AtomicI8,
     /// Whether a failure is logged as a warning (not for accepted endpoints: their failure is the peer
-    /// closing its side, which it logs itself).
-    warn: bool,
+    /// closing its side, which it logs itself; not once [`Endpoint::expect_close`] said the peer
+    /// may go away).
+    warn: AtomicBool,
 }
 
 impl EpState {
     pub(crate) fn new(label: String, warn: bool) -> Self {
-        Self { label, failed: AtomicI8::new(0), warn }
+        Self { label, failed: AtomicI8::new(0), warn: AtomicBool::new(warn) }
     }
 
     /// The error handler to register for an endpoint that keeps this state alive while open.
@@ -58,13 +59,22 @@ unsafe extern "C" fn on_endpoint_error(arg: *mut c_void, _ep: sys::ucp_ep_h, sta
     // the UCX endpoint is closed, and UCX calls this only for open endpoints.
     let state = unsafe { &*arg.cast_const().cast::<EpState>() };
     let status = if status == sys::UCS_OK { sys::UCS_ERR_IO_ERROR } else { status };
-    if state.failed.compare_exchange(0, status, Ordering::AcqRel, Ordering::Acquire).is_ok() && state.warn {
-        tracing::warn!(
-            target: r2ccl_core::subsys::NET,
-            path = %state.label,
-            status = %Status(status),
-            "UCX endpoint error"
-        );
+    if state.failed.compare_exchange(0, status, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        if state.warn.load(Ordering::Acquire) {
+            tracing::warn!(
+                target: r2ccl_core::subsys::NET,
+                path = %state.label,
+                status = %Status(status),
+                "UCX endpoint error"
+            );
+        } else {
+            tracing::debug!(
+                target: r2ccl_core::subsys::NET,
+                path = %state.label,
+                status = %Status(status),
+                "UCX endpoint closed (expected)"
+            );
+        }
     }
 }
 
@@ -136,6 +146,12 @@ impl Endpoint {
     /// close it and connect a new one.
     pub fn failure(&self) -> Option<Status> {
         self.state.failure()
+    }
+
+    /// The peer may close this endpoint from now on (both sides are leaving): its failure is
+    /// logged at DEBUG, not as a warning.
+    pub fn expect_close(&self) {
+        self.state.warn.store(false, Ordering::Release);
     }
 
     /// Post a tagged send of `buffer` with `tag`.

@@ -836,6 +836,8 @@ impl UcxTransport {
     /// any peer, and every connection this rank started is settled (established or failed)
     /// before this returns, within `settle`. Call it before telling the peers this rank leaves.
     ///
+    /// From then on a peer closing an endpoint is expected (logged at DEBUG, not as a warning).
+    ///
     /// Why: a peer that hears this rank leave may destroy its listeners, and UCX 1.22 calls a
     /// destroyed listener's connection callback when a connection it accepted delivers its
     /// request afterwards (SIGSEGV in `ucp_cm_server_conn_request_cb`): a connection of ours
@@ -851,6 +853,10 @@ impl UcxTransport {
         let deadline = Instant::now() + settle;
         let mut pending: Vec<Request<Vec<u8>>> = Vec::new();
         for rail in self.set.rails() {
+            // Peers that heard our goodbye close their endpoints once all have left: expected.
+            for ep in rail.endpoints() {
+                ep.expect_close();
+            }
             for ep in rail.endpoints().filter(|e| e.failure().is_none()) {
                 if let Ok(r) = ep.tag_send(SETTLE_TAG, Vec::new()) {
                     pending.push(r);
