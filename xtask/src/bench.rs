@@ -102,7 +102,7 @@ impl Part {
     }
 }
 
-const USAGE: &str =
+pub(crate) const USAGE: &str =
     "usage: cargo xtask bench [--quick] [--part P[,P...]]... [--rate RATE] [--reps N] [--loopback-nics K]
        cargo xtask bench --micro      the criterion-style micro benchmarks (cargo bench --workspace)
 parts: faultfree strategies pause loopback timeline (default: all); every part but loopback needs root

@@ -17,7 +17,7 @@ mod setup;
 mod testbed;
 mod tidy;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -28,13 +28,18 @@ commands:
   ci      setup, then fmt check, clippy -D warnings, build, tests, per-crate builds, tidy, e2e, python, fuzz, cargo deny
   tidy    check repository conventions (also runs as a test)
   testbed up|down|status|check|fault   multi-NIC cluster from network namespaces (root)
-  e2e [--scenario NAME] [--seed S]     fault scenarios (tests/scenarios) on the testbed with real ranks (root)
+          up [--nodes N] [--nics K] [--rate 1gbit|none] [--prefix P]
+  e2e [--scenario NAME] [--seed S] [--retries N] [--loopback]
+          fault scenarios (tests/scenarios) on the testbed with real ranks (root; --loopback: on lo, no root)
+          [--chaos N [--first I]]: N seeded random fault schedules; [--storm [--nodes 3..8] [--nics 2..4]
+          [--ranks-per-node G] [--harsh]]: a fault storm
   codegen regenerate crates/r2ccl-ucx-sys/src/bindings.rs with bindgen (needs libclang-dev)
   bench [--quick] [--part P,...] [--rate R] [--reps N] [--loopback-nics K]
           the issue-7 benchmarks: faultfree, strategies, pause, timeline (root: namespaces testbed r2b)
           and loopback (r2ccl vs OpenMPI vs Gloo); writes target/bench/report.{json,md} and PNG plots
   bench --micro   the micro benchmarks (cargo bench --workspace)
   fuzz [--seconds N] [--save] [TARGET...]  the cargo-fuzz targets in fuzz/ (nightly), N s each
+  help    this text; `cargo xtask COMMAND --help` prints one command's
   python [--bench]  the Python package in .venv: pip install ./python, its tests (numpy API,
           torch.distributed backend), the DDP example with a NIC failure, torchrun; --bench: r2ccl vs gloo
   demo    the main job: 4 ranks x 2 NICs on loopback, AllReduce timeline with a NIC failure injected
@@ -52,6 +57,11 @@ fn run() -> Result<()> {
     let root = workspace_root();
     std::env::set_current_dir(&root)?;
     load_built_ucx();
+    // `cargo xtask CMD --help` (or -h) prints the command's usage and runs nothing.
+    if let Some(cmd) = args.first().filter(|_| args.iter().skip(1).any(|a| a == "-h" || a == "--help")) {
+        println!("{}", command_help(cmd).with_context(|| format!("unknown command `{cmd}`\n{USAGE}"))?);
+        return Ok(());
+    }
     match args.first().map(String::as_str) {
         Some("setup") => setup::run(),
         Some("ci") => ci::run(&root),
@@ -80,6 +90,25 @@ fn run() -> Result<()> {
         }
         Some(other) => bail!("unknown command `{other}`\n{USAGE}"),
     }
+}
+
+/// The usage of one command: its lines of [`USAGE`] (its own, longer usage for `bench`).
+fn command_help(cmd: &str) -> Option<String> {
+    if cmd == "bench" {
+        return Some(bench::USAGE.to_owned());
+    }
+    let mut out = Vec::new();
+    let mut inside = false;
+    for line in USAGE.lines() {
+        let starts = line.strip_prefix("  ").is_some_and(|l| !l.starts_with(' '));
+        if starts {
+            inside = line.trim_start().split_whitespace().next() == Some(cmd);
+        }
+        if inside {
+            out.push(line.trim_start().to_owned());
+        }
+    }
+    (!out.is_empty()).then(|| format!("usage: cargo xtask {}", out.join("\n  ")))
 }
 
 /// The main job: build r2ccl-perf (release) and run its failure demo.
@@ -181,4 +210,18 @@ fn cmd_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
 /// Whether a command runs and exits 0 (output discarded).
 fn succeeds(program: &str, args: &[&str]) -> bool {
     Command::new(program).args(args).output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_command_answers_help() {
+        for cmd in ["setup", "ci", "tidy", "testbed", "e2e", "codegen", "bench", "fuzz", "python", "demo", "help"] {
+            let help = command_help(cmd).unwrap_or_else(|| panic!("no help for `{cmd}`"));
+            assert!(help.contains(cmd), "{cmd}: {help}");
+        }
+        assert!(command_help("nosuch").is_none());
+    }
 }
