@@ -102,7 +102,7 @@ fn command_help(cmd: &str) -> Option<String> {
     for line in USAGE.lines() {
         let starts = line.strip_prefix("  ").is_some_and(|l| !l.starts_with(' '));
         if starts {
-            inside = line.trim_start().split_whitespace().next() == Some(cmd);
+            inside = line.split_whitespace().next() == Some(cmd);
         }
         if inside {
             out.push(line.trim_start().to_owned());
