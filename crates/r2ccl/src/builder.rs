@@ -142,6 +142,7 @@ impl CommBuilder {
         for why in &self.config.ignored_env {
             tracing::warn!(target: subsys::ENV, "ignored environment variable {why}");
         }
+        crate::metrics::install_from_config(&self.config.metrics);
         let node = self.node.unwrap_or_else(|| CommOptions::default_node(&self.config));
         let nics = match self.nics {
             Some(n) => n,

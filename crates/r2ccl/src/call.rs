@@ -65,6 +65,14 @@ pub(crate) struct Waiter {
 impl Waiter {
     /// Wait for the reply, by the call's deadline plus a margin (see the module doc).
     pub(crate) fn wait(self) -> Reply {
+        let reply = self.wait_inner();
+        if let Err(e) = &reply {
+            crate::metrics::count_error(e.kind());
+        }
+        reply
+    }
+
+    fn wait_inner(self) -> Reply {
         match self.rx.recv_deadline(self.give_up_at) {
             Ok(r) => r,
             Err(RecvTimeoutError::Disconnected) => {
@@ -87,7 +95,11 @@ impl Waiter {
 
     /// The reply if it has come, without waiting.
     pub(crate) fn try_take(&self) -> Option<Reply> {
-        self.rx.try_recv().ok()
+        let reply = self.rx.try_recv().ok();
+        if let Some(Err(e)) = &reply {
+            crate::metrics::count_error(e.kind());
+        }
+        reply
     }
 
     fn revoke(&self) {

@@ -90,6 +90,23 @@ pub enum CommError {
 }
 
 impl CommError {
+    /// A short name of the variant, for the `kind` label of `r2ccl_errors_total`.
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            CommError::Bootstrap(_) => "bootstrap",
+            CommError::Transport(_) => "transport",
+            CommError::Invalid(_) => "invalid",
+            CommError::PeerLost { .. } => "peer_lost",
+            CommError::Mismatch { .. } => "mismatch",
+            CommError::Timeout { .. } => "timeout",
+            CommError::NodeIsolated { .. } => "node_isolated",
+            CommError::NoCommonRail { .. } => "no_common_rail",
+            CommError::NoPathLeft { .. } => "no_path_left",
+            CommError::Failed { .. } => "failed",
+            CommError::Aborted(_) => "aborted",
+        }
+    }
+
     /// The error of collective `seq` that the engine's `e` ended.
     pub(crate) fn from_engine(seq: u64, e: &EngineError) -> Self {
         match e {

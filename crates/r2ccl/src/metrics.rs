@@ -41,6 +41,9 @@ pub const MALFORMED_MESSAGES: &str = "r2ccl_malformed_messages_total";
 /// built against and the one loaded.
 pub const BUILD_INFO: &str = "r2ccl_build_info";
 
+/// `r2ccl_errors_total{kind}`: errors handed to callers, by [`crate::CommError::kind`].
+pub const ERRORS: &str = "r2ccl_errors_total";
+
 /// Every metric name, for documentation checks.
 pub const ALL: &[&str] = &[
     NIC_UP,
@@ -54,7 +57,45 @@ pub const ALL: &[&str] = &[
     REJECTED_CONNECTIONS,
     MALFORMED_MESSAGES,
     BUILD_INFO,
+    ERRORS,
 ];
+
+/// Count an error handed to a caller.
+pub fn count_error(kind: &'static str) {
+    metrics::counter!(ERRORS, "kind" => kind).increment(1);
+}
+
+/// Install the Prometheus exporter the configuration asks for (`metrics.addr`), once per
+/// process, unless the process has a metrics recorder already (its own, or a host binary's such
+/// as `r2ccl-perf`). With several ranks per host, each listens on the configured port plus its
+/// local rank when the launcher gives one (`LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK`,
+/// `SLURM_LOCALID`, `MPI_LOCALRANKID`). A port that cannot be bound is a warning, not a failed
+/// communicator: metrics are not worth a job.
+pub fn install_from_config(cfg: &r2ccl_config::MetricsConfig) {
+    static TRIED: std::sync::Once = std::sync::Once::new();
+    if cfg.addr.is_empty() {
+        return;
+    }
+    TRIED.call_once(|| {
+        let Ok(mut addr) = cfg.addr.parse::<SocketAddr>() else {
+            tracing::warn!(target: subsys::METRICS, addr = %cfg.addr, "metrics.addr is not ip:port; no exporter");
+            return;
+        };
+        let local = ["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok()?.trim().parse::<u16>().ok());
+        if let (Some(l), true) = (local, addr.port() != 0) {
+            addr.set_port(addr.port().saturating_add(l));
+        }
+        match install_prometheus(addr) {
+            Ok(_) => {}
+            Err(MetricsError::AlreadyInstalled) => {
+                tracing::debug!(target: subsys::METRICS, "a metrics recorder is installed already; metrics.addr not used");
+            }
+            Err(e) => tracing::warn!(target: subsys::METRICS, error = %e, "no Prometheus exporter"),
+        }
+    });
+}
 
 /// Record the build: this crate's version and the UCX versions built against and loaded.
 pub fn set_build_info(ucx_built: &str, ucx_loaded: &str) {

@@ -47,6 +47,7 @@ fn prometheus_scrapes_every_r2ccl_series() {
     metrics::count_rejected("bootstrap", 1);
     metrics::count_malformed("oob", 1);
     metrics::set_build_info("1.22.0", "1.22.0");
+    metrics::count_error("timeout");
     let own = http_get(&bound.to_string(), "/metrics").unwrap();
     for name in metrics::ALL {
         assert!(own.contains(name), "exporter renders {name}:\n{own}");
