@@ -882,6 +882,30 @@ impl UcxTransport {
         unsettled
     }
 
+    /// Take in the peers' settle messages ([`UcxTransport::leave`]) that arrived here, so that
+    /// UCX does not report them as unmatched when the workers go (a `tag_match.c` warning per
+    /// message at exit). Call it once every peer has left.
+    pub fn drain_settles(&mut self) {
+        let mut left = Vec::new();
+        for rail in self.set.rails() {
+            rail.worker().progress();
+            // At most two messages (data and probe endpoint) per peer.
+            for _ in 0..(2 * self.peers.len() + 2) {
+                let Ok(mut r) = rail.worker().tag_recv(SETTLE_TAG, u64::MAX, Vec::new()) else { break };
+                if !r.is_done() {
+                    rail.worker().progress();
+                }
+                if r.is_done() {
+                    continue;
+                }
+                r.cancel();
+                left.push(r);
+                break;
+            }
+        }
+        self.detached.extend(left);
+    }
+
     /// Forget `peer`, which left the communicator: close its endpoints on every rail now, so
     /// that its process exiting raises no endpoint errors here, and never reconnect to it.
     /// Call it only when nothing more is exchanged with that peer over the data paths.

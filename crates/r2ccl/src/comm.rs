@@ -1290,6 +1290,7 @@ impl Progress {
             let _ = self.engine.drive(now, &mut self.transport);
             self.flush_engine();
         }
+        self.transport.drain_settles();
         (0..self.world).filter(|r| !self.departed.contains(r)).collect()
     }
 
