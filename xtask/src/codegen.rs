@@ -185,7 +185,10 @@ fn ensure_bindgen() -> Result<()> {
         return Ok(());
     }
     println!("$ cargo install bindgen-cli --locked");
-    let status = Command::new("cargo").args(["install", "bindgen-cli", "--locked"]).status()?;
+    let status = Command::new("cargo")
+        .args(["install", "bindgen-cli", "--locked"])
+        .status()
+        .context("starting `cargo install bindgen-cli`")?;
     if !status.success() {
         bail!("`cargo install bindgen-cli --locked` failed with {status} (it needs libclang: apt-get install libclang-dev)");
     }

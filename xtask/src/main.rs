@@ -140,7 +140,11 @@ fn demo(extra: &[String]) -> Result<()> {
     .collect();
     args.extend(extra.iter().cloned());
     println!("$ r2ccl-perf {}", args.join(" "));
-    let status = Command::new(&exe).args(&args).env("R2CCL_DEBUG", "ERROR").status()?;
+    let status = Command::new(&exe)
+        .args(&args)
+        .env("R2CCL_DEBUG", "ERROR")
+        .status()
+        .with_context(|| format!("starting {}", exe.display()))?;
     if !status.success() {
         bail!("the demo failed ({status}); see the lines above");
     }
@@ -189,7 +193,7 @@ fn say(text: &str) {
 /// Run a command, echoing it, and fail if it fails.
 fn cmd(program: &str, args: &[&str]) -> Result<()> {
     println!("$ {program} {}", args.join(" "));
-    let status = Command::new(program).args(args).status()?;
+    let status = Command::new(program).args(args).status().with_context(|| format!("starting `{program}`"))?;
     if !status.success() {
         bail!("`{program} {}` failed with {status}", args.join(" "));
     }
@@ -200,7 +204,11 @@ fn cmd(program: &str, args: &[&str]) -> Result<()> {
 fn cmd_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
     let shown: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!("$ {} {program} {}", shown.join(" "), args.join(" "));
-    let status = Command::new(program).args(args).envs(env.iter().copied()).status()?;
+    let status = Command::new(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .status()
+        .with_context(|| format!("starting `{program}`"))?;
     if !status.success() {
         bail!("`{} {program} {}` failed with {status}", shown.join(" "), args.join(" "));
     }

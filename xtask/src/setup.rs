@@ -65,7 +65,11 @@ pub(crate) fn run() -> Result<()> {
         cmd("apt-get", &["update", "-qq"])?;
         let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
         args.extend(&missing);
-        let status = Command::new("apt-get").args(&args).env("DEBIAN_FRONTEND", "noninteractive").status()?;
+        let status = Command::new("apt-get")
+            .args(&args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .context("starting `apt-get`")?;
         if !status.success() {
             bail!("setup: apt-get install {} failed with {status}", missing.join(" "));
         }
