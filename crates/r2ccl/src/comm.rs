@@ -69,11 +69,19 @@ impl CommOptions {
     /// single-host run). The OOB interface is `R2CCL_OOB_IFACE`, or the one that routes to
     /// `root`.
     pub(crate) fn default_nics(config: &Config, node: &str, root: &str) -> Result<Vec<String>, CommError> {
+        // The OOB interface: configured (a name, prefix or exclusion list), or the one that routes
+        // to the root.
+        let oob = || {
+            if config.bootstrap.oob_iface.is_empty() {
+                crate::netif::iface_of(oob_bind_addr(root))
+            } else {
+                crate::netif::select_oob(&config.bootstrap.oob_iface, &crate::netif::ipv4_addresses()).map(|(n, _)| n)
+            }
+        };
         Ok(if !config.transport.nics.is_empty() {
             // Discovery only for an exclusion list (`^...`), which starts from the data NICs found.
             let discovered = if config.transport.nics.first().is_some_and(|f| f.starts_with('^')) {
-                let oob = crate::netif::select_oob(&config.bootstrap.oob_iface, &crate::netif::ipv4_addresses());
-                crate::netif::default_data_nics(oob.map(|(n, _)| n).as_deref())
+                crate::netif::default_data_nics(oob().as_deref())
             } else {
                 Vec::new()
             };
@@ -89,13 +97,9 @@ impl CommOptions {
             tracing::info!(target: subsys::INIT, ?nics, file = %config.topo.file, "data NICs from topo.file");
             nics
         } else {
-            // Discovered physical NICs, keeping the OOB interface (configured, or the one that
-            // routes to the root) out of the data path when there are others.
-            let oob = if config.bootstrap.oob_iface.is_empty() {
-                crate::netif::iface_of(oob_bind_addr(root))
-            } else {
-                crate::netif::select_oob(&config.bootstrap.oob_iface, &crate::netif::ipv4_addresses()).map(|(n, _)| n)
-            };
+            // Discovered physical NICs, keeping the OOB interface out of the data path when there
+            // are others.
+            let oob = oob();
             let nics = crate::netif::default_data_nics(oob.as_deref());
             tracing::info!(target: subsys::INIT, ?nics, ?oob, "data NICs discovered (set R2CCL_NICS to choose)");
             nics
@@ -440,7 +444,8 @@ impl Communicator {
 
     /// Leave at once (NCCL's `ncclCommDestroy` after `ncclCommAbort`): calls not finished
     /// fail with [`CommError::Aborted`], peers are told this rank left, and nothing waits for
-    /// them. Peers still in a collective with this rank get [`CommError::PeerLost`].
+    /// them (this rank only gives its own connections still being set up at most 200 ms to
+    /// settle, so that no peer's teardown meets them). Peers still in a collective with this rank get [`CommError::PeerLost`].
     pub fn destroy(mut self) {
         let _ = self.leave(false);
     }
@@ -1272,7 +1277,8 @@ impl Progress {
         self.fail(current, CommError::Aborted("communicator destroyed".into()));
         // No connection of ours may still be on its way to a peer that hears our goodbye and
         // destroys its listeners (see `UcxTransport::leave`).
-        let settle = Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.min(2000));
+        // Bounded: a black-holed path never settles. Leaving at once (`destroy`) waits less.
+        let settle = Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.min(if linger { 2000 } else { 200 }));
         self.transport.leave(settle);
         let mut bye = vec![DEPART];
         bye.extend_from_slice(&self.last_done.to_le_bytes());

@@ -122,8 +122,11 @@ pub fn select_nics(spec: &[String], interfaces: &[String], discovered: &[String]
 /// picks among `addresses` (`(interface, address)`, as [`ipv4_addresses`] lists them), written
 /// as `NCCL_SOCKET_IFNAME` is: an interface's name, `=name` exactly, a prefix (the first matching
 /// interface in natural order), or `^p,q` (the first interface other than `lo` matching
-/// neither, `lo` only when nothing else is left). `None` when nothing matches.
+/// neither, `lo` only when nothing else is left). `None` when nothing matches (or `spec` is empty).
 pub fn select_oob(spec: &str, addresses: &[(String, Ipv4Addr)]) -> Option<(String, Ipv4Addr)> {
+    if spec.is_empty() {
+        return None;
+    }
     let mut sorted: Vec<&(String, Ipv4Addr)> = addresses.iter().collect();
     sorted.sort_by_key(|(n, _)| {
         let digits = n.len() - n.bytes().rev().take_while(u8::is_ascii_digit).count();
@@ -160,6 +163,7 @@ mod tests {
         assert_eq!(pick("^docker,eth").as_deref(), Some("ib0"));
         assert_eq!(pick("^docker,eth,ib").as_deref(), Some("lo"));
         assert_eq!(pick("nosuch").as_deref(), None);
+        assert_eq!(pick("").as_deref(), None);
     }
 
     fn names(v: &[&str]) -> Vec<String> {
