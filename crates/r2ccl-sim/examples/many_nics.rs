@@ -9,7 +9,7 @@ use r2ccl_sim::collective::AllReduceJob;
 use r2ccl_sim::convert::{append_schedules, plan_allreduce, Choice};
 use r2ccl_sim::workload::plan_health;
 use r2ccl_sim::SimError;
-use r2ccl_sim::{simulate, Dag, Endpoint, EngineConfig, Fabric, FabricSpec, Failure, FailureKind, Op, RepairMode};
+use r2ccl_sim::{simulate, Dag, EngineConfig, Fabric, FabricSpec, Failure, FailureKind, Op, RepairMode};
 
 /// Simulated makespan of `choice`'s exact schedule, with its chunk count replaced by `chunks` when given.
 fn simulated(
@@ -62,7 +62,6 @@ fn print_nic_bytes(fab: &Fabric, dag: &Dag, t: f64) {
             row(&|k| fab.nic_down(n, k) as usize)
         );
     }
-    let _ = Endpoint::new(0, 0);
 }
 
 fn main() -> Result<(), SimError> {
