@@ -19,6 +19,18 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     step("fmt", || cmd("cargo", &["fmt", "--all", "--", "--check"]))?;
     step("clippy", || cmd("cargo", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
     step("build", || cmd("cargo", &["build", "--workspace", "--all-targets"]))?;
+    step("cuda feature: lints and tests without a driver (the mock device and the named no-driver error)", || {
+        let cuda = ["-p", "r2ccl", "-p", "r2ccl-perf", "--all-targets", "--features", "r2ccl/cuda"];
+        cmd("cargo", &[&["clippy"][..], &cuda, &["--", "-D", "warnings"]].concat())?;
+        cmd(
+            "cargo",
+            &[
+                &["test", "-p", "r2ccl", "--features", "cuda"][..],
+                &["--lib", "--test", "device_cuda", "--test", "device_mock"],
+            ]
+            .concat(),
+        )
+    })?;
     step("test", || cmd("cargo", &["test", "--workspace"]))?;
     step("examples", || {
         // Each shows a crate used alone and checks what it prints; a wrong result exits non-zero.

@@ -82,6 +82,10 @@ pub struct TransportConfig {
     /// Receive segment of UCX's TCP transport, bytes (`UCX_TCP_RX_SEG_SIZE`): the largest
     /// active message, so a rendezvous payload arrives in pieces of this size.
     pub tcp_rx_segment_bytes: u64,
+    /// Page-locked host memory a communicator stages device buffers through, bytes (four
+    /// slots; a device collective runs in segments of a quarter of this). Must be equal on
+    /// every rank: the segments are collectives of their own.
+    pub device_staging_bytes: u64,
 }
 
 impl Default for TransportConfig {
@@ -92,6 +96,7 @@ impl Default for TransportConfig {
             max_inflight_chunks: 8,
             nic_speed_mbps: 0,
             tcp_rx_segment_bytes: 1 << 20,
+            device_staging_bytes: 32 << 20,
         }
     }
 }
@@ -235,6 +240,7 @@ impl Config {
         }
         range("transport.max_inflight_chunks", t.max_inflight_chunks, 1, 1024, "")?;
         range("transport.tcp_rx_segment_bytes", t.tcp_rx_segment_bytes, 8192, 1 << 26, " bytes")?;
+        range("transport.device_staging_bytes", t.device_staging_bytes, 1 << 16, 1 << 32, " bytes")?;
         if t.nic_speed_mbps != 0 {
             range("transport.nic_speed_mbps", t.nic_speed_mbps, 1, 100_000_000, " Mbit/s (or 0: from sysfs)")?;
         }

@@ -109,14 +109,25 @@ impl Waiter {
     }
 }
 
-impl Communicator {
+/// What hands calls to a communicator's progress thread, apart from the communicator itself
+/// (the device staging worker holds one).
+#[derive(Clone)]
+pub(crate) struct Submitter {
+    pub(crate) tx: Sender<Req>,
+    pub(crate) waker: Waker,
+    pub(crate) shared: Arc<crate::comm::Shared>,
+    /// The deadline of a call given none.
+    pub(crate) default_timeout: Duration,
+}
+
+impl Submitter {
     /// Hand `call` to the progress thread; its deadline is `timeout` from now (the
     /// configured collective timeout when `None`).
     pub(crate) fn submit(&self, call: crate::comm::Call, timeout: Option<Duration>) -> Result<Waiter, CommError> {
-        if let Some(e) = self.async_error() {
+        if let Some(e) = self.shared.async_error() {
             return Err(e);
         }
-        let timeout = timeout.unwrap_or_else(|| self.collective_timeout());
+        let timeout = timeout.unwrap_or(self.default_timeout);
         let deadline = Instant::now() + timeout;
         let (reply, rx) = crossbeam_channel::bounded(1);
         let access = call.access.clone();
@@ -132,6 +143,24 @@ impl Communicator {
             tx: self.tx.clone(),
             waker: self.waker.clone(),
         })
+    }
+}
+
+impl Communicator {
+    /// What submits calls to this communicator's progress thread.
+    pub(crate) fn submitter(&self) -> Submitter {
+        Submitter {
+            tx: self.tx.clone(),
+            waker: self.waker.clone(),
+            shared: self.shared.clone(),
+            default_timeout: self.collective_timeout(),
+        }
+    }
+
+    /// Hand `call` to the progress thread; its deadline is `timeout` from now (the
+    /// configured collective timeout when `None`).
+    pub(crate) fn submit(&self, call: crate::comm::Call, timeout: Option<Duration>) -> Result<Waiter, CommError> {
+        self.submitter().submit(call, timeout)
     }
 }
 

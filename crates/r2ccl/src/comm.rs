@@ -273,6 +273,8 @@ pub struct Communicator {
     pub(crate) shared: Arc<Shared>,
     /// How this communicator was started (node, NICs, configuration) for [`Communicator::split`].
     pub(crate) template: CommOptions,
+    /// Staging of device buffers, set up by the first device call.
+    pub(crate) device: Mutex<Option<crate::device::Lane>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -287,6 +289,13 @@ pub(crate) struct Shared {
     events: Mutex<Vec<CommEvent>>,
     /// The failed NICs of the agreed health view the latest collective was planned on.
     failed: Mutex<Vec<NicId>>,
+}
+
+impl Shared {
+    /// The error that ended the communicator, if one has.
+    pub(crate) fn async_error(&self) -> Option<CommError> {
+        self.error.lock().ok().and_then(|e| e.clone())
+    }
 }
 
 impl Communicator {
@@ -325,7 +334,7 @@ impl Communicator {
         let node_of = init_rx
             .recv_timeout(connect_timeout * 2 + Duration::from_secs(5))
             .map_err(|_| CommError::Bootstrap("initialisation did not finish by its deadline".into()))??;
-        Ok(Self { rank, world, node_of, tx, waker, thread: Some(thread), shared, template })
+        Ok(Self { rank, world, node_of, tx, waker, thread: Some(thread), shared, template, device: Mutex::new(None) })
     }
 
     /// Split into sub-communicators, like `ncclCommSplit`: ranks that pass the same `color`
@@ -404,7 +413,7 @@ impl Communicator {
 
     /// The communicator's asynchronous error, if one happened (a lost peer, an abort).
     pub fn async_error(&self) -> Option<CommError> {
-        self.shared.error.lock().ok().and_then(|e| e.clone())
+        self.shared.async_error()
     }
 
     /// The NICs every rank agreed are failed, as of the latest collective this rank started
@@ -453,6 +462,11 @@ impl Communicator {
     /// Stop the progress thread, lingering for the peers when `linger`; the ranks that had
     /// not left when it stopped (`None` when it had stopped already).
     fn leave(&mut self, linger: bool) -> Option<Vec<u32>> {
+        // Device calls first: they need the progress thread, and their streams their flags.
+        let lane = self.device.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(lane) = lane {
+            lane.shutdown(linger);
+        }
         let thread = self.thread.take()?;
         let (reply, rx) = crossbeam_channel::bounded(1);
         let _ = self.tx.send(Req::Shutdown { linger, reply });

@@ -87,6 +87,9 @@ pub enum CommError {
     /// The communicator was aborted (locally, by a peer, or after a failure on any rank).
     #[error("communicator aborted: {0}")]
     Aborted(String),
+    /// A device (GPU) operation failed: no driver, no device, out of memory, an illegal address.
+    #[error("device: {0}")]
+    Device(#[from] crate::device::DeviceError),
 }
 
 impl CommError {
@@ -104,6 +107,7 @@ impl CommError {
             CommError::NoPathLeft { .. } => "no_path_left",
             CommError::Failed { .. } => "failed",
             CommError::Aborted(_) => "aborted",
+            CommError::Device(_) => "device",
         }
     }
 

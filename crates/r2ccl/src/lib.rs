@@ -20,8 +20,9 @@
 //!   structured log events.
 //!
 //! What it does not do: it never plans or chooses a strategy by itself (r2ccl-policy and
-//! r2ccl-algo do), and it moves no bytes itself (r2ccl-ucx does). GPU buffers are not
-//! supported yet (the Python package under `python/` binds this crate for CPU memory).
+//! r2ccl-algo do), and it moves no bytes itself (r2ccl-ucx does). Device (GPU) buffers go
+//! through [`device`]: staged through page-locked host memory and ordered on the caller's
+//! stream; no GPUDirect, no NVLink kernels (docs/gpu.md).
 //!
 //! # Example
 //!
@@ -59,6 +60,7 @@ mod builder;
 mod call;
 mod comm;
 mod ctrl;
+pub mod device;
 mod engine;
 mod error;
 #[doc(hidden)]
