@@ -20,7 +20,7 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     step("clippy", || cmd("cargo", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
     step("build", || cmd("cargo", &["build", "--workspace", "--all-targets"]))?;
     step("cuda feature: lints and tests without a driver (the mock device and the named no-driver error)", || {
-        let cuda = ["-p", "r2ccl", "-p", "r2ccl-perf", "--all-targets", "--features", "r2ccl/cuda"];
+        let cuda = ["-p", "r2ccl", "-p", "r2ccl-perf", "--all-targets", "--features", "r2ccl/cuda,r2ccl-perf/cuda"];
         cmd("cargo", &[&["clippy"][..], &cuda, &["--", "-D", "warnings"]].concat())?;
         cmd(
             "cargo",

@@ -1004,6 +1004,15 @@ fn describe(ends: &[End]) -> String {
 
 /// `cargo xtask e2e [--scenario NAME] [--seed S]`.
 pub(crate) fn main(args: &[String]) -> Result<()> {
+    if args.iter().any(|a| a == "--gpu") {
+        // Multi-process GPU scenarios (every collective; NIC down, flap and black hole as
+        // software faults on loopback): the packed gpu-check, built and run here.
+        let rest: Vec<String> = args.iter().filter(|a| *a != "--gpu").cloned().collect();
+        if !rest.is_empty() {
+            bail!("e2e --gpu takes no other option (it runs `cargo xtask gpu-check`), got {rest:?}");
+        }
+        return crate::gpu::main(&[]);
+    }
     let mut only: Option<String> = None;
     let mut seed = 0u64;
     let mut chaos = 0u32;

@@ -12,6 +12,7 @@ mod ci;
 mod codegen;
 mod e2e;
 mod fuzz;
+mod gpu;
 mod python;
 mod setup;
 mod testbed;
@@ -32,13 +33,16 @@ commands:
   e2e [--scenario NAME] [--seed S] [--retries N] [--loopback]
           fault scenarios (tests/scenarios) on the testbed with real ranks (root; --loopback: on lo, no root)
           [--chaos N [--first I]]: N seeded random fault schedules; [--storm [--nodes 3..8] [--nics 2..4]
-          [--ranks-per-node G] [--harsh]]: a fault storm
+          [--ranks-per-node G] [--harsh]]: a fault storm; --gpu: the GPU scenarios (as gpu-check)
   codegen regenerate crates/r2ccl-ucx-sys/src/bindings.rs with bindgen (needs libclang-dev)
   bench [--quick] [--part P,...] [--rate R] [--reps N] [--loopback-nics K]
           the issue-7 benchmarks: faultfree, strategies, pause, timeline (root: namespaces testbed r2b)
           and loopback (r2ccl vs OpenMPI vs Gloo); writes target/bench/report.{json,md} and PNG plots
   bench --micro   the micro benchmarks (cargo bench --workspace)
   fuzz [--seconds N] [--save] [TARGET...]  the cargo-fuzz targets in fuzz/ (nightly), N s each
+  gpu-check [--pack] [-- -n RANKS -e MAXBYTES]  build r2ccl-perf with CUDA, pack it with UCX into gpu-pack/ and
+          run gpu-pack/gpu-check.sh (a GPU machine): every collective on host and GPU buffers, NIC faults
+          under GPU AllReduces, one table; --pack: pack only (for a runner without toolchain)
   help    this text; `cargo xtask COMMAND --help` prints one command's
   python [--bench]  the Python package in .venv: pip install ./python, its tests (numpy API,
           torch.distributed backend), the DDP example with a NIC failure, torchrun; --bench: r2ccl vs gloo
@@ -82,6 +86,7 @@ fn run() -> Result<()> {
         Some("e2e") => e2e::main(&args[1..]),
         Some("bench") => bench::main(&args[1..]),
         Some("fuzz") => fuzz::main(&args[1..]),
+        Some("gpu-check") => gpu::main(&args[1..]),
         Some("python") => python::main(&args[1..]),
         Some("demo") => demo(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
@@ -226,7 +231,9 @@ mod tests {
 
     #[test]
     fn every_command_answers_help() {
-        for cmd in ["setup", "ci", "tidy", "testbed", "e2e", "codegen", "bench", "fuzz", "python", "demo", "help"] {
+        for cmd in
+            ["setup", "ci", "tidy", "testbed", "e2e", "codegen", "bench", "fuzz", "gpu-check", "python", "demo", "help"]
+        {
             let help = command_help(cmd).unwrap_or_else(|| panic!("no help for `{cmd}`"));
             assert!(help.contains(cmd), "{cmd}: {help}");
         }

@@ -136,6 +136,19 @@ pub struct PerfArgs {
     pub timeout_s: u64,
     /// `--json FILE`: also write the results as JSON.
     pub json: Option<String>,
+    /// `--device host|cuda`: where the buffers live (`cuda`: the GPU of local rank modulo the
+    /// device count, each collective timed until its stream has run past it).
+    pub device: Device,
+}
+
+/// Where the benchmark's buffers live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Device {
+    /// Host memory.
+    #[default]
+    Host,
+    /// CUDA device memory (needs a build with the `cuda` feature).
+    Cuda,
 }
 
 impl Default for PerfArgs {
@@ -155,6 +168,7 @@ impl Default for PerfArgs {
             cycles: 1,
             timeout_s: 0,
             json: None,
+            device: Device::Host,
         }
     }
 }
@@ -246,6 +260,13 @@ impl PerfArgs {
                 }
                 "-T" | "--timeout" => a.timeout_s = number(f, value(&mut it, f)?, "seconds >= 0")?,
                 "--json" => a.json = Some(value(&mut it, f)?.clone()),
+                "--device" => {
+                    a.device = match value(&mut it, f)?.as_str() {
+                        "host" | "cpu" => Device::Host,
+                        "cuda" | "gpu" => Device::Cuda,
+                        v => return Err(bad(f, v, "host or cuda")),
+                    };
+                }
                 _ => return Err(ArgsError::Unknown(flag.clone())),
             }
         }
@@ -313,6 +334,9 @@ mod tests {
         assert_eq!(a.dtypes, vec![DType::Bf16]);
         assert_eq!((a.iters, a.warmup, a.check, a.root, a.cycles, a.timeout_s), (3, 1, false, 2, 0, 5));
         assert_eq!(a.json.as_deref(), Some("out.json"));
+        assert_eq!(a.device, Device::Host);
+        assert_eq!(args("--device cuda").unwrap().device, Device::Cuda);
+        assert!(args("--device tpu").is_err());
         assert!(matches!(args("-x 1"), Err(ArgsError::Unknown(f)) if f == "-x"));
         assert!(matches!(args("-b"), Err(ArgsError::Missing(_))));
         assert!(args("-d float8").unwrap_err().to_string().contains("bfloat16"));

@@ -11,6 +11,15 @@ use r2ccl_perf::args::{Coll, PerfArgs};
 use r2ccl_perf::report::{self, Measure, Report, Row};
 use std::process::{Command, ExitCode};
 
+#[cfg(feature = "cuda")]
+#[path = "gpu_cuda.rs"]
+mod gpu;
+#[cfg(not(feature = "cuda"))]
+#[path = "gpu_none.rs"]
+mod gpu;
+use gpu::{DeviceBufs, Gpu};
+mod gpu_check;
+
 /// The descriptor of the rendezvous listener `launch` hands rank 0.
 const ROOT_FD_ENV: &str = "R2PERF_ROOT_FD";
 use std::time::{Duration, Instant};
@@ -19,9 +28,12 @@ const USAGE: &str = "usage:
   r2ccl-perf <collective> [flags]                 one rank, started by a launcher (mpirun, srun, torchrun, R2CCL_*)
   r2ccl-perf launch -n N [--nics K] [--fail SPEC] <collective> [flags] [--duration S]
                                                   start N ranks on this host over loopback (K NICs each)
+  r2ccl-perf gpu-check [-n N] [-e MAXBYTES]       every collective on host and GPU buffers, and a NIC failure
+                                                  under a GPU AllReduce: one table (a build with --features cuda)
 collectives: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv
 flags (as nccl-tests): -b MIN -e MAX -f FACTOR -i STEP -n ITERS -w WARMUP -c CHECK -o OP -d TYPE -r ROOT
                        -R 1 (buffers registered with the communicator, read and written in place; not sendrecv)
+                       --device cuda (buffers on the GPU of local rank modulo the GPU count; a build with --features cuda)
                        -N CYCLES (0 = timeline: run until --duration, print bus bandwidth every second) -T TIMEOUT --json FILE
 --fail SPEC is an R2CCL_FAULT spec, e.g. 'rank=1,nic=0,after_ms=1500,kind=down'
 drills: --kill-rank R:N (rank R exits before its N-th collective), --skew-rank R (rank R passes a different count)";
@@ -30,6 +42,7 @@ fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let result = match argv.first().map(String::as_str) {
         Some("launch") => launch(&argv[1..]),
+        Some("gpu-check") => gpu_check::run(&argv[1..]),
         Some("-h" | "--help") | None => {
             println!("{USAGE}");
             Ok(true)
@@ -350,6 +363,11 @@ fn rank_main(argv: &[String]) -> Result<bool> {
     let comm = CommBuilder::from_env(cfg)?.root(root).fault_injection_from_env(true).init()?;
     let timeout = if args.timeout_s == 0 { Duration::from_secs(120) } else { Duration::from_secs(args.timeout_s) };
     let main = rank == 0;
+    let gpu = match args.device {
+        r2ccl_perf::args::Device::Host => None,
+        r2ccl_perf::args::Device::Cuda if args.registered => bail!("-R 1 and --device cuda: pick one"),
+        r2ccl_perf::args::Device::Cuda => Some(Gpu::open(local_rank(rank))?),
+    };
     if main {
         println!(
             "# r2ccl-perf {}: nranks {world} minBytes {} maxBytes {} step: {}({}) warmup iters: {} iters: {} validation: {}",
@@ -362,10 +380,14 @@ fn rank_main(argv: &[String]) -> Result<bool> {
             args.iters,
             u8::from(args.check)
         );
-        println!("#\n# Using ranks on nodes {:?}\n#", comm.nodes().iter().map(|n| n.0).collect::<Vec<_>>());
+        println!("#\n# Using ranks on nodes {:?}", comm.nodes().iter().map(|n| n.0).collect::<Vec<_>>());
+        match &gpu {
+            Some(g) => println!("# Buffers on cuda:{} ({}), staged through host memory\n#", g.ordinal, g.name()),
+            None => println!("# Buffers in host memory\n#"),
+        }
     }
     if args.cycles == 0 {
-        return timeline(&comm, coll, &args, extra.duration.unwrap_or(10.0), timeout);
+        return timeline(&comm, coll, &args, extra.duration.unwrap_or(10.0), timeout, gpu.as_ref());
     }
     if main {
         print!("{}", report::header());
@@ -397,14 +419,26 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                         } else {
                             None
                         };
+                        // --device cuda: the same buffers on the GPU.
+                        let mut dev = match &gpu {
+                            Some(g) => Some((g, DeviceBufs::new(g, &c.input, &out_init, in_place)?)),
+                            None => None,
+                        };
                         // One run from the initial buffer (every warm-up run, and the checked one).
-                        let fresh_run = |reg: &mut Option<Registered<'_>>, last: &mut Vec<u8>| -> Result<()> {
-                            match reg {
-                                Some(r) => {
+                        let fresh_run = |reg: &mut Option<Registered<'_>>,
+                                         dev: &mut Option<(&Gpu, DeviceBufs)>,
+                                         last: &mut Vec<u8>|
+                         -> Result<()> {
+                            match (reg, dev) {
+                                (Some(r), _) => {
                                     r.output[..out_init.len()].copy_from_slice(&out_init);
                                     r.run(&comm, &c, dtype).map(drop)
                                 }
-                                None => {
+                                (None, Some((g, d))) => {
+                                    d.reset(g, &out_init)?;
+                                    run_device(g, d, &comm, &c, dtype).map(drop)
+                                }
+                                (None, None) => {
                                     last.copy_from_slice(&out_init);
                                     run_once(&comm, &c, dtype, in_place, last)
                                 }
@@ -412,7 +446,7 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                         };
                         for _ in 0..args.warmup {
                             drill(&extra, rank, &mut calls);
-                            fresh_run(&mut reg, &mut last)?;
+                            fresh_run(&mut reg, &mut dev, &mut last)?;
                         }
                         // As nccl-tests: the timed collectives run back to back (in place, each
                         // on the previous one's result); in place, one more run from the reset
@@ -422,21 +456,27 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                         for _ in 0..args.iters {
                             drill(&extra, rank, &mut calls);
                             let t = Instant::now();
-                            match &mut reg {
-                                Some(r) => {
+                            match (&mut reg, &mut dev) {
+                                (Some(r), _) => {
                                     r.run(&comm, &c, dtype)?;
                                 }
-                                None => run_once(&comm, &c, dtype, in_place, &mut last)?,
+                                (None, Some((g, d))) => {
+                                    run_device(g, d, &comm, &c, dtype)?;
+                                }
+                                (None, None) => run_once(&comm, &c, dtype, in_place, &mut last)?,
                             }
                             spent += t.elapsed();
                         }
                         if in_place {
                             drill(&extra, rank, &mut calls);
-                            fresh_run(&mut reg, &mut last)?;
+                            fresh_run(&mut reg, &mut dev, &mut last)?;
                         }
                         if let Some(r) = &reg {
                             let n = last.len();
                             last.copy_from_slice(&r.output[..n]);
+                        }
+                        if let Some((g, d)) = &dev {
+                            last = d.read(g)?;
                         }
                         let secs = spent.as_secs_f64() / f64::from(args.iters);
                         let result = if in_place { in_place_result(&c, rank, &last) } else { &last[..] };
@@ -474,6 +514,29 @@ fn rank_main(argv: &[String]) -> Result<bool> {
         eprintln!("r2ccl-perf: rank {rank}: {} wrong elements", report::wrong_total(&rows));
     }
     Ok(ok)
+}
+
+/// One collective on the GPU's buffers, waited for until its stream has run past it.
+fn run_device(
+    g: &Gpu,
+    d: &mut DeviceBufs,
+    comm: &Communicator,
+    c: &Case,
+    dtype: DType,
+) -> Result<r2ccl::device::DeviceReport> {
+    if c.ring_p2p {
+        d.ring_sendrecv(g, comm, dtype)
+    } else {
+        d.run(g, comm, c.coll, dtype, c.count)
+    }
+}
+
+/// This rank's index on its host, as the launcher gives it (`launch` runs every rank on one).
+fn local_rank(rank: u32) -> usize {
+    ["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+        .unwrap_or(rank as usize)
 }
 
 /// One blocking collective; in place, the output buffer is also the input.
@@ -565,7 +628,14 @@ fn drill(extra: &Extra, rank: u32, calls: &mut u64) {
 
 /// `-N 0`: repeat the largest size, print bus bandwidth every second with the events of
 /// that second, until `duration` seconds passed (rank 0 decides and tells the others).
-fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, timeout: Duration) -> Result<bool> {
+fn timeline(
+    comm: &Communicator,
+    coll: Coll,
+    args: &PerfArgs,
+    duration: f64,
+    timeout: Duration,
+    gpu: Option<&Gpu>,
+) -> Result<bool> {
     let (rank, world) = (comm.rank().0, comm.world());
     let dtype = args.dtypes[0];
     let op = args.ops[0];
@@ -588,6 +658,13 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
     // -R 1: buffers registered with the communicator, read and written in place (out of place
     // here), so the timed span holds no copy into or out of the library's workspace.
     let mut reg = if args.registered && !c.ring_p2p { Some(Registered::new(comm, &c, false, &out)?) } else { None };
+    // --device cuda: the buffers on the GPU, each collective timed until its stream has run past it.
+    let mut dev = match gpu {
+        Some(g) => Some((g, DeviceBufs::new(g, &c.input, &out, false)?)),
+        None => None,
+    };
+    // Every collective's time: the longest against the median is the failover pause.
+    let mut times: Vec<f64> = Vec::new();
     while !stop {
         // Rank 0 decides when to stop; everyone follows. The flag travels in a 4-byte AllReduce
         // (max), which no rank leaves before every rank has entered it: it doubles as the barrier
@@ -598,25 +675,35 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
         comm.run(Collective::AllReduce { op: ReduceOp::Max }, DType::U32, 1, &stop_flag.to_le_bytes(), &mut flag)?;
         stop = u32::from_le_bytes(flag) == 1;
         // A stale result must not pass the check.
-        match reg.as_mut() {
-            Some(r) => r.output.fill(0),
-            None => out.fill(0),
+        match (reg.as_mut(), dev.as_mut()) {
+            (Some(r), _) => r.output.fill(0),
+            (None, Some((g, d))) => d.reset(g, &vec![0u8; c.out_len])?,
+            (None, None) => out.fill(0),
         }
         let t = Instant::now();
-        let rep = if c.ring_p2p {
-            ring_sendrecv(comm, dtype, &c.input, &mut out)?
+        let rep = if let Some((g, d)) = dev.as_mut() {
+            let r = run_device(g, d, comm, &c, dtype)?;
+            (r.seq, r.strategy.map_or("none", |s| s.name()))
+        } else if c.ring_p2p {
+            let r = ring_sendrecv(comm, dtype, &c.input, &mut out)?;
+            (r.seq, r.strategy.name())
         } else if let Some(r) = reg.as_mut() {
-            r.run(comm, &c, dtype)?
+            let r = r.run(comm, &c, dtype)?;
+            (r.seq, r.strategy.name())
         } else {
-            let (o, rep) = comm
+            let (o, r) = comm
                 .start(c.coll, dtype, c.count, std::mem::take(&mut input), std::mem::take(&mut out), timeout)?
                 .wait()?;
             out = o;
-            rep
+            (r.seq, r.strategy.name())
         };
         let secs = t.elapsed().as_secs_f64();
-        if !c.ring_p2p && reg.is_none() {
+        times.push(secs);
+        if !c.ring_p2p && reg.is_none() && dev.is_none() {
             input.clone_from(&c.input);
+        }
+        if let Some((g, d)) = &dev {
+            out = d.read(g)?;
         }
         let got: &[u8] = match reg.as_ref() {
             Some(r) => &r.output[..c.out_len],
@@ -628,14 +715,14 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
             let first = first_wrong(dtype, got, &c.expected).unwrap_or(0);
             eprintln!(
                 "r2ccl-perf: rank {rank}: collective #{} ({:?}) has {bad} wrong values, the first at byte offset {first} (strategy {}): {}",
-                rep.seq,
+                rep.0,
                 coll,
-                rep.strategy,
+                rep.1,
                 diagnose_wrong(&c, args, world, got)
             );
         }
         wrong_total += bad;
-        strategy = rep.strategy.name();
+        strategy = rep.1;
         window.1 += 1;
         window.2 += secs;
         let evs = comm.take_events();
@@ -678,15 +765,29 @@ fn timeline(comm: &Communicator, coll: Coll, args: &PerfArgs, duration: f64, tim
             }
             None => println!("# bus bandwidth {:.3} GB/s, no failover (strategy {strategy})", avg(&samples)),
         }
+        let mut sorted = times.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+        let longest = sorted.last().copied().unwrap_or(0.0);
+        println!(
+            "# longest collective {:.2} ms, median {:.2} ms: pause {:.2} ms",
+            longest * 1e3,
+            median * 1e3,
+            (longest - median) * 1e3
+        );
         println!("# Out of bounds values : {wrong_total} {}", if wrong_total == 0 { "OK" } else { "FAILED" });
         println!("# Avg bus bandwidth    : {:.4} \n#", avg(&samples));
         if let Some(path) = &args.json {
             let ev: Vec<String> = events_all.iter().map(|e| format!("{} ms {}", e.at_ms, e.text)).collect();
             std::fs::write(
                 path,
-                serde_json::to_string_pretty(
-                    &serde_json::json!({"timeline": samples, "events": ev, "wrong": wrong_total}),
-                )?,
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "timeline": samples,
+                    "events": ev,
+                    "wrong": wrong_total,
+                    "median_ms": median * 1e3,
+                    "pause_ms": (longest - median) * 1e3,
+                }))?,
             )?;
         }
     }
