@@ -236,3 +236,11 @@ fn a_device_call_that_fails_returns_a_bounded_error_and_leaves_the_stream_usable
         t.join().unwrap();
     }
 }
+
+/// The staging lane keeps the communicator shareable across threads, as bindings need it.
+#[test]
+fn a_communicator_with_device_staging_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Communicator>();
+    check::<r2ccl::device::DeviceHandle>();
+}
