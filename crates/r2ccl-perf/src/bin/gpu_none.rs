@@ -21,6 +21,21 @@ impl Gpu {
     pub fn name(&self) -> String {
         String::new()
     }
+
+    /// Whether results are checked on the device.
+    pub const fn checks_on_device(&self) -> bool {
+        false
+    }
+}
+
+/// Never made: see the module doc.
+pub struct DeviceCheck;
+
+impl DeviceCheck {
+    /// Unreachable without a [`Gpu`].
+    pub fn new(_gpu: &Gpu, _want: &[u8]) -> Result<Self> {
+        bail!("no CUDA support in this build")
+    }
 }
 
 /// Never made: see the module doc.
@@ -51,6 +66,19 @@ impl DeviceBufs {
 
     /// Unreachable without a [`Gpu`].
     pub fn ring_sendrecv(&mut self, _gpu: &Gpu, _comm: &Communicator, _dtype: DType) -> Result<DeviceReport> {
+        bail!("no CUDA support in this build")
+    }
+
+    /// Unreachable without a [`Gpu`].
+    pub fn run_checked(
+        &mut self,
+        _gpu: &Gpu,
+        _comm: &Communicator,
+        _coll: Option<Collective>,
+        _dtype: DType,
+        _count: u64,
+        _check: (usize, &mut DeviceCheck),
+    ) -> Result<Option<u64>> {
         bail!("no CUDA support in this build")
     }
 

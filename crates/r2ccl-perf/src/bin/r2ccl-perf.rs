@@ -17,7 +17,7 @@ mod gpu;
 #[cfg(not(feature = "cuda"))]
 #[path = "gpu_none.rs"]
 mod gpu;
-use gpu::{DeviceBufs, Gpu};
+use gpu::{DeviceBufs, DeviceCheck, Gpu};
 mod gpu_check;
 
 /// The descriptor of the rendezvous listener `launch` hands rank 0.
@@ -382,7 +382,12 @@ fn rank_main(argv: &[String]) -> Result<bool> {
         );
         println!("#\n# Using ranks on nodes {:?}", comm.nodes().iter().map(|n| n.0).collect::<Vec<_>>());
         match &gpu {
-            Some(g) => println!("# Buffers on cuda:{} ({}), staged through host memory\n#", g.ordinal, g.name()),
+            Some(g) => println!(
+                "# Buffers on cuda:{} ({}), staged through host memory; results checked {}\n#",
+                g.ordinal,
+                g.name(),
+                if g.checks_on_device() { "by a kernel on the collective's stream" } else { "on the host" }
+            ),
             None => println!("# Buffers in host memory\n#"),
         }
     }
@@ -475,12 +480,26 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                             let n = last.len();
                             last.copy_from_slice(&r.output[..n]);
                         }
-                        if let Some((g, d)) = &dev {
-                            last = d.read(g)?;
+                        // --device cuda: one more run from the initial buffer, checked by a kernel on
+                        // the same stream right after it (no host sync in between); on the host
+                        // when the kernel is unavailable.
+                        let mut device_wrong = None;
+                        if let Some((g, d)) = &mut dev {
+                            if let Some(want) = &c.expected {
+                                d.reset(g, &out_init)?;
+                                let offset = if in_place { in_place_offset(&c, rank) } else { 0 };
+                                let mut check = DeviceCheck::new(g, want)?;
+                                let coll = (!c.ring_p2p).then_some(c.coll);
+                                device_wrong = d.run_checked(g, &comm, coll, dtype, c.count, (offset, &mut check))?;
+                            }
+                            if device_wrong.is_none() {
+                                last = d.read(g)?;
+                            }
                         }
                         let secs = spent.as_secs_f64() / f64::from(args.iters);
                         let result = if in_place { in_place_result(&c, rank, &last) } else { &last[..] };
-                        measures.push(Measure::new(coll, world, c.bytes, secs, wrong(dtype, result, &c.expected)));
+                        let bad = device_wrong.unwrap_or_else(|| wrong(dtype, result, &c.expected));
+                        measures.push(Measure::new(coll, world, c.bytes, secs, bad));
                     }
                     let row = Row {
                         bytes: c.bytes,
@@ -609,11 +628,16 @@ fn in_place_init(c: &Case, rank: u32) -> Vec<u8> {
 
 /// Where the result lies in the in-place buffer (ReduceScatter: this rank's block).
 fn in_place_result<'a>(c: &Case, rank: u32, buf: &'a [u8]) -> &'a [u8] {
+    &buf[in_place_offset(c, rank)..][..c.out_len.min(buf.len())]
+}
+
+/// The byte offset of the result in the in-place buffer.
+fn in_place_offset(c: &Case, rank: u32) -> usize {
     let (i, o) = (c.input.len(), c.out_len);
     if o < i {
-        &buf[rank as usize * o..][..o]
+        rank as usize * o
     } else {
-        buf
+        0
     }
 }
 
