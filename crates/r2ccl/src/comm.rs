@@ -1038,8 +1038,15 @@ fn pipeline_ring(req: ScheduleRequest, ranks: usize, nics: usize, nic_mbps: u64)
 const PLAN_CACHE: usize = 64;
 /// Progress rounds without movement before the progress thread sleeps.
 const IDLE_SPINS: u32 = 8;
-/// Longest sleep of an idle progress thread (bounds every timer's lateness).
+/// Longest sleep of an idle progress thread while calls are running or queued (bounds every
+/// timer's lateness during a collective).
 const IDLE_WAIT: Duration = Duration::from_millis(1);
+/// Longest sleep once no call has run or waited for [`QUIET_AFTER`]: an idle communicator
+/// sleeps until the engine's next timer (heartbeats and probes of idle paths), at most this
+/// long, instead of waking 1,000 times a second; UCX, OOB and caller events wake it at once.
+const QUIET_WAIT: Duration = Duration::from_millis(100);
+/// How long after its last call a communicator counts as quiet.
+const QUIET_AFTER: Duration = Duration::from_millis(100);
 
 const ABORT_MISMATCH: u8 = 1;
 const ABORT_REASON: u8 = 2;
@@ -1133,6 +1140,7 @@ impl Progress {
         let mut queue: std::collections::VecDeque<(Instant, Req)> = std::collections::VecDeque::new();
         let mut last_moved = (0, 0, 0);
         let mut idle_spins = 0u32;
+        let mut last_busy = Instant::now();
         // A graceful shutdown waiting for the calls submitted before it.
         let mut shutdown: Option<(bool, Sender<Vec<u32>>)> = None;
         loop {
@@ -1258,12 +1266,22 @@ impl Progress {
             // per host, or an oversubscribed CI machine) must not starve the peers they wait for.
             let stats = self.engine.session().stats();
             let moved = (stats.chunks_sent, stats.chunks_applied, stats.chunks_posted);
+            if current.is_some() || !queue.is_empty() {
+                last_busy = Instant::now();
+            }
             if moved == last_moved {
                 idle_spins += 1;
                 if idle_spins > IDLE_SPINS {
                     let mut fds = self.mesh.fds();
                     fds.push(self.wake_rx.fd());
-                    self.transport.wait(IDLE_WAIT, &fds);
+                    let wait = if last_busy.elapsed() > QUIET_AFTER {
+                        let now = self.now();
+                        let next = self.engine.poll_timeout().map_or(QUIET_WAIT, |t| t.saturating_sub(now));
+                        next.clamp(IDLE_WAIT, QUIET_WAIT)
+                    } else {
+                        IDLE_WAIT
+                    };
+                    self.transport.wait(wait, &fds);
                     self.wake_rx.drain();
                 } else {
                     std::thread::yield_now();

@@ -1479,7 +1479,6 @@ impl Engine {
     }
 
     /// The next time [`Engine::drive`] has timer work (stall deadlines, probes, resends).
-    #[cfg(test)]
     pub fn poll_timeout(&self) -> Option<Duration> {
         let activity = self.session.path_activity();
         let hard = activity.iter().map(|a| a.since + self.hard_stall_limit()).min();

@@ -73,6 +73,19 @@ unsafe impl Send for Staging {}
 unsafe impl Sync for Staging {}
 
 impl Staging {
+    /// Unpin and free every slot and the flag page (no stream work may use them any more).
+    fn free(&self, submitter: &Submitter) {
+        for slot in &self.slots {
+            // SAFETY: pinned when the slot was made; the caller's promise covers the streams.
+            let _ = unsafe { self.device.unpin(slot.ptr) };
+            let _ = submitter.tx.send(Req::Free(slot.handle));
+        }
+        submitter.waker.wake();
+        let page: *const FlagPage = &*self.flags;
+        // SAFETY: as for the slots.
+        let _ = unsafe { self.device.unpin(page.cast_mut().cast()) };
+    }
+
     fn slot_ptr(&self, number: u64) -> *mut u8 {
         self.slots[(number % SLOTS as u64) as usize].ptr
     }
@@ -127,16 +140,26 @@ impl Lane {
             stop: AtomicBool::new(false),
         };
         for _ in 0..SLOTS {
-            let (handle, ptr, region) = alloc(&submitter, slot_len)?;
-            let ptr = ptr as *mut u8;
-            // SAFETY: `region` maps `slot_len` bytes at `ptr` (the primary mapping, never remapped)
-            // and lives in the slot until after `unpin`.
-            if let Err(e) = unsafe { device.pin(ptr, slot_len) } {
-                let _ = submitter.tx.send(Req::Free(handle));
-                submitter.waker.wake();
-                return Err(e.into());
+            let pinned = alloc(&submitter, slot_len).and_then(|(handle, ptr, region)| {
+                let ptr = ptr as *mut u8;
+                // SAFETY: `region` maps `slot_len` bytes at `ptr` (the primary mapping, never
+                // remapped) and lives in the slot until after `unpin`.
+                match unsafe { device.pin(ptr, slot_len) } {
+                    Ok(_) => Ok(Slot { handle, ptr, _region: region }),
+                    Err(e) => {
+                        let _ = submitter.tx.send(Req::Free(handle));
+                        Err(e.into())
+                    }
+                }
+            });
+            match pinned {
+                Ok(slot) => staging.slots.push(slot),
+                Err(e) => {
+                    // Undo what was set up: nothing has used it yet.
+                    staging.free(&submitter);
+                    return Err(e);
+                }
             }
-            staging.slots.push(Slot { handle, ptr, _region: region });
         }
         let memops = device.stream_memops();
         if !memops {
@@ -365,15 +388,8 @@ impl Drop for Lane {
             }
             return;
         }
-        for slot in &s.slots {
-            // SAFETY: pinned in `new`; the streams have run past every use.
-            let _ = unsafe { s.device.unpin(slot.ptr) };
-            let _ = self.submitter.tx.send(Req::Free(slot.handle));
-        }
-        self.submitter.waker.wake();
-        let page: *const FlagPage = &*s.flags;
-        // SAFETY: as for the slots.
-        let _ = unsafe { s.device.unpin(page.cast_mut().cast()) };
+        // The streams have run past every use.
+        s.free(&self.submitter);
     }
 }
 

@@ -108,6 +108,8 @@ pub enum OobError {
     NoSuchRank(u32),
 }
 
+/// Longest the acceptor sleeps in poll(2) before it looks at the shutdown flag again.
+const ACCEPT_WAIT_MS: i32 = 100;
 const HELLO_LIMIT: Duration = Duration::from_secs(2);
 
 /// Most bytes queued for one peer before it counts as stuck.
@@ -357,7 +359,16 @@ impl OobMesh {
                     let (s, addr) = match listener.accept() {
                         Ok(x) => x,
                         Err(_) => {
-                            std::thread::sleep(Duration::from_millis(10));
+                            // Sleep in poll(2) until a connection arrives (at most ACCEPT_WAIT,
+                            // so a shutdown is seen), not in a fixed nap: an idle communicator's
+                            // acceptor must not wake 100 times a second.
+                            let mut fd = libc::pollfd {
+                                fd: std::os::fd::AsRawFd::as_raw_fd(&listener),
+                                events: libc::POLLIN,
+                                revents: 0,
+                            };
+                            // SAFETY: one valid pollfd for the call's duration.
+                            unsafe { libc::poll(&mut fd, 1, ACCEPT_WAIT_MS) };
                             continue;
                         }
                     };

@@ -1,0 +1,76 @@
+//! What idle communicators cost: two ranks as threads of this process (one NIC each on
+//! loopback) run one AllReduce, then sit idle; the process's CPU time over 4 s of idleness is
+//! printed as a share of one core, then the same with 15 more communicators per rank from
+//! `split` (32 in all). Run: `cargo run --release -p r2ccl --example idle_cpu`.
+#![allow(clippy::print_stdout, reason = "an example prints what it shows")]
+
+use r2ccl::{CommError, Communicator, Rank, ReduceOp, Root, UniqueId};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+const IDLE: Duration = Duration::from_secs(4);
+const SPLITS: usize = 15;
+
+/// User plus system CPU time of this process.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes one struct we own.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// Share of one core the process used while idle for [`IDLE`].
+fn idle_share() -> f64 {
+    let (c0, t0) = (cpu_time(), Instant::now());
+    std::thread::sleep(IDLE);
+    (cpu_time() - c0).as_secs_f64() / t0.elapsed().as_secs_f64()
+}
+
+fn rank(r: u32, id: UniqueId, root: Option<Root>, sync: &Barrier) -> Result<(), CommError> {
+    let comm = Communicator::builder(Rank(r), 2, id).node(format!("n{r}")).nics(["lo"]).root(root).init()?;
+    let mut v = vec![1.0f32; 1024];
+    comm.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+    sync.wait(); // both ranks idle
+    sync.wait(); // measured by rank 0's thread
+    let mut more = Vec::new();
+    for i in 0..SPLITS {
+        let c = comm.split(Some(0), r).map_err(|e| CommError::Invalid(format!("split {i}: {e}")))?;
+        let c = c.ok_or_else(|| CommError::Invalid("split gave no communicator".into()))?;
+        c.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+        more.push(c);
+    }
+    sync.wait(); // all idle again
+    sync.wait(); // measured
+    for c in more {
+        c.finalize()?;
+    }
+    comm.finalize()
+}
+
+fn main() -> Result<(), CommError> {
+    let root = Root::create([127, 0, 0, 1].into())?;
+    let id = root.unique_id()?;
+    let sync = Arc::new(Barrier::new(3));
+    let threads: Vec<_> = [(0, Some(root)), (1, None)]
+        .into_iter()
+        .map(|(r, root)| {
+            let (id, sync) = (id.clone(), sync.clone());
+            std::thread::spawn(move || rank(r, id, root, &sync))
+        })
+        .collect();
+    sync.wait();
+    let two = idle_share();
+    println!("2 idle communicators: {:.2}% of a core in all ({:.2}% each)", two * 100.0, two * 50.0);
+    sync.wait();
+    sync.wait();
+    let n = 2 * (SPLITS + 1);
+    let many = idle_share();
+    println!("{n} idle communicators: {:.2}% of a core in all ({:.3}% each)", many * 100.0, many * 100.0 / n as f64);
+    sync.wait();
+    for t in threads {
+        t.join().map_err(|_| CommError::Invalid("a rank panicked".into()))??;
+    }
+    Ok(())
+}
