@@ -244,3 +244,42 @@ fn a_communicator_with_device_staging_is_send_and_sync() {
     check::<Communicator>();
     check::<r2ccl::device::DeviceHandle>();
 }
+
+/// A driver that cannot page-lock the transport's regions: staging falls back to pinned memory
+/// of its own (copied through the library's workspace), with the same exact results.
+#[test]
+fn staging_falls_back_to_its_own_pinned_memory_when_regions_cannot_be_pinned() {
+    let threads = common::spawn_ranks_with(WORLD, config(), |me, comm| {
+        let device = MockDevice::refusing_to_pin_regions(true);
+        let stream = device.stream();
+        for coll in [
+            Collective::AllReduce { op: ReduceOp::Sum },
+            Collective::AllGather,
+            Collective::ReduceScatter { op: ReduceOp::Max },
+        ] {
+            for in_place in [false, true] {
+                let (got, want) = both(&comm, &device, &stream, coll, DType::F32, 10_007, in_place);
+                assert!(
+                    got == want,
+                    "rank {me}: {coll:?} in_place={in_place}: fallback staging differs from the host path"
+                );
+            }
+        }
+        let next = Rank((me + 1) % WORLD);
+        let prev = Rank((me + WORLD - 1) % WORLD);
+        let send = MockBuffer::from_bytes(&[me as u8; 3000]);
+        let recv = MockBuffer::zeroed(3000);
+        let ops = [
+            DeviceP2p::Send { peer: next, addr: send.addr(), count: 3000 },
+            DeviceP2p::Recv { peer: prev, addr: recv.addr(), count: 3000 },
+        ];
+        // SAFETY: both buffers outlive the stream's work (synchronized below).
+        unsafe { comm.start_device_group(&device, &stream, DType::U8, &ops, None) }.unwrap().wait().unwrap();
+        stream.synchronize().unwrap();
+        assert_eq!(recv.to_vec(), vec![prev.0 as u8; 3000], "rank {me}: fallback group receive");
+        comm.finalize().unwrap();
+    });
+    for t in threads {
+        t.join().unwrap();
+    }
+}

@@ -127,6 +127,23 @@ impl super::Device for CudaDevice {
         // SAFETY: the caller's promise: pinned, and no stream work uses it any more.
         check("cuMemHostUnregister", unsafe { sys::cuMemHostUnregister(ptr.cast()) })
     }
+
+    fn alloc_pinned(&self, len: usize) -> Result<*mut u8, DeviceError> {
+        self.bind()?;
+        let mut p = std::ptr::null_mut();
+        // SAFETY: writes one pointer.
+        check("cuMemHostAlloc", unsafe { sys::cuMemHostAlloc(&mut p, len, sys::CU_MEMHOSTALLOC_PORTABLE) })?;
+        // SAFETY: `len` bytes just allocated.
+        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, len) };
+        Ok(p.cast())
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8, _len: usize) {
+        if self.bind().is_ok() {
+            // SAFETY: the caller's promise: from `alloc_pinned`, unused by any stream now.
+            let _ = unsafe { sys::cuMemFreeHost(ptr.cast()) };
+        }
+    }
 }
 
 /// A CUDA stream, as the staging seam's [`super::Stream`] (borrowed for one call).

@@ -21,7 +21,7 @@
 
 use super::segments::{HostWork, Segment};
 use super::{reached, Device, DeviceError, Stream};
-use crate::call::Submitter;
+use crate::call::{Access, Submitter};
 use crate::comm::{Bufs, Call, Registered, Req, Work};
 use crate::device::api::DeviceReport;
 use crate::error::CommError;
@@ -47,11 +47,20 @@ struct FlagPage {
     _rest: [u32; 1021],
 }
 
-/// One staging slot: a region registered with every NIC, pinned for the device.
+/// One staging slot's memory.
+enum SlotMem {
+    /// A region registered with every NIC, pinned for the device: the host collective runs on
+    /// it in place, with no copy.
+    Registered { handle: MemHandle, _region: Arc<r2ccl_ucx::MemRegion> },
+    /// Page-locked memory of its own, where the driver cannot pin the transport's regions: the
+    /// host collective copies it into the library's workspace and back, as caller memory.
+    Pinned,
+}
+
+/// One staging slot.
 struct Slot {
-    handle: MemHandle,
     ptr: *mut u8,
-    _region: Arc<r2ccl_ucx::MemRegion>,
+    mem: SlotMem,
 }
 
 /// What the enqueue side and the worker share.
@@ -76,9 +85,16 @@ impl Staging {
     /// Unpin and free every slot and the flag page (no stream work may use them any more).
     fn free(&self, submitter: &Submitter) {
         for slot in &self.slots {
-            // SAFETY: pinned when the slot was made; the caller's promise covers the streams.
-            let _ = unsafe { self.device.unpin(slot.ptr) };
-            let _ = submitter.tx.send(Req::Free(slot.handle));
+            match slot.mem {
+                SlotMem::Registered { handle, .. } => {
+                    // SAFETY: pinned when the slot was made; the caller's promise covers the
+                    // streams.
+                    let _ = unsafe { self.device.unpin(slot.ptr) };
+                    let _ = submitter.tx.send(Req::Free(handle));
+                }
+                // SAFETY: from `alloc_pinned(slot_len)`; the caller's promise covers the streams.
+                SlotMem::Pinned => unsafe { self.device.free_pinned(slot.ptr, self.slot_len) },
+            }
         }
         submitter.waker.wake();
         let page: *const FlagPage = &*self.flags;
@@ -139,20 +155,31 @@ impl Lane {
             slot_len,
             stop: AtomicBool::new(false),
         };
+        let mut fallback_said = false;
         for _ in 0..SLOTS {
-            let pinned = alloc(&submitter, slot_len).and_then(|(handle, ptr, region)| {
+            let slot = alloc(&submitter, slot_len).and_then(|(handle, ptr, region)| {
                 let ptr = ptr as *mut u8;
                 // SAFETY: `region` maps `slot_len` bytes at `ptr` (the primary mapping, never
                 // remapped) and lives in the slot until after `unpin`.
                 match unsafe { device.pin(ptr, slot_len) } {
-                    Ok(_) => Ok(Slot { handle, ptr, _region: region }),
+                    Ok(_) => Ok(Slot { ptr, mem: SlotMem::Registered { handle, _region: region } }),
                     Err(e) => {
                         let _ = submitter.tx.send(Req::Free(handle));
-                        Err(e.into())
+                        submitter.waker.wake();
+                        if !fallback_said {
+                            fallback_said = true;
+                            tracing::warn!(
+                                target: "r2ccl::device",
+                                error = %e,
+                                "cannot page-lock the transport's registered memory: staging through page-locked memory of its own, copied into the library's workspace and back"
+                            );
+                        }
+                        let ptr = device.alloc_pinned(slot_len)?;
+                        Ok(Slot { ptr, mem: SlotMem::Pinned })
                     }
                 }
             });
-            match pinned {
+            match slot {
                 Ok(slot) => staging.slots.push(slot),
                 Err(e) => {
                     // Undo what was set up: nothing has used it yet.
@@ -476,18 +503,29 @@ fn host_work(
     seg: &Segment,
     deadline: Instant,
 ) -> Result<crate::report::CollReport, CommError> {
-    let handle = |k: u64| s.slots[((n + k) % SLOTS as u64) as usize].handle;
-    let (work, count, bufs) = match &seg.work {
-        HostWork::Coll { coll, count, len } => {
-            (Work::Coll(*coll), *count, Bufs::RegisteredInPlace { buf: handle(0), len: *len })
+    let slot = |k: u64| &s.slots[((n + k) % SLOTS as u64) as usize];
+    // Registered slots run in place with no copy; memory of the lane's own goes through the
+    // caller-memory path (`access` keeps it safe should the wait give up first).
+    let (work, count, bufs, access) = match (&seg.work, &slot(0).mem, &slot(1).mem) {
+        (HostWork::Coll { coll, count, len }, SlotMem::Registered { handle, .. }, _) => {
+            (Work::Coll(*coll), *count, Bufs::RegisteredInPlace { buf: *handle, len: *len }, None)
         }
-        HostWork::Group { ops, in_len, out_len } => (
+        (HostWork::Coll { coll, count, len }, SlotMem::Pinned, _) => {
+            (Work::Coll(*coll), *count, Bufs::InPlace { buf: slot(0).ptr, len: *len }, Some(Access::new()))
+        }
+        (
+            HostWork::Group { ops, in_len, out_len },
+            SlotMem::Registered { handle: a, .. },
+            SlotMem::Registered { handle: b, .. },
+        ) => (Work::Group(ops.clone()), 0, Bufs::Registered { input: (*a, *in_len), output: (*b, *out_len) }, None),
+        (HostWork::Group { ops, in_len, out_len }, _, _) => (
             Work::Group(ops.clone()),
             0,
-            Bufs::Registered { input: (handle(0), *in_len), output: (handle(1), *out_len) },
+            Bufs::Borrowed { input: slot(0).ptr, in_len: *in_len, output: slot(1).ptr, out_len: *out_len },
+            Some(Access::new()),
         ),
     };
     let timeout = deadline.saturating_duration_since(Instant::now());
-    let call = Call { work, dtype, count, bufs, access: None };
+    let call = Call { work, dtype, count, bufs, access };
     submitter.submit(call, Some(timeout))?.wait().map(|(_, r)| r)
 }

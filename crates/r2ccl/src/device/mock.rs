@@ -23,6 +23,9 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct MockDevice {
     id: u64,
     memops: bool,
+    /// Refuse to pin more than this many bytes (as a driver that cannot page-lock the
+    /// transport's memory would): staging falls back to memory of its own.
+    pin_limit: usize,
     /// Upper bound of each stream operation's random delay.
     jitter: Duration,
 }
@@ -36,7 +39,14 @@ impl MockDevice {
 
     /// As [`MockDevice::new`], with each stream operation delayed by up to `jitter`.
     pub fn with_jitter(memops: bool, jitter: Duration) -> Arc<Self> {
-        Arc::new(Self { id: NEXT_ID.fetch_add(1, Ordering::Relaxed) << 32, memops, jitter })
+        Arc::new(Self { id: NEXT_ID.fetch_add(1, Ordering::Relaxed) << 32, memops, jitter, pin_limit: usize::MAX })
+    }
+
+    /// A device that pins at most one page at a time (the flags), so that staging must use
+    /// memory of its own ([`Device::alloc_pinned`]) rather than the transport's regions.
+    pub fn refusing_to_pin_regions(memops: bool) -> Arc<Self> {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed) << 32;
+        Arc::new(Self { id, memops, jitter: Duration::from_micros(200), pin_limit: 4096 })
     }
 
     /// A new stream of this device.
@@ -54,12 +64,34 @@ impl Device for MockDevice {
         self.memops
     }
 
-    unsafe fn pin(&self, ptr: *mut u8, _len: usize) -> Result<u64, DeviceError> {
+    unsafe fn pin(&self, ptr: *mut u8, len: usize) -> Result<u64, DeviceError> {
+        if len > self.pin_limit {
+            return Err(DeviceError::Unsupported(format!("mock: will not pin {len} bytes")));
+        }
         Ok(ptr as u64)
     }
 
     unsafe fn unpin(&self, _ptr: *mut u8) -> Result<(), DeviceError> {
         Ok(())
+    }
+
+    fn alloc_pinned(&self, len: usize) -> Result<*mut u8, DeviceError> {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096)
+            .map_err(|e| DeviceError::Unsupported(format!("mock: {e}")))?;
+        // SAFETY: a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            Err(DeviceError::OutOfMemory { call: "mock alloc_pinned" })
+        } else {
+            Ok(p)
+        }
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8, len: usize) {
+        if let Ok(layout) = std::alloc::Layout::from_size_align(len.max(1), 4096) {
+            // SAFETY: allocated by `alloc_pinned` with this layout (the caller's promise).
+            unsafe { std::alloc::dealloc(ptr, layout) };
+        }
     }
 }
 

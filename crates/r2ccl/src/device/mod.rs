@@ -130,6 +130,15 @@ pub trait Device: Send + Sync + std::fmt::Debug + 'static {
     ///
     /// `ptr` was pinned, and no stream work still uses it.
     unsafe fn unpin(&self, ptr: *mut u8) -> Result<(), DeviceError>;
+    /// Allocate `len` bytes of page-locked host memory (zeroed), for staging where the
+    /// transport's registered memory cannot be pinned.
+    fn alloc_pinned(&self, len: usize) -> Result<*mut u8, DeviceError>;
+    /// Free what [`Device::alloc_pinned`] gave.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from `alloc_pinned(len)`, and no stream work still uses it.
+    unsafe fn free_pinned(&self, ptr: *mut u8, len: usize);
 }
 
 /// A stream of one [`Device`]: work enqueued on it runs in order, after the caller's earlier
