@@ -1,4 +1,4 @@
-"""Turn buffer-protocol objects and CPU torch tensors into (address, size, dtype) for the extension."""
+"""Turn buffer-protocol objects and torch tensors into (address, size, dtype) for the extension."""
 
 from __future__ import annotations
 
@@ -58,14 +58,16 @@ def _is_tensor(obj: Any) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
 
 
-def as_buffer(obj: Any, writable: bool, dtype: Optional[str] = None) -> Buffer:
-    """The region of ``obj``: a C-contiguous buffer-protocol object or a contiguous CPU tensor.
-    ``writable`` refuses read-only memory; ``dtype`` overrides the element type."""
+def as_buffer(obj: Any, writable: bool, dtype: Optional[str] = None, cuda_ok: bool = False) -> Buffer:
+    """The region of ``obj``: a C-contiguous buffer-protocol object or a contiguous CPU tensor
+    (or CUDA tensor, with ``cuda_ok``: its address is a device address). ``writable`` refuses
+    read-only memory; ``dtype`` overrides the element type."""
     if isinstance(obj, Buffer):
         return obj
     if _is_tensor(obj):
-        if obj.device.type != "cpu":
-            raise TypeError(f"r2ccl: a {obj.device.type} tensor; only CPU tensors are supported so far")
+        if obj.device.type != "cpu" and not (cuda_ok and obj.device.type == "cuda"):
+            where = "collectives (not send/recv or numpy-style calls)" if obj.device.type == "cuda" else "nothing"
+            raise TypeError(f"r2ccl: a {obj.device.type} tensor; r2ccl takes CPU tensors, and CUDA tensors in {where}")
         if not obj.is_contiguous():
             raise ValueError("r2ccl: the tensor is not contiguous")
         name = dtype or torch_dtype_name(obj)

@@ -6,6 +6,7 @@ class R2cclError(RuntimeError): ...
 class BootstrapError(R2cclError): ...
 class TransportError(R2cclError): ...
 class InvalidArgumentError(R2cclError): ...
+class DeviceError(R2cclError): ...
 class PeerLostError(R2cclError):
     rank: int
 class MismatchError(R2cclError):
@@ -68,6 +69,21 @@ class Communicator:
         send_nbytes: int,
         recv: int,
         recv_nbytes: int,
+        keep: Sequence[object],
+        op: Optional[str] = None,
+        root: int = 0,
+        timeout: Optional[float] = None,
+    ) -> Work: ...
+    def start_cuda(
+        self,
+        coll: str,
+        dtype: str,
+        count: int,
+        send: int,
+        send_nbytes: int,
+        recv: int,
+        recv_nbytes: int,
+        stream: int,
         keep: Sequence[object],
         op: Optional[str] = None,
         root: int = 0,

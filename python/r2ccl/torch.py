@@ -309,12 +309,39 @@ class R2cclBackend(_C10dBackend):
         dtype = dtype or _dtype(send)
         if _dtype(send) != dtype or _dtype(recv) != dtype:
             raise TypeError(f"r2ccl: {coll} of {send.dtype} into {recv.dtype}: the dtypes must match")
+        if send.is_cuda or recv.is_cuda:
+            return self._start_cuda(coll, send, recv, count, op, root, result, post, dtype)
         s = as_buffer(send, writable=False, dtype=dtype)
         r = s if recv is send else as_buffer(recv, writable=True, dtype=dtype)
         # The extension holds s and r until the call is done, even if every Work is dropped.
         inner = self.comm._c.start(coll, dtype, count, s.addr, s.nbytes, r.addr, r.nbytes, [s, r], op, root,
                                    self._timeout)
         work = r2ccl.Work(inner, keep=[s, r], post=post)
+        return _Work(self, work.wait, result if result is not None else [recv], work.is_done)
+
+    def _start_cuda(self, coll: str, send: torch.Tensor, recv: torch.Tensor, count: int, op: str, root: int,
+                    result: Optional[List[torch.Tensor]], post: Optional[Callable[[], None]], dtype: str) -> _Work:
+        """A collective on CUDA tensors, enqueued on torch's current stream of their device (as
+        NCCL's): the work is done when the network part is; later work on the stream sees the
+        result, and ``wait`` also returns only once the stream has run past the call."""
+        if not (send.is_cuda and recv.is_cuda) or send.device != recv.device:
+            raise TypeError(f"r2ccl: {coll} of a {send.device} tensor into a {recv.device} tensor: "
+                            "both must be on one CUDA device")
+        s = as_buffer(send, writable=False, dtype=dtype, cuda_ok=True)
+        r = s if recv is send else as_buffer(recv, writable=True, dtype=dtype, cuda_ok=True)
+        with torch.cuda.device(send.device):
+            stream = torch.cuda.current_stream(send.device)
+            inner = self.comm._c.start_cuda(coll, dtype, count, s.addr, s.nbytes, r.addr, r.nbytes,
+                                            stream.cuda_stream, [s, r], op, root, self._timeout)
+
+        def done() -> None:
+            # The result is in device memory once the stream has run past the call; `post`
+            # (a copy back into a non-contiguous tensor) is enqueued on the same stream.
+            stream.synchronize()
+            if post is not None:
+                post()
+
+        work = r2ccl.Work(inner, keep=[s, r], post=done)
         return _Work(self, work.wait, result if result is not None else [recv], work.is_done)
 
     def _group(self, ops: list, result: List[torch.Tensor], post: Optional[Callable[[], None]] = None) -> _Work:
@@ -390,7 +417,7 @@ class R2cclBackend(_C10dBackend):
             raise ValueError(f"r2ccl: all_gather needs {self._size} output tensors, got {len(outs)}")
         if all(o.numel() == t.numel() for o in outs):
             c, _ = self._contiguous(t)
-            flat = torch.empty(self._size * c.numel(), dtype=c.dtype)
+            flat = torch.empty(self._size * c.numel(), dtype=c.dtype, device=c.device)
             n = c.numel()
 
             def back() -> None:

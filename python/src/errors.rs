@@ -34,6 +34,7 @@ exceptions! {
     NoPathLeftError: "Every path to a peer failed for too long.",
     CollectiveFailedError: "A collective failed for another reason.",
     AbortedError: "The communicator was aborted.",
+    DeviceError: "A device (GPU) operation failed: no CUDA driver, no device, out of memory, an illegal address.",
 }
 
 /// The Python exception for `e`, with the ranks, nodes and sequence numbers it names as
@@ -56,6 +57,7 @@ pub(crate) fn to_py(e: CommError) -> PyErr {
         }
         CommError::Failed { seq, .. } => (CollectiveFailedError::new_err(msg), vec![("seq", seq)]),
         CommError::Aborted(_) => (AbortedError::new_err(msg), vec![]),
+        CommError::Device(_) => (DeviceError::new_err(msg), vec![]),
         _ => (R2cclError::new_err(msg), vec![]),
     };
     if !attrs.is_empty() {

@@ -80,6 +80,7 @@ impl Root {
 
 /// What a finished call reports besides its data.
 #[pyclass(module = "r2ccl._r2ccl", frozen, get_all)]
+#[derive(Clone)]
 struct CollReport {
     /// The collective's sequence number on its communicator (1 for the first).
     seq: u64,
@@ -107,15 +108,46 @@ impl From<r2ccl::CollReport> for CollReport {
     }
 }
 
+/// What a started call waits on.
+enum Pending {
+    /// A call on host memory; a group's receives are copied to the (address, length) pairs
+    /// when it ends.
+    Host(Handle, Vec<(usize, usize)>),
+    /// A call on device memory, enqueued on its stream: done when its network part is.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code, reason = "made by `start_cuda` with the cuda feature only"))]
+    Device(r2ccl::device::DeviceHandle),
+}
+
+impl Pending {
+    fn is_done(&mut self) -> bool {
+        match self {
+            Pending::Host(h, _) => h.is_done(),
+            Pending::Device(h) => h.is_done(),
+        }
+    }
+
+    fn finish(self) -> Result<CollReport, CommError> {
+        match self {
+            Pending::Host(handle, scatter) => finish_call(handle, &scatter).map(CollReport::from),
+            // A device call's report in the host calls' shape: its last segment's sequence
+            // number and strategy, all its segments' time (epoch 0: segments may differ).
+            Pending::Device(h) => h.wait().map(|r| CollReport {
+                seq: r.seq,
+                strategy: r.strategy.map_or_else(|| "none".to_owned(), |s| s.name().to_owned()),
+                epoch: 0,
+                seconds: r.seconds,
+            }),
+        }
+    }
+}
+
 enum WorkState {
-    /// Started; a group's receives are copied to `scatter` (address, length) when it ends.
-    /// `keep` holds the Python objects that own the memory the call reads and writes.
+    /// Started. `keep` holds the Python objects that own the memory the call reads and writes.
     Running {
-        handle: Handle,
-        scatter: Vec<(usize, usize)>,
+        pending: Pending,
         keep: Vec<PyObject>,
     },
-    Done(Result<r2ccl::CollReport, CommError>),
+    Done(Result<CollReport, CommError>),
     /// Between the two, inside [`Work::finish`] only.
     Finishing,
 }
@@ -129,10 +161,10 @@ struct Work {
 impl Work {
     fn finish(state: &mut WorkState) {
         let WorkState::Running { .. } = state else { return };
-        let WorkState::Running { handle, scatter, keep } = std::mem::replace(state, WorkState::Finishing) else {
+        let WorkState::Running { pending, keep } = std::mem::replace(state, WorkState::Finishing) else {
             return;
         };
-        let result = finish_call(handle, &scatter);
+        let result = pending.finish();
         // The memory is no longer touched: its owners may go (their references are released
         // when this thread next holds the GIL, if it does not now).
         drop(keep);
@@ -166,14 +198,14 @@ impl Drop for Work {
             self.state.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner),
             WorkState::Finishing,
         );
-        if let WorkState::Running { handle, scatter, keep } = state {
-            reaper().send((handle, scatter, keep));
+        if let WorkState::Running { pending, keep } = state {
+            reaper().send((pending, keep));
         }
     }
 }
 
-/// A dropped call: its handle, a group's receive places, the owners of its memory.
-type Dropped = (Handle, Vec<(usize, usize)>, Vec<PyObject>);
+/// A dropped call: what it waits on, the owners of its memory.
+type Dropped = (Pending, Vec<PyObject>);
 
 /// The reaper of dropped calls: one thread, started on first use.
 struct Reaper(Mutex<std::sync::mpsc::Sender<Dropped>>);
@@ -194,8 +226,8 @@ fn reaper() -> &'static Reaper {
         let (tx, rx) = std::sync::mpsc::channel::<Dropped>();
         // If the thread cannot start, its receiver is dropped and every send leaks (see `send`).
         let _ = std::thread::Builder::new().name("r2ccl-reaper".into()).spawn(move || {
-            for (handle, scatter, keep) in rx {
-                let _ = finish_call(handle, &scatter);
+            for (pending, keep) in rx {
+                let _ = pending.finish();
                 drop(keep);
             }
         });
@@ -217,7 +249,7 @@ impl Work {
                 }
             }
         });
-        result.map(CollReport::from).map_err(to_py)
+        result.map_err(to_py)
     }
 
     /// Whether the call has finished (then `wait` returns at once); never blocks.
@@ -225,7 +257,7 @@ impl Work {
         let Ok(mut state) = self.state.try_lock() else { return false };
         let finished = match &mut *state {
             WorkState::Done(_) => return true,
-            WorkState::Running { handle, .. } => handle.is_done(),
+            WorkState::Running { pending, .. } => pending.is_done(),
             WorkState::Finishing => false,
         };
         if finished {
@@ -237,6 +269,40 @@ impl Work {
     }
 }
 
+/// Enqueue a collective on CUDA memory (a build with the `cuda` feature).
+#[cfg(feature = "cuda")]
+fn start_cuda(
+    comm: &r2ccl::Communicator,
+    coll: Collective,
+    dtype: DType,
+    count: u64,
+    (send, recv): (usize, usize),
+    stream: usize,
+    timeout: Option<Duration>,
+) -> Result<Pending, CommError> {
+    // SAFETY: the Python layer's contract (as `start`): device memory of those sizes, alive and
+    // untouched by anything else until the stream has run past the call; `stream` a live
+    // stream of the thread's current context.
+    let h = unsafe { comm.start_cuda_raw(coll, dtype, count, send as u64, recv as u64, stream as _, timeout) }?;
+    Ok(Pending::Device(h))
+}
+
+/// Without the `cuda` feature: the named error.
+#[cfg(not(feature = "cuda"))]
+fn start_cuda(
+    _comm: &r2ccl::Communicator,
+    _coll: Collective,
+    _dtype: DType,
+    _count: u64,
+    _bufs: (usize, usize),
+    _stream: usize,
+    _timeout: Option<Duration>,
+) -> Result<Pending, CommError> {
+    Err(CommError::Device(r2ccl::device::DeviceError::Unsupported(
+        "this build of r2ccl has no CUDA support (build the package with the `cuda` feature)".into(),
+    )))
+}
+
 /// One rank's communicator.
 #[pyclass(module = "r2ccl._r2ccl", frozen)]
 struct Communicator {
@@ -246,6 +312,52 @@ struct Communicator {
 }
 
 impl Communicator {
+    /// Parse and check a collective's arguments against the buffers' sizes (`send == recv`:
+    /// in place, one buffer of the larger extent).
+    #[allow(clippy::too_many_arguments)] // reason: the arguments of `start`, checked in one place
+    fn checked(
+        &self,
+        coll: &str,
+        dtype: &str,
+        count: u64,
+        (send, send_nbytes): (usize, usize),
+        (recv, recv_nbytes): (usize, usize),
+        op: Option<&str>,
+        root: u32,
+    ) -> PyResult<(Collective, DType, Arc<r2ccl::Communicator>)> {
+        let op = parse_op(op)?;
+        let root = Rank(root);
+        let coll = match coll {
+            "all_reduce" => Collective::AllReduce { op },
+            "reduce_scatter" => Collective::ReduceScatter { op },
+            "all_gather" => Collective::AllGather,
+            "broadcast" => Collective::Broadcast { root },
+            "reduce" => Collective::Reduce { op, root },
+            "all_to_all" => Collective::AlltoAll,
+            other => return Err(PyValueError::new_err(format!("unknown collective `{other}`"))),
+        };
+        if send == 0 || recv == 0 {
+            return Err(PyValueError::new_err("a null buffer address"));
+        }
+        let dtype = parse_dtype(dtype)?;
+        let comm = self.get()?;
+        // The extents the call reads and writes, against what the buffers hold.
+        let (in_len, out_len) = r2ccl_algo::ScheduleRequest::new(coll, dtype, count)
+            .buffer_lens(comm.world() as usize)
+            .map_err(|e| to_py(CommError::Invalid(e.to_string())))?;
+        let (need_send, need_recv) =
+            if send == recv { (in_len.max(out_len), in_len.max(out_len)) } else { (in_len, out_len) };
+        if (send_nbytes as u64) < need_send || (recv_nbytes as u64) < need_recv {
+            return Err(to_py(CommError::Invalid(format!(
+                "{} of {count} {dtype} elements needs {need_send} bytes to send and {need_recv} to receive{}; \
+                 the buffers hold {send_nbytes} and {recv_nbytes}",
+                coll.name(),
+                if send == recv { " (in place: one buffer)" } else { "" },
+            ))));
+        }
+        Ok((coll, dtype, comm))
+    }
+
     fn get(&self) -> PyResult<Arc<r2ccl::Communicator>> {
         lock(&self.inner).clone().ok_or_else(|| to_py(CommError::Invalid("the communicator was finalized".into())))
     }
@@ -355,41 +467,41 @@ impl Communicator {
         root: u32,
         timeout: Option<f64>,
     ) -> PyResult<Work> {
-        let op = parse_op(op)?;
-        let root = Rank(root);
-        let coll = match coll {
-            "all_reduce" => Collective::AllReduce { op },
-            "reduce_scatter" => Collective::ReduceScatter { op },
-            "all_gather" => Collective::AllGather,
-            "broadcast" => Collective::Broadcast { root },
-            "reduce" => Collective::Reduce { op, root },
-            "all_to_all" => Collective::AlltoAll,
-            other => return Err(PyValueError::new_err(format!("unknown collective `{other}`"))),
-        };
-        if send == 0 || recv == 0 {
-            return Err(PyValueError::new_err("a null buffer address"));
-        }
-        let dtype = parse_dtype(dtype)?;
-        let comm = self.get()?;
-        // The extents the call reads and writes, against what the buffers hold.
-        let (in_len, out_len) = r2ccl_algo::ScheduleRequest::new(coll, dtype, count)
-            .buffer_lens(comm.world() as usize)
-            .map_err(|e| to_py(CommError::Invalid(e.to_string())))?;
-        let (need_send, need_recv) =
-            if send == recv { (in_len.max(out_len), in_len.max(out_len)) } else { (in_len, out_len) };
-        if (send_nbytes as u64) < need_send || (recv_nbytes as u64) < need_recv {
-            return Err(to_py(CommError::Invalid(format!(
-                "{} of {count} {dtype} elements needs {need_send} bytes to send and {need_recv} to receive{}; \
-                 the buffers hold {send_nbytes} and {recv_nbytes}",
-                coll.name(),
-                if send == recv { " (in place: one buffer)" } else { "" },
-            ))));
-        }
+        let (coll, dtype, comm) =
+            self.checked(coll, dtype, count, (send, send_nbytes), (recv, recv_nbytes), op, root)?;
         // SAFETY: the caller's contract above; the extents were checked against the buffers.
         let handle =
             unsafe { comm.start_raw(coll, dtype, count, send as *const u8, recv as *mut u8, to_duration(timeout)?) }
                 .map_err(to_py)?;
-        Ok(Work { state: Mutex::new(WorkState::Running { handle, scatter: Vec::new(), keep }) })
+        Ok(Work { state: Mutex::new(WorkState::Running { pending: Pending::Host(handle, Vec::new()), keep }) })
+    }
+
+    /// As `start`, on CUDA device memory, enqueued on `stream` (a `cudaStream_t` of the calling
+    /// thread's current context, as `torch.cuda.current_stream().cuda_stream`; 0 is the legacy
+    /// default stream): the call returns once the work is on the stream; later work on it sees
+    /// the result. `DeviceError` without a CUDA driver or in a build without CUDA support.
+    #[pyo3(signature = (coll, dtype, count, send, send_nbytes, recv, recv_nbytes, stream, keep, op=None, root=0, timeout=None))]
+    #[allow(clippy::too_many_arguments)] // reason: the C-style signature bindings call
+    fn start_cuda(
+        &self,
+        coll: &str,
+        dtype: &str,
+        count: u64,
+        send: usize,
+        send_nbytes: usize,
+        recv: usize,
+        recv_nbytes: usize,
+        stream: usize,
+        keep: Vec<PyObject>,
+        op: Option<&str>,
+        root: u32,
+        timeout: Option<f64>,
+    ) -> PyResult<Work> {
+        let (coll, dtype, comm) =
+            self.checked(coll, dtype, count, (send, send_nbytes), (recv, recv_nbytes), op, root)?;
+        let timeout = to_duration(timeout)?;
+        let pending = start_cuda(&comm, coll, dtype, count, (send, recv), stream, timeout).map_err(to_py)?;
+        Ok(Work { state: Mutex::new(WorkState::Running { pending, keep }) })
     }
 
     /// Start a group of sends and receives of `dtype` elements: `ops` lists
@@ -431,7 +543,7 @@ impl Communicator {
             }
         }
         let handle = self.get()?.start_group(dtype, &plan, input, to_duration(timeout)?).map_err(to_py)?;
-        Ok(Work { state: Mutex::new(WorkState::Running { handle, scatter, keep }) })
+        Ok(Work { state: Mutex::new(WorkState::Running { pending: Pending::Host(handle, scatter), keep }) })
     }
 
     /// The NICs every rank agreed are failed, as `(node, rail)` pairs.

@@ -258,6 +258,34 @@ def case_dtype():
     print(f"OK dtype: {e}", flush=True)
 
 
+def case_cuda():
+    """CUDA tensors, ordered on torch's current stream (run only where CUDA is available)."""
+    dev = torch.device("cuda", RANK % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    n = 1 << 20
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        ins = [data(r, n, dtype) for r in range(WORLD)]
+        t = ins[RANK].to(dev)
+        dist.all_reduce(t)
+        same(t.cpu(), ref_reduce("sum", ins), f"cuda all_reduce {dtype}")
+        t = ins[RANK].to(dev)
+        dist.all_reduce(t, op=R.MAX)
+        same(t.cpu(), ref_reduce("max", ins), f"cuda all_reduce max {dtype}")
+    b = data(RANK, n, torch.float32).to(dev)
+    dist.broadcast(b, src=1 % WORLD)
+    same(b.cpu(), data(1 % WORLD, n, torch.float32), "cuda broadcast")
+    out = torch.empty(WORLD * n, dtype=torch.float32, device=dev)
+    dist.all_gather_into_tensor(out, data(RANK, n, torch.float32).to(dev))
+    same(out.cpu(), torch.cat([data(r, n, torch.float32) for r in range(WORLD)]), "cuda all_gather_into_tensor")
+    rs = torch.empty(n, dtype=torch.float32, device=dev)
+    ins = [data(r, WORLD * n, torch.float32) for r in range(WORLD)]
+    dist.reduce_scatter_tensor(rs, ins[RANK].to(dev))
+    same(rs.cpu(), ref_reduce("sum", ins)[RANK * n:(RANK + 1) * n], "cuda reduce_scatter_tensor")
+    w = dist.all_reduce(torch.ones(n, device=dev), async_op=True)
+    w.wait()
+    print(f"OK cuda on {torch.cuda.get_device_name(dev)}", flush=True)
+
+
 def main():
     store = dist.FileStore(STORE, WORLD)
     dist.init_process_group("r2ccl", store=store, rank=RANK, world_size=WORLD)

@@ -209,3 +209,21 @@ def test_r2ccl_debug_logs_from_python(tmp_path):
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "node1/nic0" in out.stderr and "INFO" in out.stderr, out.stderr[-2000:]
+
+
+def test_the_cuda_entry_point_without_a_driver_is_a_device_error():
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("NOTE: a CUDA driver is present: the no-driver error does not apply here")
+    except OSError:
+        pass
+
+    def body(comm):
+        with pytest.raises(r2ccl.DeviceError, match="driver"):
+            comm._c.start_cuda("all_reduce", "f32", 4, 0x1000, 16, 0x1000, 16, 0, [])
+        comm.all_reduce(np.ones(4, dtype=np.float32))  # still usable
+        return True
+
+    assert run(1, body) == [True]

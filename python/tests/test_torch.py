@@ -66,3 +66,12 @@ def test_killed_rank_raises_within_peer_deadline():
 
 def test_unsupported_dtype_is_a_clear_error():
     check_ok(run_ranks("dtype", world=2), 2)
+
+
+def test_cuda_tensors_are_exact_on_torchs_stream():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("NOTE: no CUDA device here: CUDA tensors are not exercised (test_api checks the named "
+                    "DeviceError of the CUDA entry point; gpu-check runs the device path on a GPU)")
+    check_ok(run_ranks("cuda", world=2), 2)

@@ -58,7 +58,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         return cmd(&py, &["python/bench/torch_bench.py"]);
     }
     // From the repository root, so that `import r2ccl` is the installed package.
-    cmd(&py, &["-m", "pytest", "-q", "-p", "no:cacheprovider", "python/tests"])?;
+    cmd(&py, &["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "python/tests"])?;
     cmd(&py, &["python/examples/ddp_train.py"])?;
     let torchrun = workspace_root().join(".venv/bin/torchrun");
     cmd_env(
