@@ -32,7 +32,30 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 else
   echo "# nvidia-smi not found"
 fi
-exec timeout 290 "$here/bin/r2ccl-perf" gpu-check "$@"
+status=0
+timeout 240 "$here/bin/r2ccl-perf" gpu-check "$@" || status=$?
+# The torch backend on CUDA tensors: 2 ranks of python/_worker.py's `cuda` case, with the
+# packed extension, in the first Python that has torch with CUDA (R2CCL_PYTHON to choose).
+py=""
+for c in "${R2CCL_PYTHON:-}" python3 python; do
+  if [ -n "$c" ] && "$c" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then py="$c"; break; fi
+done
+if [ -z "$py" ]; then
+  echo "# torch backend on CUDA tensors: SKIPPED (no Python with torch and CUDA; set R2CCL_PYTHON)"
+else
+  tmp="$(mktemp -d)"
+  for r in 0 1; do
+    R2CCL_NODE="node$r" R2CCL_NICS=lo,lo PYTHONPATH="$here/python" \
+      timeout 50 "$py" "$here/python/_worker.py" cuda "$r" 2 "$tmp/store" > "$tmp/rank$r.log" 2>&1 &
+  done
+  wait
+  if grep -q "^OK cuda" "$tmp/rank0.log" && grep -q "^OK cuda" "$tmp/rank1.log"; then
+    echo "# torch backend on CUDA tensors: exact ($(grep '^OK cuda' "$tmp/rank0.log"))"
+  else
+    echo "# torch backend on CUDA tensors: FAILED"; tail -n 15 "$tmp"/rank*.log; status=1
+  fi
+fi
+exit "$status"
 "##;
 
 /// `cargo xtask gpu-check [--pack] [-- ARGS]`.
@@ -40,6 +63,8 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let pack_only = args.iter().any(|a| a == "--pack");
     let rest: Vec<&str> = args.iter().skip_while(|a| *a != "--").skip(1).map(String::as_str).collect();
     cmd("cargo", &["build", "--release", "--quiet", "-p", "r2ccl-perf", "--features", "cuda"])?;
+    // The Python extension as maturin builds it (abi3, with CUDA), for the torch check.
+    cmd("cargo", &["build", "--release", "--quiet", "-p", "r2ccl-python", "--features", "extension-module,cuda"])?;
     let root = crate::workspace_root();
     let size = pack(&root)?;
     println!(
@@ -85,6 +110,19 @@ fn pack(root: &Path) -> Result<u64> {
             copy(&from, &dir.join("lib/ucx").join(module.trim_end_matches(".0")))?;
         }
     }
+    // The `r2ccl` Python package: its modules, the stripped extension, and the torch worker.
+    let py = dir.join("python/r2ccl");
+    std::fs::create_dir_all(&py)?;
+    for entry in std::fs::read_dir(root.join("python/r2ccl"))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "py" || e == "pyi") {
+            copy(&path, &py.join(path.file_name().context("a file name")?))?;
+        }
+    }
+    let ext = py.join("_r2ccl.abi3.so");
+    copy(&target_dir().join("release/lib_r2ccl.so"), &ext)?;
+    cmd("strip", &["--strip-debug", ext.to_str().context("a non-UTF-8 path")?])?;
+    copy(&root.join("python/tests/_worker.py"), &dir.join("python/_worker.py"))?;
     std::fs::write(dir.join("gpu-check.sh"), SCRIPT)?;
     let size = dir_size(&dir)?;
     if size > PACK_LIMIT {

@@ -31,6 +31,7 @@ pub const IDENTITY_VARS: &[&str] = &[
     "R2CCL_INSECURE_DERIVED_SECRET",
     "R2CCL_ROOT_IP",
     "R2CCL_TEST_FAULT_INJECTION",
+    "R2CCL_PYTHON",
 ];
 
 /// What an `R2CCL_*` variable is.
