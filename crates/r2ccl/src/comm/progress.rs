@@ -1,0 +1,959 @@
+//! The progress loop: requests from callers, OOB events, health-view agreement, planning and
+//! the engine, until the communicator is left.
+
+use super::*;
+
+impl Progress {
+    pub(super) fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    pub(super) fn note(&self, text: String) {
+        tracing::info!(target: subsys::NET, rank = self.rank, "{text}");
+        if let Ok(mut e) = self.shared.events.lock() {
+            e.push(CommEvent { at_ms: self.start.elapsed().as_millis() as u64, text });
+        }
+    }
+
+    pub(super) fn set_broken(&mut self, e: CommError) {
+        if self.broken.is_none() {
+            tracing::error!(target: subsys::COLL, rank = self.rank, error = %e, "communicator broken");
+            if let Ok(mut slot) = self.shared.error.lock() {
+                *slot = Some(e.clone());
+            }
+            self.broken = Some(e);
+        }
+    }
+
+    pub(super) fn fail(&mut self, current: &mut Option<Current>, e: CommError) {
+        if let Some(c) = current.take() {
+            let waiting = self.engine.waiting();
+            if !waiting.is_empty() {
+                tracing::warn!(target: subsys::COLL, rank = self.rank, seq = c.seq, error = %e, waiting = %waiting.join("; "), "collective abandoned");
+            }
+            let now = self.now();
+            self.engine.abandon(now, &mut self.transport);
+            // A failure only this rank saw must not leave the others waiting for their deadline.
+            if e.is_local_failure() {
+                let mut msg = vec![ABORT_REASON];
+                msg.extend_from_slice(e.to_string().as_bytes());
+                self.mesh.broadcast(Channel::Abort, &msg);
+                self.set_broken(CommError::Aborted(format!("rank {}: {e}", self.rank)));
+            }
+            let _ = c.reply.send(Err(e));
+        }
+    }
+
+    /// Add the bytes each local NIC moved since the last call to `r2ccl_nic_bytes_total`.
+    pub(super) fn export_nic_bytes(&mut self) {
+        let now = self.transport.nic_bytes();
+        let node = format!("node{}", self.node_of.get(self.rank as usize).copied().unwrap_or(0));
+        for (r, &(tx, rx)) in now.iter().enumerate() {
+            let (ptx, prx) = self.nic_bytes_seen.get(r).copied().unwrap_or((0, 0));
+            let nic = format!("nic{r}");
+            crate::metrics::add_nic_bytes(&node, &nic, true, tx.saturating_sub(ptx));
+            crate::metrics::add_nic_bytes(&node, &nic, false, rx.saturating_sub(prx));
+        }
+        self.nic_bytes_seen = now;
+    }
+
+    /// This rank's view for the next agreement: the agreed one with every NIC the engine knows
+    /// to be down failed, and every failed NIC it no longer knows to be down healthy again (its
+    /// link came back, or a blamed NIC answers probes), so a recovered NIC is planned with again
+    /// once every rank has seen it come back (the merge is a union of failures).
+    pub(super) fn local_view(&self) -> HealthView {
+        let mut v = self.agreed.clone();
+        let down = self.engine.down_nics();
+        for nic in v.failed_nics() {
+            if !down.contains(&nic) {
+                let _ = v.set_healthy(nic);
+            }
+        }
+        for nic in down {
+            let _ = v.set_failed(*nic);
+        }
+        v
+    }
+
+    pub(super) fn layout(&self) -> Result<Layout, CommError> {
+        Layout::from_rank_nodes(self.node_of.iter().map(|&n| NodeId(n)).collect(), self.nics)
+            .map_err(|e| CommError::Invalid(e.to_string()))
+    }
+
+    pub(super) fn run(mut self, rx: &Receiver<Req>) {
+        let mut current: Option<Current> = None;
+        for ev in std::mem::take(&mut self.early_oob) {
+            self.on_oob(ev, &mut current);
+        }
+        // Requests not started yet, with when they arrived (a collective waiting for the
+        // previous round's health views is bounded by the collective deadline too).
+        let mut queue: std::collections::VecDeque<(Instant, Req)> = std::collections::VecDeque::new();
+        let mut last_moved = (0, 0, 0);
+        let mut idle_spins = 0u32;
+        let mut last_busy = Instant::now();
+        // A graceful shutdown waiting for the calls submitted before it.
+        let mut shutdown: Option<(bool, Sender<Vec<u32>>)> = None;
+        loop {
+            if shutdown.is_some() && ((current.is_none() && queue.is_empty()) || self.broken.is_some()) {
+                if let Some((linger, reply)) = shutdown.take() {
+                    self.fail_queued(&mut queue);
+                    let _ = reply.send(self.depart(&mut current, linger));
+                    return;
+                }
+            }
+            // try_recv, not recv_timeout(ZERO): the latter backs off (spins, then yields) before
+            // it gives up, on every round of this loop.
+            match rx.try_recv() {
+                Ok(Req::Shutdown { linger, reply }) => {
+                    // Calls submitted before the shutdown finish first (a graceful leave).
+                    if linger && (current.is_some() || !queue.is_empty()) && self.broken.is_none() {
+                        shutdown = Some((linger, reply));
+                    } else {
+                        self.fail_queued(&mut queue);
+                        let _ = reply.send(self.depart(&mut current, linger));
+                        return;
+                    }
+                }
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    self.fail_queued(&mut queue);
+                    self.depart(&mut current, true);
+                    return;
+                }
+                Ok(Req::Abort(reason)) => {
+                    let mut msg = vec![ABORT_REASON];
+                    msg.extend_from_slice(reason.as_bytes());
+                    self.mesh.broadcast(Channel::Abort, &msg);
+                    let e = CommError::Aborted(reason);
+                    self.set_broken(e.clone());
+                    self.fail(&mut current, e);
+                }
+                Ok(Req::Alloc { len, reply }) => {
+                    let _ = reply.send(self.register_for_caller(len));
+                }
+                Ok(Req::Free(h)) => {
+                    let _ = self.transport.deregister(h);
+                }
+                Ok(req) => queue.push_back((Instant::now(), req)),
+                Err(crossbeam_channel::TryRecvError::Empty) => {}
+            }
+            if current.is_none() {
+                if let Some((queued, req)) = queue.front() {
+                    let blocked = if self.broken.is_some() { None } else { self.unstartable(*queued, req) };
+                    if let Some(e) = self.broken.clone().or(blocked) {
+                        if self.broken.is_none() && e.is_local_failure() {
+                            // Peers waiting in this collective must not wait for their deadline.
+                            let mut msg = vec![ABORT_REASON];
+                            msg.extend_from_slice(e.to_string().as_bytes());
+                            self.mesh.broadcast(Channel::Abort, &msg);
+                            self.set_broken(CommError::Aborted(format!("rank {}: {e}", self.rank)));
+                        }
+                        if let Some((_, Req::Coll { reply, .. })) = queue.pop_front() {
+                            let _ = reply.send(Err(e));
+                        }
+                    } else if self.ready_to_plan(matches!(req, Req::Coll { .. })) {
+                        if let Some((_, Req::Coll { call, deadline, reply })) = queue.pop_front() {
+                            current = self.start_coll(call, deadline, reply);
+                        }
+                    }
+                }
+            }
+            if let Some(c) = &current {
+                // A rank that left after an earlier collective will never join this one.
+                let gone = self.departed_after.iter().find(|(_, &last)| last < c.seq).map(|(&r, &last)| (r, last));
+                if let Some((rank, last)) = gone {
+                    let seq = c.seq;
+                    let why = format!("it left the communicator after collective #{last}, so #{seq} cannot complete");
+                    self.set_broken(CommError::PeerLost { rank: Rank(rank), why: why.clone() });
+                    self.fail(&mut current, CommError::PeerLost { rank: Rank(rank), why });
+                }
+            }
+            while let Some(ev) = self.mesh.recv_deadline(Instant::now()) {
+                self.on_oob(ev, &mut current);
+            }
+            let now = self.now();
+            if let Err(e) = self.engine.drive(now, &mut self.transport) {
+                let seq = current.as_ref().map_or(0, |c| c.seq);
+                self.fail(&mut current, CommError::from_engine(seq, &e));
+            }
+            self.flush_engine();
+            if let Some(c) = &current {
+                if self.engine.take_finished() == Some(c.seq) {
+                    if let Some(c) = current.take() {
+                        let out = match c.borrowed {
+                            _ if c.registered => Ok(Vec::new()),
+                            Some((ptr, len)) => {
+                                let (engine, transport) = (&self.engine, &self.transport);
+                                let copy_out = || {
+                                    // SAFETY: under the call's access lock with its caller still
+                                    // waiting, so the borrow is alive (call.rs).
+                                    let dst = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+                                    engine.output_into(transport, dst).map(|()| Vec::new())
+                                };
+                                // A caller that gave up wants nothing written any more.
+                                c.access
+                                    .as_ref()
+                                    .map_or_else(|| Some(copy_out()), |a| a.with(copy_out))
+                                    .unwrap_or(Ok(Vec::new()))
+                            }
+                            None => self.engine.output(&self.transport, c.out_len),
+                        };
+                        let secs = c.started.elapsed().as_secs_f64();
+                        self.last_done = c.seq;
+                        crate::metrics::record_collective(c.name, c.strategy.name(), secs);
+                        self.export_nic_bytes();
+                        let report = CollReport { seq: c.seq, strategy: c.strategy, epoch: c.epoch, seconds: secs };
+                        let _ = c.reply.send(out.map(|o| (o, report)).map_err(|e| CommError::from_engine(c.seq, &e)));
+                    }
+                } else if Instant::now() > c.deadline {
+                    let waiting = self.engine.waiting().join("; ");
+                    let e =
+                        CommError::Timeout { seq: c.seq, waited_ms: c.started.elapsed().as_millis() as u64, waiting };
+                    self.fail(&mut current, e);
+                }
+            }
+            // Sleep when nothing moves, until UCX, a caller or an OOB reader has something (at
+            // most IDLE_WAIT, the resolution of every timer): ranks that share cores (many ranks
+            // per host, or an oversubscribed CI machine) must not starve the peers they wait for.
+            let stats = self.engine.session().stats();
+            let moved = (stats.chunks_sent, stats.chunks_applied, stats.chunks_posted);
+            if current.is_some() || !queue.is_empty() {
+                last_busy = Instant::now();
+            }
+            if moved == last_moved {
+                idle_spins += 1;
+                if idle_spins > IDLE_SPINS {
+                    let mut fds = self.mesh.fds();
+                    fds.push(self.wake_rx.fd());
+                    let wait = if last_busy.elapsed() > QUIET_AFTER {
+                        let now = self.now();
+                        let next = self.engine.poll_timeout().map_or(QUIET_WAIT, |t| t.saturating_sub(now));
+                        next.clamp(IDLE_WAIT, QUIET_WAIT)
+                    } else {
+                        IDLE_WAIT
+                    };
+                    self.transport.wait(wait, &fds);
+                    self.wake_rx.drain();
+                } else {
+                    std::thread::yield_now();
+                }
+            } else {
+                idle_spins = 0;
+                last_moved = moved;
+            }
+        }
+    }
+
+    /// Answer every queued call: the communicator is going away.
+    pub(super) fn fail_queued(&mut self, queue: &mut std::collections::VecDeque<(Instant, Req)>) {
+        for (_, req) in queue.drain(..) {
+            if let Req::Coll { reply, .. } = req {
+                let _ = reply.send(Err(CommError::Aborted("communicator destroyed".into())));
+            }
+        }
+    }
+
+    /// Leave: tell every peer, then (when `linger`) keep serving them (acknowledgements of
+    /// their last transfers) until each has left too or the peer timeout passes. Returns the
+    /// ranks that had not left.
+    pub(super) fn depart(&mut self, current: &mut Option<Current>, linger: bool) -> Vec<u32> {
+        self.fail(current, CommError::Aborted("communicator destroyed".into()));
+        // No connection of ours may still be on its way to a peer that hears our goodbye and
+        // destroys its listeners (see `UcxTransport::leave`).
+        // Bounded: a black-holed path never settles. Leaving at once (`destroy`) waits less.
+        let settle = Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.min(if linger { 2000 } else { 200 }));
+        self.transport.leave(settle);
+        let mut bye = vec![DEPART];
+        bye.extend_from_slice(&self.last_done.to_le_bytes());
+        self.mesh.broadcast(Channel::Abort, &bye);
+        self.departed.insert(self.rank);
+        for &peer in self.departed.iter().filter(|&&r| r != self.rank) {
+            self.transport.forget_peer(Rank(peer));
+        }
+        let deadline = Instant::now() + Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms);
+        while linger && (self.departed.len() as u32) < self.world && Instant::now() < deadline {
+            while let Some(ev) = self.mesh.recv_deadline(Instant::now() + Duration::from_millis(1)) {
+                self.on_oob(ev, current);
+            }
+            let now = self.now();
+            let _ = self.engine.drive(now, &mut self.transport);
+            self.flush_engine();
+        }
+        self.transport.drain_settles();
+        (0..self.world).filter(|r| !self.departed.contains(r)).collect()
+    }
+
+    /// Why the next collective (queued at `queued`) can never start, if it cannot: a rank whose
+    /// health view it still needs has left the communicator, or the views did not all arrive
+    /// within the collective deadline.
+    pub(super) fn unstartable(&self, queued: Instant, req: &Req) -> Option<CommError> {
+        let next = self.seq + 1;
+        if let Req::Coll { deadline, .. } = req {
+            if Instant::now() > *deadline {
+                return Some(CommError::Timeout {
+                    seq: next,
+                    waited_ms: queued.elapsed().as_millis() as u64,
+                    waiting: "its turn: the calls queued before it ran past its deadline".into(),
+                });
+            }
+        }
+        let a = self.agreement.as_ref()?;
+        if a.is_complete() {
+            return None;
+        }
+        let missing = a.missing();
+        if let Some(&rank) = missing.iter().find(|r| self.departed.contains(r)) {
+            let why = format!("it left the communicator before collective #{next}");
+            return Some(CommError::PeerLost { rank: Rank(rank), why });
+        }
+        let waited = queued.elapsed();
+        (waited > self.coll_deadline()).then(|| CommError::Timeout {
+            seq: next,
+            waited_ms: waited.as_millis() as u64,
+            waiting: format!("the health views of rank(s) {missing:?} (they have not called collective #{next})"),
+        })
+    }
+
+    /// How long one collective may take (from its start, or from its request while it waits
+    /// for the previous round's views).
+    pub(super) fn coll_deadline(&self) -> Duration {
+        Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.max(1000) * 12)
+    }
+
+    /// Whether the previous round's views are all in (so the next plan can be made).
+    pub(super) fn ready_to_plan(&mut self, is_coll: bool) -> bool {
+        if !is_coll {
+            return true;
+        }
+        match &self.agreement {
+            None => true,
+            Some(a) => a.is_complete(),
+        }
+    }
+
+    pub(super) fn start_coll(&mut self, call: Call, deadline: Instant, reply: Sender<Reply>) -> Option<Current> {
+        let Call { work, dtype, count, bufs, access } = call;
+        let work = &work;
+        // Adopt the view agreed in the previous round.
+        if let Some(a) = self.agreement.take() {
+            if let Some(mut v) = a.result() {
+                let changed = v.failed_nics() != self.agreed.failed_nics() || v.nodes() != self.agreed.nodes();
+                if changed {
+                    v.set_epoch(self.agreed.epoch().next());
+                    crate::metrics::record_epoch(v.epoch().0);
+                    for nic in v.failed_nics() {
+                        crate::metrics::set_nic_up(
+                            &format!("node{}", nic.node.0),
+                            &format!("nic{}", nic.rail.0),
+                            false,
+                        );
+                    }
+                    self.note(format!(
+                        "health {}: failed NICs {:?}; re-planning",
+                        v.epoch(),
+                        v.failed_nics().iter().map(ToString::to_string).collect::<Vec<_>>()
+                    ));
+                    if let Ok(mut f) = self.shared.failed.lock() {
+                        *f = v.failed_nics();
+                    }
+                    self.agreed = v;
+                }
+            }
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        // Contribute this rank's view to round `seq` (used by collective seq + 1).
+        let local = self.local_view();
+        self.mesh.broadcast(Channel::Agree, &encode_view(seq, &local));
+        let mut a = Agreement::new(seq, self.rank, self.world, local);
+        for (from, v) in self.stash.remove(&seq).unwrap_or_default() {
+            let _ = a.handle_view(from, seq, &v);
+        }
+        self.agreement = Some(a);
+        self.stash.retain(|&r, _| r > seq);
+        // Argument check: a collective with the ring neighbours (each rank sends its call to the
+        // next and compares with the previous); a group with every other rank (the operations
+        // between two ranks must mirror each other, so both describe the pair the same way).
+        type Descs = Vec<(u32, String)>;
+        let (sends, expects): (Descs, Descs) = match work {
+            _ if self.world < 2 => (Vec::new(), Vec::new()),
+            Work::Coll(coll) => {
+                let desc = format!("{coll:?} {dtype} count={count}");
+                let (next, prev) = ((self.rank + 1) % self.world, (self.rank + self.world - 1) % self.world);
+                (vec![(next, desc.clone())], vec![(prev, desc)])
+            }
+            Work::Group(ops) => {
+                let pairs: Vec<(u32, String)> = (0..self.world)
+                    .filter(|&q| q != self.rank)
+                    .map(|q| (q, pair_desc(self.rank, q, dtype, ops)))
+                    .collect();
+                (pairs.clone(), pairs)
+            }
+        };
+        for (to, desc) in sends {
+            let mut msg = seq.to_le_bytes().to_vec();
+            msg.extend_from_slice(desc.as_bytes());
+            let _ = self.mesh.send(to, Channel::Control, &msg);
+        }
+        for (from, desc) in expects {
+            match self.peer_descs.remove(&(seq, from)) {
+                Some(theirs) if theirs != desc => {
+                    let text =
+                        format!("collective #{seq}: rank {from} called {theirs}, rank {} called {desc}", self.rank);
+                    self.broadcast_mismatch(seq, &text);
+                    let _ = reply.send(Err(CommError::Mismatch { seq, detail: text.clone() }));
+                    self.set_broken(CommError::Mismatch { seq, detail: text });
+                    return None;
+                }
+                Some(_) => {}
+                None => {
+                    self.descs.insert((seq, from), desc);
+                }
+            }
+        }
+        // Plans are pure functions of (collective, size, agreed view): reuse them.
+        let plan = match work {
+            Work::Coll(coll) => {
+                let key = format!("{coll:?}|{dtype}|{count}|{:x}|{}", self.agreed.digest(), self.agreed.epoch().0);
+                match self.plan_cache.get(&key) {
+                    Some(p) => Ok(p.clone()),
+                    None => self.plan(*coll, dtype, count).inspect(|p| {
+                        if self.plan_cache.len() >= PLAN_CACHE {
+                            self.plan_cache.clear();
+                        }
+                        self.plan_cache.insert(key, p.clone());
+                    }),
+                }
+            }
+            Work::Group(ops) => self.plan_group(dtype, ops),
+        };
+        let (sched, strategy) = match plan {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return None;
+            }
+        };
+        let out_len = sched.output_len as usize;
+        let in_len = sched.input_len as usize;
+        let registered = match bufs {
+            Bufs::Registered { input, output } => Some(((input.0, 0), input.1, (output.0, 0), output.1)),
+            Bufs::RegisteredInPlace { buf, len } => {
+                let (i_at, o_at) = in_place_offsets(in_len, out_len, self.rank);
+                Some(((buf, i_at), len.saturating_sub(i_at), (buf, o_at), len.saturating_sub(o_at)))
+            }
+            _ => None,
+        };
+        if let Some((input, in_room, output, out_room)) = registered {
+            if in_room < in_len || out_room < out_len {
+                let _ = reply.send(Err(CommError::Invalid(format!(
+                    "{} needs a {in_len}-byte input and a {out_len}-byte output (in place: one buffer of the larger), got registered buffers of {in_room} and {out_room} bytes",
+                    work.name(),
+                ))));
+                return None;
+            }
+            let now = self.now();
+            if let Err(e) = self.engine.start_registered(now, &mut self.transport, seq, sched, input, output) {
+                let _ = reply.send(Err(CommError::from_engine(seq, &e)));
+                return None;
+            }
+            return Some(self.current(seq, reply, (None, None, true), (out_len, work.name()), strategy, deadline));
+        }
+        let rank = self.rank;
+        let copy_in = |engine: &mut Engine, transport: &mut UcxTransport, now: Duration| {
+            let Some((input, output, borrowed)) = bufs.split(in_len, out_len, rank) else {
+                return Err(None);
+            };
+            engine.start(now, transport, seq, sched, input, output).map_err(Some)?;
+            Ok(borrowed)
+        };
+        let now = self.now();
+        let (engine, transport) = (&mut self.engine, &mut self.transport);
+        let started = match &access {
+            // SAFETY (of `bufs.split`'s views): under the access lock, the caller still waiting.
+            Some(a) => a.with(|| copy_in(engine, transport, now)),
+            None => Some(copy_in(engine, transport, now)),
+        };
+        let borrowed = match started {
+            // The caller stopped waiting before the call started: nothing to do or say.
+            None => return None,
+            Some(Ok(borrowed)) => borrowed,
+            Some(Err(Some(e))) => {
+                let _ = reply.send(Err(CommError::from_engine(seq, &e)));
+                return None;
+            }
+            Some(Err(None)) => {
+                let got = match &bufs {
+                    Bufs::Owned { input, output } => format!("got {} and {}", input.len(), output.len()),
+                    Bufs::Borrowed { in_len, out_len, .. } => format!("got {in_len} and {out_len}"),
+                    Bufs::InPlace { len, .. } => format!("got one in-place buffer of {len}"),
+                    Bufs::Registered { .. } | Bufs::RegisteredInPlace { .. } => String::new(),
+                };
+                let _ = reply.send(Err(CommError::Invalid(format!(
+                    "{} needs a {}-byte input and a {}-byte output (in place: one buffer of the larger), {got}",
+                    work.name(),
+                    in_len,
+                    out_len,
+                ))));
+                return None;
+            }
+        };
+        Some(self.current(seq, reply, (borrowed, access, false), (out_len, work.name()), strategy, deadline))
+    }
+
+    /// The record of collective `seq`, started now.
+    /// `memory`: the borrowed output, its guard, and whether the call runs on registered memory;
+    /// `output`: the output's length and the collective's name.
+    pub(super) fn current(
+        &self,
+        seq: u64,
+        reply: Sender<Reply>,
+        memory: (Option<(*mut u8, usize)>, Option<Access>, bool),
+        output: (usize, &'static str),
+        strategy: Schedule,
+        deadline: Instant,
+    ) -> Current {
+        let started = Instant::now();
+        let (borrowed, access, registered) = memory;
+        let (out_len, name) = output;
+        Current {
+            seq,
+            reply,
+            borrowed,
+            access,
+            registered,
+            out_len,
+            name,
+            strategy,
+            epoch: self.agreed.epoch().0,
+            started,
+            deadline: deadline.min(started + self.coll_deadline()),
+        }
+    }
+
+    /// Register a region for a [`CommBuf`]: its handle, first byte and mapping.
+    pub(super) fn register_for_caller(&mut self, len: usize) -> Result<Registered, CommError> {
+        let failed = |e: String| CommError::Invalid(format!("registering {len} bytes: {e}"));
+        let h = self.transport.register(len.max(1)).map_err(|e| failed(e.to_string()))?;
+        let ptr = self.transport.region_mut(h).map_err(|e| failed(e.to_string()))?.as_mut_ptr() as usize;
+        let region = self.transport.region_arc(h).ok_or_else(|| failed("no mapping".into()))?;
+        Ok((h, ptr, region))
+    }
+
+    /// This rank's schedule for a collective: the planner's choice when the layout is one the
+    /// planner models (ranks numbered node by node, the same count on every node), forced by
+    /// `policy.strategy` when that is not `auto`; otherwise Balance on the agreed view.
+    pub(super) fn plan(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+    ) -> Result<(r2ccl_algo::RankSchedule, Schedule), CommError> {
+        let failed = |why: String| CommError::Failed { seq: self.seq, why };
+        if let Some(topo) = &self.policy_topo {
+            let (plan, view) =
+                plan_bridging_splits(topo, &self.agreed, coll, dtype, count).map_err(|e| failed(e.to_string()))?;
+            let forced = r2ccl_policy::Strategy::ALL.into_iter().find(|s| s.name() == self.cfg.policy.strategy);
+            let strategy = match forced {
+                Some(s) if plan.candidate(s).is_some() => s,
+                _ => plan.chosen,
+            };
+            let req = plan.request_for(strategy).map_err(|e| failed(e.to_string()))?;
+            let req = pipeline_ring(req, self.node_of.len(), self.nics, self.nic_mbps);
+            tracing::debug!(
+                target: subsys::COLL,
+                seq = self.seq,
+                strategy = strategy.name(),
+                chunks = req.chunks,
+                predicted_s = plan.candidate(strategy).map_or(f64::NAN, |c| c.time_s),
+                lower_bound_s = plan.lower_bound_s,
+                "planned"
+            );
+            let fabric = r2ccl_policy::schedule_fabric(topo, &view).map_err(|e| failed(e.to_string()))?;
+            let sched =
+                build_rank_schedule(&fabric, &req, Rank(self.rank)).map_err(|e| CommError::Invalid(e.to_string()))?;
+            return Ok((sched, Schedule::Planned(strategy)));
+        }
+        let fabric = Fabric::new(self.layout()?, self.agreed.clone()).map_err(|e| failed(e.to_string()))?;
+        let bytes = count * dtype.size() as u64;
+        let small = bytes < 64 * 1024
+            && matches!(coll, Collective::AllReduce { .. } | Collective::Broadcast { .. } | Collective::Reduce { .. });
+        let algorithm = if small { Algorithm::Tree } else { Algorithm::Ring };
+        let req = ScheduleRequest::new(coll, dtype, count).with_algorithm(algorithm).with_strategy(Strategy::Balance);
+        let req = pipeline_ring(req, self.node_of.len(), self.nics, self.nic_mbps);
+        let sched =
+            build_rank_schedule(&fabric, &req, Rank(self.rank)).map_err(|e| CommError::Invalid(e.to_string()))?;
+        Ok((sched, if small { Schedule::FallbackTree } else { Schedule::FallbackBalance }))
+    }
+
+    /// This rank's schedule for a point-to-point group on the agreed view (sends split over
+    /// the NICs by Balance weights).
+    pub(super) fn plan_group(
+        &self,
+        dtype: DType,
+        ops: &[P2pOp],
+    ) -> Result<(r2ccl_algo::RankSchedule, Schedule), CommError> {
+        let failed = |why: String| CommError::Failed { seq: self.seq, why };
+        let fabric = match &self.policy_topo {
+            Some(topo) => r2ccl_policy::schedule_fabric(topo, &self.agreed).map_err(|e| failed(e.to_string()))?,
+            None => Fabric::new(self.layout()?, self.agreed.clone()).map_err(|e| failed(e.to_string()))?,
+        };
+        let sched =
+            build_p2p_group(&fabric, Rank(self.rank), dtype, ops).map_err(|e| CommError::Invalid(e.to_string()))?;
+        Ok((sched, Schedule::Group))
+    }
+
+    pub(super) fn broadcast_mismatch(&self, seq: u64, text: &str) {
+        let mut msg = vec![ABORT_MISMATCH];
+        msg.extend_from_slice(&seq.to_le_bytes());
+        msg.extend_from_slice(text.as_bytes());
+        self.mesh.broadcast(Channel::Abort, &msg);
+    }
+
+    pub(super) fn on_oob(&mut self, ev: OobEvent, current: &mut Option<Current>) {
+        match ev {
+            OobEvent::Message { from, channel: Channel::Detect, payload } => {
+                let now = self.now();
+                if let Err(e) = self.engine.handle_ctrl(now, &mut self.transport, Rank(from), &payload) {
+                    let seq = current.as_ref().map_or(0, |c| c.seq);
+                    self.fail(current, CommError::from_engine(seq, &e));
+                }
+            }
+            OobEvent::Message { from, channel: Channel::Agree, payload } => match decode_view(from, &payload) {
+                Ok((round, view)) => {
+                    let mine = self.agreement.as_ref().map(Agreement::round);
+                    if mine == Some(round) {
+                        if let Some(a) = &mut self.agreement {
+                            if let Err(e) = a.handle_view(from, round, &view) {
+                                crate::metrics::count_malformed("oob", 1);
+                                tracing::warn!(target: subsys::BOOTSTRAP, from, %e, "refused a health view");
+                            }
+                        }
+                    } else if mine.is_none_or(|m| round > m) && round <= self.seq.saturating_add(PEER_AHEAD) {
+                        // Bounded: rounds at most PEER_AHEAD ahead, one view per peer and round.
+                        let views = self.stash.entry(round).or_default();
+                        views.retain(|(f, _)| *f != from);
+                        views.push((from, view));
+                    } else {
+                        crate::metrics::count_malformed("oob", 1);
+                        tracing::debug!(target: subsys::BOOTSTRAP, from, round, "dropped a health view for a round too far ahead");
+                    }
+                }
+                Err(e) => {
+                    crate::metrics::count_malformed("oob", 1);
+                    tracing::warn!(target: subsys::BOOTSTRAP, from, %e, "malformed health view");
+                }
+            },
+            OobEvent::Message { from, channel: Channel::Control, payload } => {
+                if payload.len() < 8 {
+                    crate::metrics::count_malformed("oob", 1);
+                    return;
+                }
+                let seq = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
+                // A description is a line of text: at most MAX_DESC bytes are kept.
+                let theirs = String::from_utf8_lossy(&payload[8..payload.len().min(8 + MAX_DESC)]).into_owned();
+                match self.descs.remove(&(seq, from)) {
+                    Some(mine) if mine != theirs => {
+                        let text =
+                            format!("collective #{seq}: rank {from} called {theirs}, rank {} called {mine}", self.rank);
+                        self.broadcast_mismatch(seq, &text);
+                        self.set_broken(CommError::Mismatch { seq, detail: text.clone() });
+                        self.fail(current, CommError::Mismatch { seq, detail: text });
+                    }
+                    Some(_) => {}
+                    // Kept for a collective this rank has not reached, at most PEER_AHEAD ahead.
+                    None if seq >= self.seq && seq <= self.seq.saturating_add(PEER_AHEAD) => {
+                        self.peer_descs.insert((seq, from), theirs);
+                    }
+                    None => {
+                        crate::metrics::count_malformed("oob", 1);
+                        tracing::debug!(target: subsys::BOOTSTRAP, from, seq, "dropped a description for a collective out of range");
+                    }
+                }
+            }
+            OobEvent::Message { from, channel: Channel::Abort, payload } if payload.first() == Some(&DEPART) => {
+                self.departed.insert(from);
+                // Both sides are leaving: nothing more crosses the data paths between them.
+                if self.departed.contains(&self.rank) {
+                    self.transport.forget_peer(Rank(from));
+                }
+                match payload.get(1..9).and_then(|b| <[u8; 8]>::try_from(b).ok()) {
+                    Some(b) => {
+                        self.departed_after.insert(from, u64::from_le_bytes(b));
+                    }
+                    None => crate::metrics::count_malformed("oob", 1),
+                }
+            }
+            OobEvent::Message { from, channel: Channel::Abort, payload } => {
+                let e = match payload.first() {
+                    Some(&ABORT_MISMATCH) if payload.len() >= 9 => CommError::Mismatch {
+                        seq: payload.get(1..9).and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, u64::from_le_bytes),
+                        detail: String::from_utf8_lossy(&payload[9..]).into_owned(),
+                    },
+                    Some(&ABORT_REASON) => {
+                        CommError::Aborted(format!("rank {from}: {}", String::from_utf8_lossy(&payload[1..])))
+                    }
+                    _ => CommError::Aborted(format!("rank {from} aborted")),
+                };
+                self.set_broken(e.clone());
+                self.fail(current, e);
+            }
+            OobEvent::Message { channel: Channel::Heartbeat, .. } => {}
+            OobEvent::PeerLost { rank, .. } if self.departed.contains(&rank) => {
+                tracing::debug!(target: subsys::BOOTSTRAP, rank, "peer left the communicator");
+            }
+            OobEvent::PeerLost { rank, why } => {
+                // A lost rank will never say goodbye: do not wait for it when leaving.
+                self.departed.insert(rank);
+                let e = CommError::PeerLost { rank: Rank(rank), why };
+                self.note(e.to_string());
+                self.set_broken(e.clone());
+                self.fail(current, e);
+            }
+        }
+    }
+
+    pub(super) fn flush_engine(&mut self) {
+        // Frames to one peer leave in one write, in order (receipts add up to hundreds per
+        // collective). A failed send shows up as PeerLost from the mesh.
+        let mut batch: BTreeMap<u32, Vec<Vec<u8>>> = BTreeMap::new();
+        while let Some((to, bytes)) = self.engine.poll_outbox() {
+            batch.entry(to.0).or_default().push(bytes);
+        }
+        for (to, frames) in batch {
+            let _ = self.mesh.send_many(to, Channel::Detect, &frames);
+        }
+        while let Some(ev) = self.engine.poll_event() {
+            match ev {
+                EngineEvent::PathFailed { path, fault, .. } => self.note(format!("path {path} failed ({fault:?})")),
+                EngineEvent::Migrated { lane, from, to, boundary, replayed, failback, stopped_at, at } => {
+                    let pause = at.saturating_sub(stopped_at).as_secs_f64();
+                    let verdict = if let Some(v) = self.engine.verdict(from) {
+                        verdict_label(v)
+                    } else if self.engine.down_nics().contains(&from.local) {
+                        "local_nic"
+                    } else if self.engine.down_nics().contains(&from.remote) {
+                        "remote_nic"
+                    } else if failback {
+                        "recovered"
+                    } else {
+                        "link"
+                    };
+                    let chunk = u64::from(self.engine.session().config().chunk_size);
+                    crate::metrics::count_failover(
+                        if failback { "failback" } else { "path_failure" },
+                        verdict,
+                        pause,
+                        u64::from(replayed) * chunk,
+                    );
+                    self.note(format!(
+                        "{} {lane}: {from} -> {to}, replay from chunk {boundary} ({replayed} chunks again), verdict {verdict}, pause {:.1} ms",
+                        if failback { "fail-back" } else { "failover" },
+                        pause * 1e3
+                    ));
+                }
+                EngineEvent::NicState { nic, up, local } => {
+                    crate::metrics::set_nic_up(&format!("node{}", nic.node.0), &format!("nic{}", nic.rail.0), up);
+                    self.note(format!(
+                        "NIC {nic} {} ({})",
+                        if up { "up" } else { "down" },
+                        if local { "local link state" } else { "reported by its node" }
+                    ));
+                }
+                EngineEvent::NicBlamed { nic, up } => {
+                    crate::metrics::set_nic_up(&format!("node{}", nic.node.0), &format!("nic{}", nic.rail.0), up);
+                    self.note(if up {
+                        format!("NIC {nic} back on every rank (answers probes again after its hold-down)")
+                    } else {
+                        format!("NIC {nic} taken out on every rank (a localization verdict blamed it)")
+                    });
+                }
+                EngineEvent::PathRecovered { path } => self.note(format!("path {path} answers probes again")),
+                EngineEvent::Localized { path, verdict, method, .. } => {
+                    self.note(format!("path {path} failed: verdict {verdict} ({method:?})"));
+                }
+                EngineEvent::BadInput { from, what } => {
+                    crate::metrics::count_malformed("chunk_header", 1);
+                    // The 1st, 2nd, 4th, 8th, ... only: a stranger's flood must not flood the log.
+                    self.refused_inputs += 1;
+                    if self.refused_inputs.is_power_of_two() {
+                        tracing::warn!(target: subsys::NET, rank = self.rank, claimed_from = %from, %what, refused_so_far = self.refused_inputs, "refused input (forged, malformed or stray)");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The plan of a collective on `agreed`, and the view it was planned from. Two nodes without a
+/// usable rail in common (views of a flap taken at different instants, or a split that may heal)
+/// do not fail the plan: their failed NICs count as usable for planning, and the engine moves
+/// their lanes at run time, waiting up to the no-path timeout for a NIC to come back before it
+/// fails the collective with NoCommonRail. Every rank starts from the same agreed view, so every
+/// rank plans from the same view.
+pub(super) fn plan_bridging_splits(
+    topo: &r2ccl_policy::Topology,
+    agreed: &HealthView,
+    coll: Collective,
+    dtype: DType,
+    count: u64,
+) -> Result<(r2ccl_policy::Plan, HealthView), r2ccl_policy::PlanError> {
+    let mut view = agreed.clone();
+    loop {
+        match r2ccl_policy::plan_payload(topo, &view, coll, dtype, count) {
+            Err(r2ccl_policy::PlanError::NoPath { a, b }) => {
+                let stuck: Vec<NicId> = view.failed_nics().into_iter().filter(|n| n.node == a || n.node == b).collect();
+                if stuck.is_empty() {
+                    return Err(r2ccl_policy::PlanError::NoPath { a, b });
+                }
+                tracing::info!(target: subsys::COLL, %a, %b, "no usable rail in common: planned with their failed NICs, which the engine steers around");
+                for nic in stuck {
+                    let _ = view.set_healthy(nic);
+                }
+            }
+            other => return other.map(|plan| (plan, view)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use r2ccl_core::ReduceOp;
+
+    pub(super) fn allreduce(bytes: u64) -> ScheduleRequest {
+        ScheduleRequest::new(Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, bytes / 4)
+    }
+
+    #[test]
+    pub(super) fn a_split_between_two_nodes_is_planned_with_their_failed_nics_and_other_failures_stay() {
+        let topo = r2ccl_policy::Topology::uniform(4, 2, 1000).and_then(|t| t.with_spine_permille(0)).unwrap();
+        let coll = Collective::AllReduce { op: ReduceOp::Sum };
+        let mut view = HealthView::uniform(4, 2, 1000);
+        // Nodes 0 and 1 share no rail; with four nodes a ring order still avoids that pair.
+        view.set_failed(NicId::new(0, 0)).unwrap();
+        view.set_failed(NicId::new(1, 1)).unwrap();
+        let (_, planned) = plan_bridging_splits(&topo, &view, coll, DType::F32, 1 << 20).unwrap();
+        assert_eq!(planned, view, "a ring order that avoids the pair needs no bridging");
+        // On two nodes nothing avoids it: their failed NICs count as usable for planning.
+        let topo2 = r2ccl_policy::Topology::uniform(2, 2, 1000).and_then(|t| t.with_spine_permille(0)).unwrap();
+        let mut view2 = HealthView::uniform(2, 2, 1000);
+        view2.set_failed(NicId::new(0, 0)).unwrap();
+        view2.set_failed(NicId::new(1, 1)).unwrap();
+        assert!(matches!(
+            r2ccl_policy::plan_payload(&topo2, &view2, coll, DType::F32, 1 << 20),
+            Err(r2ccl_policy::PlanError::NoPath { .. })
+        ));
+        let (_, planned) = plan_bridging_splits(&topo2, &view2, coll, DType::F32, 1 << 20).unwrap();
+        assert!(planned.failed_nics().is_empty(), "{:?}", planned.failed_nics());
+        // A node with no usable NIC at all is still an error.
+        view2.set_failed(NicId::new(0, 1)).unwrap();
+        assert!(plan_bridging_splits(&topo2, &view2, coll, DType::F32, 1 << 20).is_err());
+    }
+
+    #[test]
+    pub(super) fn nic_blobs_round_trip_and_malformed_ones_are_refused() {
+        let facts = vec![NicFacts { mbps: 100, numa: Some(1) }, NicFacts { mbps: 25_000, numa: None }];
+        let blob = nic_blob(&facts);
+        assert_eq!(blob_facts(&blob), Some(facts));
+        assert_eq!(blob_min_speed(&blob), Some(100));
+        assert_eq!(blob_facts(&blob[..blob.len() - 1]), None, "truncated");
+        assert_eq!(blob_facts(&[blob.as_slice(), &[0]].concat()), None, "trailing byte");
+        assert_eq!(blob_facts(&u32::MAX.to_le_bytes()), None, "a count the bytes do not hold");
+        assert_eq!(blob_min_speed(&nic_blob(&[])), None);
+    }
+
+    #[test]
+    pub(super) fn backup_chains_take_the_same_numa_node_first_then_rail_order() {
+        let numa = vec![vec![Some(0), Some(0), Some(1), Some(1)], vec![None; 4]];
+        let topo = transport_topology(&[0, 1], 4, &numa).unwrap();
+        let rails = |node: u32, rail: u16| -> Vec<u16> {
+            topo.chain(NicId::new(node, rail)).iter().map(|n| n.rail.0).collect()
+        };
+        assert_eq!(rails(0, 0), [1, 2, 3]);
+        assert_eq!(rails(0, 1), [0, 2, 3]);
+        assert_eq!(rails(0, 2), [3, 0, 1]);
+        assert_eq!(rails(0, 3), [2, 0, 1]);
+        // Unknown NUMA nodes: rail order after the NIC.
+        assert_eq!(rails(1, 2), [3, 0, 1]);
+    }
+
+    #[test]
+    pub(super) fn topo_file_names_this_nodes_nics_rates_and_numa_nodes() {
+        let dir = std::env::temp_dir().join(format!("r2ccl-topo-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("site.toml");
+        let mut text = String::from("name = \"site\"\nrails = 2\n");
+        for host in ["alpha", "beta"] {
+            text.push_str(&format!(
+                "\n[[nodes]]\nhostname = \"{host}\"\nranks = 1\nnuma_nodes = [{{ id = 0 }}, {{ id = 1 }}]\n\
+                 \n[[nodes.nics]]\nname = \"ib1\"\nrail = 1\nspeed_mbps = 200000\nvirtual = true\nnuma = 1\n\
+                 \n[[nodes.nics]]\nname = \"ib0\"\nrail = 0\nspeed_mbps = 400000\nvirtual = true\nnuma = 0\n"
+            ));
+        }
+        std::fs::write(&path, text).unwrap();
+        let path = path.to_string_lossy().into_owned();
+        let beta = topo_file_node(&path, "beta").unwrap();
+        assert_eq!(file_nics(&beta), ["ib0", "ib1"], "rail order");
+        let facts = nic_facts(&file_nics(&beta), 0, Some(&beta));
+        assert_eq!(facts, [NicFacts { mbps: 400_000, numa: Some(0) }, NicFacts { mbps: 200_000, numa: Some(1) }]);
+        // A configured rate wins over the file.
+        assert!(nic_facts(&file_nics(&beta), 100, Some(&beta)).iter().all(|f| f.mbps == 100));
+        let err = topo_file_node(&path, "gamma").unwrap_err().to_string();
+        assert!(err.contains("gamma") && err.contains("alpha") && err.contains("beta"), "{err}");
+        let err = topo_file_node(&dir.join("missing.toml").to_string_lossy(), "beta").unwrap_err().to_string();
+        assert!(err.contains("missing.toml"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    pub(super) fn every_valid_detect_section_gives_the_detector_a_valid_configuration() {
+        let default = r2ccl_config::DetectConfig::default();
+        let fast = r2ccl_config::DetectConfig {
+            probe_timeout_ms: 1,
+            localize_timeout_ms: 1,
+            probe_interval_ms: 2,
+            holddown_base_ms: 2,
+            holddown_max_ms: 2,
+            oob_retry_ms: 1,
+            ..default.clone()
+        };
+        let slow = r2ccl_config::DetectConfig {
+            probe_timeout_ms: 5_000,
+            localize_timeout_ms: 9_000,
+            probe_interval_ms: 100,
+            ..default.clone()
+        };
+        for d in [default, fast, slow] {
+            let c = detect_config(&d);
+            assert_eq!(c.validate(), Ok(()), "{d:?} -> {c:?}");
+            assert!(c.probe_timeout >= DETECT_PROBE_TIMEOUT);
+        }
+    }
+
+    #[test]
+    pub(super) fn large_plain_rings_are_pipelined_in_parts_of_a_millisecond_per_nic() {
+        // 100 Mbit/s NICs: the 128 KiB floor. 64 MiB over 4 ranks: 16 MiB steps; 2 NICs: 64
+        // parts (the cap); 4 MiB: 1 MiB steps, 4 parts of 256 KiB (128 KiB per NIC).
+        assert_eq!(pipeline_ring(allreduce(64 << 20), 4, 2, 100).chunks, RING_PARTS_MAX);
+        assert_eq!(pipeline_ring(allreduce(4 << 20), 4, 2, 100).chunks, 4);
+        assert_eq!(pipeline_ring(allreduce(4 << 20), 4, 1, 100).chunks, 8);
+        // 100 Gbit/s: 12.5 MB per NIC and part, so 64 MiB over 4 ranks on 1 NIC is one part.
+        assert_eq!(pipeline_ring(allreduce(64 << 20), 4, 1, 100_000).chunks, 1);
+        assert_eq!(pipeline_ring(allreduce(1 << 30), 4, 1, 100_000).chunks, 21);
+        // Never below one part.
+        assert_eq!(pipeline_ring(allreduce(1 << 20), 4, 2, 100).chunks, 1);
+        let ag = ScheduleRequest::new(Collective::AllGather, DType::F32, (8 << 20) / 4);
+        assert_eq!(pipeline_ring(ag, 4, 2, 100).chunks, 32);
+    }
+
+    #[test]
+    pub(super) fn other_algorithms_and_planned_chunks_are_left_alone() {
+        let tree = allreduce(64 << 20).with_algorithm(Algorithm::Tree);
+        assert_eq!(pipeline_ring(tree, 4, 2, 100).chunks, 1);
+        let planned = allreduce(64 << 20).with_chunks(4);
+        assert_eq!(pipeline_ring(planned, 4, 2, 100).chunks, 4);
+        let bcast = ScheduleRequest::new(Collective::Broadcast { root: Rank(0) }, DType::F32, 16 << 20);
+        assert_eq!(pipeline_ring(bcast, 4, 2, 100).chunks, 1);
+        assert_eq!(pipeline_ring(allreduce(64 << 20), 1, 2, 100).chunks, 1);
+    }
+}

@@ -1,0 +1,563 @@
+//! Starting a communicator's progress thread: its state, the bootstrap and OOB mesh, NIC facts, the
+//! UCX transport and the engine, each step with a deadline.
+
+use super::*;
+
+pub(super) struct Progress {
+    pub(super) rank: u32,
+    pub(super) world: u32,
+    pub(super) node_of: Vec<u32>,
+    pub(super) nics: usize,
+    /// The planner's NIC rate, Mbit/s (the slowest any rank reported at bootstrap).
+    pub(super) nic_mbps: u64,
+    pub(super) mesh: OobMesh,
+    /// Readable when a caller or an OOB reader has something for this thread.
+    pub(super) wake_rx: WakeReceiver,
+    /// Per-NIC `(tx, rx)` byte counts already exported as metrics.
+    pub(super) nic_bytes_seen: Vec<(u64, u64)>,
+    /// Schedules already planned, by collective, type, count and agreed view.
+    pub(super) plan_cache: BTreeMap<String, (r2ccl_algo::RankSchedule, Schedule)>,
+    pub(super) transport: UcxTransport,
+    pub(super) engine: Engine,
+    pub(super) shared: Arc<Shared>,
+    pub(super) start: Instant,
+    pub(super) cfg: Config,
+    pub(super) agreed: HealthView,
+    pub(super) agreement: Option<Agreement>,
+    pub(super) stash: BTreeMap<u64, Vec<(u32, HealthView)>>,
+    pub(super) seq: u64,
+    /// This rank's argument descriptions waiting for a peer's: (collective, peer) -> text.
+    pub(super) descs: BTreeMap<(u64, u32), String>,
+    /// Peers' argument descriptions that came before this rank's: (collective, peer) -> text.
+    pub(super) peer_descs: BTreeMap<(u64, u32), String>,
+    pub(super) broken: Option<CommError>,
+    pub(super) policy_topo: Option<r2ccl_policy::Topology>,
+    /// OOB messages that arrived during init, before the progress loop ran.
+    pub(super) early_oob: Vec<OobEvent>,
+    pub(super) departed: std::collections::BTreeSet<u32>,
+    /// For each departed rank, the last collective it completed (from its goodbye): a
+    /// collective after that one can never complete here.
+    pub(super) departed_after: std::collections::BTreeMap<u32, u64>,
+    /// The last collective this rank completed (its part finished and was delivered).
+    pub(super) last_done: u64,
+    /// Chunks and frames refused so far (forged, malformed or stray); logged at powers of two.
+    pub(super) refused_inputs: u64,
+}
+
+pub(super) struct Current {
+    pub(super) seq: u64,
+    pub(super) reply: Sender<Reply>,
+    /// The caller's borrowed output buffer (written here, never after the reply, and only
+    /// under `access`).
+    pub(super) borrowed: Option<(*mut u8, usize)>,
+    /// Guards `borrowed`.
+    pub(super) access: Option<Access>,
+    /// The collective ran on registered memory: its result is in place already.
+    pub(super) registered: bool,
+    pub(super) out_len: usize,
+    /// The collective's name (`all_reduce`, ..., `group`), for metrics.
+    pub(super) name: &'static str,
+    pub(super) strategy: Schedule,
+    pub(super) epoch: u64,
+    pub(super) started: Instant,
+    pub(super) deadline: Instant,
+}
+
+impl Progress {
+    pub(super) fn init(
+        opts: CommOptions,
+        root_listener: Option<TcpListener>,
+        shared: Arc<Shared>,
+        wake_rx: WakeReceiver,
+    ) -> Result<Self, CommError> {
+        let cfg = opts.config.clone();
+        let deadline = Instant::now() + Duration::from_millis(cfg.bootstrap.connect_timeout_ms);
+        let bind_ip = if cfg.bootstrap.oob_iface.is_empty() {
+            oob_bind_addr(&opts.root)
+        } else {
+            let spec = &cfg.bootstrap.oob_iface;
+            let (iface, ip) = crate::netif::select_oob(spec, &crate::netif::ipv4_addresses()).ok_or_else(|| {
+                CommError::Invalid(format!(
+                    "bootstrap.oob_iface `{spec}` (R2CCL_OOB_IFACE) matches no interface with an IPv4 address here"
+                ))
+            })?;
+            if &iface != spec {
+                tracing::info!(target: subsys::INIT, spec = %spec, %iface, %ip, "OOB interface from bootstrap.oob_iface");
+            }
+            IpAddr::V4(ip)
+        };
+        let oob = TcpListener::bind((bind_ip, 0))
+            .map_err(|e| CommError::Bootstrap(format!("OOB listener on {bind_ip}: {e}")))?;
+        let oob_addr = oob.local_addr().map_err(|e| CommError::Bootstrap(e.to_string()))?.to_string();
+        // `topo.file`: this node's entry gives NIC rates and NUMA nodes that discovery may not see.
+        let file_node = if cfg.topo.file.is_empty() { None } else { Some(topo_file_node(&cfg.topo.file, &opts.node)?) };
+        let me = PeerInfo {
+            rank: opts.rank,
+            node: opts.node.clone(),
+            oob_addr,
+            blob: nic_blob(&nic_facts(&opts.nics, cfg.transport.nic_speed_mbps, file_node.as_ref())),
+        };
+        let table = if opts.rank == 0 {
+            let addr = opts
+                .root
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut a| a.next())
+                .ok_or_else(|| CommError::Invalid(format!("cannot resolve rendezvous address {}", opts.root)))?;
+            let root = match root_listener {
+                Some(l) => Root::from_listener(l, opts.secret.clone()),
+                None => Root::bind(addr, opts.secret.clone()).map_err(|e| CommError::Bootstrap(e.to_string()))?,
+            };
+            let (table, stats) = root.run(opts.world, me, deadline).map_err(|e| CommError::Bootstrap(e.to_string()))?;
+            if stats.rejected > 0 {
+                crate::metrics::count_rejected("bootstrap", stats.rejected);
+            }
+            table
+        } else {
+            join(&opts.root, &opts.secret, opts.world, me, deadline).map_err(|e| CommError::Bootstrap(e.to_string()))?
+        };
+        // Node numbering: by first appearance in rank order, identical on every rank.
+        let mut names: Vec<&str> = Vec::new();
+        let node_of: Vec<u32> = table
+            .iter()
+            .map(|p| match names.iter().position(|n| *n == p.node) {
+                Some(i) => i as u32,
+                None => {
+                    names.push(&p.node);
+                    (names.len() - 1) as u32
+                }
+            })
+            .collect();
+        let nic_counts: Vec<u32> =
+            table.iter().map(|p| p.blob.get(..4).map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect();
+        if nic_counts.iter().any(|&k| k as usize != opts.nics.len()) {
+            return Err(CommError::Invalid(format!("ranks disagree on the number of data NICs: {nic_counts:?}")));
+        }
+        // The planner's NIC rate: the slowest NIC any rank reported, the same on every rank.
+        let nic_mbps = table.iter().filter_map(|p| blob_min_speed(&p.blob)).min().unwrap_or(NIC_MBPS);
+        let mesh = OobMesh::establish(
+            oob,
+            opts.rank,
+            &table,
+            &opts.secret,
+            Duration::from_millis(cfg.bootstrap.peer_timeout_ms),
+            deadline,
+        )
+        .map_err(|e| CommError::Bootstrap(e.to_string()))?;
+        let node = NodeId(node_of[opts.rank as usize]);
+        let mut ucfg = UcxTransportConfig {
+            rank: Rank(opts.rank),
+            node,
+            nics: opts
+                .nics
+                .iter()
+                .map(|d| ContextConfig {
+                    rx_segment: usize::try_from(cfg.transport.tcp_rx_segment_bytes).ok(),
+                    ..ContextConfig::tcp(d.clone())
+                })
+                .collect(),
+            faults: Vec::new(),
+            link_monitor: true,
+        };
+        if opts.env_faults {
+            ucfg = ucfg.with_env_faults().map_err(|e| CommError::Invalid(format!("R2CCL_FAULT: {e}")))?;
+        }
+        let mut transport = UcxTransport::open(ucfg).map_err(|e| CommError::Transport(e.to_string()))?;
+        crate::metrics::set_build_info(
+            &r2ccl_ucx::UcxVersion::built().map(|v| v.to_string()).unwrap_or_default(),
+            &r2ccl_ucx::UcxVersion::loaded().to_string(),
+        );
+        let blob = transport.local_address_blob().map_err(|e| CommError::Transport(e.to_string()))?;
+        // Allgather of UCX addresses over the OOB mesh.
+        mesh.broadcast(Channel::Control, &blob);
+        let mut blobs: Vec<Option<Vec<u8>>> = vec![None; opts.world as usize];
+        blobs[opts.rank as usize] = Some(blob);
+        // Faster ranks may already send collective traffic (views, argument checks): keep it
+        // for the progress loop; only a rank's first control message is its address.
+        let mut early_oob = Vec::new();
+        while blobs.iter().any(Option::is_none) {
+            match mesh.recv_deadline(deadline) {
+                Some(OobEvent::Message { from, channel: Channel::Control, payload })
+                    if blobs.get(from as usize).is_some_and(Option::is_none) =>
+                {
+                    blobs[from as usize] = Some(payload);
+                }
+                Some(OobEvent::PeerLost { rank, why }) => return Err(CommError::PeerLost { rank: Rank(rank), why }),
+                Some(ev) => early_oob.push(ev),
+                None => {
+                    let missing: Vec<usize> =
+                        blobs.iter().enumerate().filter(|(_, b)| b.is_none()).map(|(i, _)| i).collect();
+                    return Err(CommError::Bootstrap(format!(
+                        "no transport address from rank(s) {missing:?} by the deadline"
+                    )));
+                }
+            }
+        }
+        let blobs: Vec<Vec<u8>> = blobs.into_iter().flatten().collect();
+        transport.connect_peers(&blobs).map_err(|e| CommError::Transport(e.to_string()))?;
+        let nodes = names.len();
+        let nics = opts.nics.len();
+        // Each node's NIC NUMA nodes, from its first rank's blob.
+        let numa: Vec<Vec<Option<u32>>> = (0..nodes)
+            .map(|n| {
+                let first = node_of.iter().position(|&x| x as usize == n);
+                let facts = first.and_then(|r| table.get(r)).and_then(|p| blob_facts(&p.blob)).unwrap_or_default();
+                facts.iter().map(|f| f.numa).collect()
+            })
+            .collect();
+        let topo = transport_topology(&node_of, nics, &numa)?;
+        // Progress deadline: the margin plus the time a full window of chunks takes at a
+        // pessimistic 100 MB/s (a loaded host must not look like a black hole).
+        let stall_timeout = Duration::from_millis(
+            cfg.detect.progress_margin_ms
+                + cfg.transport.chunk_bytes * u64::from(cfg.transport.max_inflight_chunks) / 100_000,
+        );
+        // A slow peer (a busy or descheduled process) must be given time to answer before
+        // its path counts as dead; a silent black hole is still declared within a second.
+        let probe_timeout = (2 * stall_timeout).max(Duration::from_millis(500));
+        // This communicator's chunk-header key and id: from the secret and the random session
+        // nonce rank 0 put in the authenticated table (docs/security.md).
+        let (header_key, comm_id) = crate::bootstrap_mac::data_keys(&opts.secret, &table.session);
+        let ecfg = EngineConfig {
+            comm: comm_id,
+            header_key,
+            stall_timeout,
+            session: SessionConfig {
+                chunk_size: u32::try_from(cfg.transport.chunk_bytes).unwrap_or(1 << 20),
+                window: cfg.transport.max_inflight_chunks,
+                // Chunks of a step the receiver has not reached yet wait here; beyond it they
+                // are dropped and replayed on request (Nack), never lost.
+                max_early_bytes: 512 << 20,
+                ..SessionConfig::default()
+            },
+            probe_interval: Duration::from_millis(cfg.detect.probe_interval_ms),
+            probe_timeout,
+            migrate_retry: Duration::from_millis(cfg.detect.oob_retry_ms.max(10)),
+            // UcxTransport connects rail r to the peers' rail r only.
+            rail_only: true,
+            detect: detect_config(&cfg.detect),
+            no_path_timeout: Duration::from_millis(cfg.detect.no_path_timeout_ms),
+        };
+        let mut engine =
+            Engine::new(Rank(opts.rank), opts.world, ecfg, topo).map_err(|e| CommError::Transport(e.to_string()))?;
+        let mut agreed = HealthView::uniform(nodes, nics, nic_mbps);
+        // NICs that could not be opened when their rank started are failed from the first
+        // collective on; every rank derives the same set from the same address blobs.
+        let dead = transport.dead_nics();
+        for nic in &dead {
+            let _ = agreed.set_failed(*nic);
+            engine.mark_nic_down(Duration::ZERO, &mut transport, *nic);
+        }
+        if let Ok(mut f) = shared.failed.lock() {
+            *f = agreed.failed_nics();
+        }
+        if !dead.is_empty() {
+            let names: Vec<String> = dead.iter().map(ToString::to_string).collect();
+            tracing::warn!(target: subsys::INIT, rank = opts.rank, nics = ?names, "NICs unusable since the start; planning without them");
+        }
+        // The planner models ranks numbered node by node with the same count on every node.
+        let rpn = opts.world as usize / nodes.max(1);
+        let contiguous = rpn * nodes == opts.world as usize
+            && node_of.iter().enumerate().all(|(r, &n)| n as usize == r / rpn.max(1));
+        let policy_topo = if contiguous {
+            r2ccl_policy::Topology::uniform(nodes, nics, nic_mbps)
+                .and_then(|t| t.with_ranks_per_node(rpn as u32))
+                .and_then(|t| t.with_alpha(LOOPBACK_ALPHA_S))
+                // The UCX backend connects NIC r only to the peers' NIC r (a rail-only fabric, as
+                // on the namespace testbed): plans must not send across rails.
+                .and_then(|t| t.with_spine_permille(0))
+                .ok()
+        } else {
+            None
+        };
+        for n in 0..nodes {
+            for r in 0..nics {
+                crate::metrics::set_nic_up(&format!("node{n}"), &format!("nic{r}"), true);
+            }
+        }
+        if opts.rank == 0 && !cfg.topo.dump_file.is_empty() {
+            match dump_cluster_view(&cfg.topo.dump_file, &names, &node_of, &opts.nics, nic_mbps) {
+                Ok(()) => tracing::info!(target: subsys::TOPO, file = %cfg.topo.dump_file, "cluster view written"),
+                Err(e) => {
+                    tracing::warn!(target: subsys::TOPO, file = %cfg.topo.dump_file, error = %e, "cluster view not written")
+                }
+            }
+        }
+        tracing::info!(target: subsys::INIT, rank = opts.rank, world = opts.world, nodes, nics, nic_mbps, "communicator ready");
+        Ok(Self {
+            rank: opts.rank,
+            world: opts.world,
+            node_of,
+            nics,
+            nic_mbps,
+            mesh,
+            transport,
+            engine,
+            shared,
+            start: Instant::now(),
+            cfg,
+            agreed,
+            agreement: None,
+            stash: BTreeMap::new(),
+            seq: 0,
+            descs: BTreeMap::new(),
+            peer_descs: BTreeMap::new(),
+            broken: None,
+            policy_topo,
+            early_oob,
+            departed: std::collections::BTreeSet::new(),
+            departed_after: std::collections::BTreeMap::new(),
+            last_done: 0,
+            refused_inputs: 0,
+            wake_rx,
+            nic_bytes_seen: Vec::new(),
+            plan_cache: BTreeMap::new(),
+        })
+    }
+}
+
+/// Write the communicator's cluster view (nodes in rank order, their ranks and data NICs) to
+/// `path` as a topology description that `r2ccl-topo` loads back (`R2CCL_TOPO_DUMP_FILE`).
+pub(super) fn dump_cluster_view(
+    path: &str,
+    names: &[&str],
+    node_of: &[u32],
+    nics: &[String],
+    mbps: u64,
+) -> Result<(), String> {
+    let contiguous = node_of.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1);
+    if !contiguous {
+        return Err("ranks are not numbered node by node; the description format needs that".into());
+    }
+    let mut text = format!(
+        "name = \"r2ccl-communicator\"\ndescription = \"cluster view of a communicator: {} ranks on {} nodes\"\nrails = {}\n",
+        node_of.len(),
+        names.len(),
+        nics.len()
+    );
+    for (n, name) in names.iter().enumerate() {
+        let ranks = node_of.iter().filter(|&&x| x as usize == n).count();
+        text.push_str(&format!("\n[[nodes]]\nhostname = {name:?}\nranks = {ranks}\nnuma_nodes = [{{ id = 0 }}]\n"));
+        for (r, nic) in nics.iter().enumerate() {
+            // Several rails on one interface (loopback runs) still need distinct NIC names.
+            let unique = nics.iter().filter(|x| *x == nic).count() == 1;
+            let nic_name = if unique { nic.clone() } else { format!("{nic}.{r}") };
+            text.push_str(&format!(
+                "\n[[nodes.nics]]\nname = {nic_name:?}\nrail = {r}\nspeed_mbps = {mbps}\nvirtual = true\nnuma = 0\n"
+            ));
+        }
+    }
+    let desc = r2ccl_topo::description::TopologyDescription::from_toml_str(&text).map_err(|e| e.to_string())?;
+    let cluster = desc.resolve().map_err(|e| e.to_string())?;
+    r2ccl_topo::write_cluster_view(std::path::Path::new(path), &cluster, None).map_err(|e| e.to_string())
+}
+
+/// The shortest probe timeout the communicator's detector uses (localization and re-probes).
+pub(super) const DETECT_PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// The `verdict` label of the failover metric.
+pub(super) const fn verdict_label(v: r2ccl_detect::Verdict) -> &'static str {
+    match v {
+        r2ccl_detect::Verdict::LocalNic(_) => "local_nic",
+        r2ccl_detect::Verdict::RemoteNic(_) => "remote_nic",
+        r2ccl_detect::Verdict::Link { .. } => "link",
+        r2ccl_detect::Verdict::Transient => "transient",
+    }
+}
+
+/// The detector's settings from the `[detect]` section. Its probes wait at least
+/// [`DETECT_PROBE_TIMEOUT`], so a busy host's late answer does not blame a healthy NIC;
+/// re-probes are at least 50 ms further apart than that, localization waits for the probes
+/// plus two OOB resends, and the first hold-down outlasts localization by 50 ms (the detector
+/// requires each of these orders).
+pub(super) fn detect_config(d: &r2ccl_config::DetectConfig) -> r2ccl_detect::DetectConfig {
+    let ms = Duration::from_millis;
+    let probe_timeout = DETECT_PROBE_TIMEOUT.max(ms(d.probe_timeout_ms));
+    let localize_timeout = (probe_timeout + 2 * ms(d.oob_retry_ms)).max(ms(d.localize_timeout_ms));
+    // The detector needs localization to end before the hold-down does.
+    let holddown_base = ms(d.holddown_base_ms).max(localize_timeout + ms(50));
+    r2ccl_detect::DetectConfig {
+        progress_margin: ms(d.progress_margin_ms),
+        heartbeat_interval: ms(d.heartbeat_interval_ms),
+        heartbeat_misses: d.heartbeat_misses,
+        probe_timeout,
+        localize_timeout,
+        oob_retry: ms(d.oob_retry_ms),
+        oob_max_retries: d.oob_max_retries,
+        hint_interval: ms(d.hint_interval_ms),
+        probe_interval: ms(d.probe_interval_ms).max(probe_timeout + ms(50)),
+        good_probes: d.good_probes,
+        holddown_base,
+        holddown_max: ms(d.holddown_max_ms).max(holddown_base),
+        flap_window: ms(d.flap_window_ms),
+    }
+}
+
+/// The transport topology: every node has `nics` NICs; each NIC's backup chain is the
+/// node's other NICs by locality: those on the same NUMA node first (`numa[node][rail]`, from
+/// the node's first rank's blob), then the others, each group in rail order starting after it.
+pub(super) fn transport_topology(
+    node_of: &[u32],
+    nics: usize,
+    numa: &[Vec<Option<u32>>],
+) -> Result<Topology, CommError> {
+    let nodes = node_of.iter().max().map_or(0, |&m| m as usize + 1);
+    let k = u16::try_from(nics).map_err(|_| CommError::Invalid(format!("{nics} NICs")))?;
+    let mut chains = BTreeMap::new();
+    for n in 0..nodes as u32 {
+        let numa_of = |rail: u16| numa.get(n as usize).and_then(|v| v.get(usize::from(rail))).copied().flatten();
+        for r in 0..k {
+            let mut others: Vec<u16> = (1..k).map(|d| (r + d) % k).collect();
+            // Stable: rail order within each group.
+            others.sort_by_key(|&x| !(numa_of(r).is_some() && numa_of(x) == numa_of(r)));
+            chains.insert(NicId::new(n, r), others.into_iter().map(|x| NicId::new(n, x)).collect());
+        }
+    }
+    Topology::new(node_of.iter().map(|&n| NodeId(n)).collect(), vec![k; nodes], chains)
+        .map_err(|e| CommError::Invalid(e.to_string()))
+}
+
+/// NIC rate assumed when neither `transport.nic_speed_mbps` nor the driver gives one, Mbit/s.
+pub(super) const NIC_MBPS: u64 = 100_000;
+
+/// What a rank tells the others about each of its data NICs at bootstrap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct NicFacts {
+    /// Line rate, Mbit/s.
+    pub(super) mbps: u64,
+    /// NUMA node, if known.
+    pub(super) numa: Option<u32>,
+}
+
+/// The facts of this rank's data NICs: the rate is `configured` when set, else the one in
+/// `file` (the node's `topo.file` entry, matched by interface name), else what the driver
+/// reports in sysfs, else [`NIC_MBPS`]; the NUMA node comes from `file`, else sysfs.
+pub(super) fn nic_facts(nics: &[String], configured: u64, file: Option<&r2ccl_topo::NodeTopology>) -> Vec<NicFacts> {
+    nics.iter()
+        .map(|name| {
+            let listed = file.and_then(|n| n.nics.iter().find(|x| x.name == *name));
+            let found = r2ccl_topo::discover::sysfs::read_interface(std::path::Path::new("/sys"), name).ok();
+            let mbps = if configured > 0 {
+                configured
+            } else {
+                listed.map(|x| x.speed_mbps).or_else(|| found.as_ref().and_then(|d| d.speed_mbps)).unwrap_or(NIC_MBPS)
+            };
+            let numa = listed.and_then(|x| x.numa).or_else(|| found.as_ref().and_then(|d| d.numa));
+            NicFacts { mbps, numa }
+        })
+        .collect()
+}
+
+/// How many collectives ahead of this rank a peer's health views and argument descriptions are
+/// kept (a peer runs ahead by the collectives already queued; the rest is dropped and counted).
+pub(super) const PEER_AHEAD: u64 = 4096;
+/// Longest argument description kept from a peer, bytes.
+pub(super) const MAX_DESC: usize = 4096;
+
+/// NUMA node "unknown" in a blob.
+pub(super) const NO_NUMA: u32 = u32::MAX;
+
+/// A rank's bootstrap blob: its number of data NICs (u32), then each NIC's rate in Mbit/s
+/// (u64), then each NIC's NUMA node (u32, [`NO_NUMA`] when unknown).
+pub(crate) fn nic_blob(facts: &[NicFacts]) -> Vec<u8> {
+    let mut blob = (facts.len() as u32).to_le_bytes().to_vec();
+    for f in facts {
+        blob.extend_from_slice(&f.mbps.to_le_bytes());
+    }
+    for f in facts {
+        blob.extend_from_slice(&f.numa.unwrap_or(NO_NUMA).to_le_bytes());
+    }
+    blob
+}
+
+/// The NIC facts in a peer's blob ([`nic_blob`]); `None` when it is malformed.
+pub(crate) fn blob_facts(blob: &[u8]) -> Option<Vec<NicFacts>> {
+    let (count, rest) = blob.split_first_chunk::<4>()?;
+    let count = u32::from_le_bytes(*count) as usize;
+    if rest.len() != count.checked_mul(12)? {
+        return None;
+    }
+    let (speeds, numas) = rest.split_at(count * 8);
+    let speeds = speeds.chunks_exact(8).filter_map(|b| <[u8; 8]>::try_from(b).ok().map(u64::from_le_bytes));
+    let numas = numas.chunks_exact(4).filter_map(|b| <[u8; 4]>::try_from(b).ok().map(u32::from_le_bytes));
+    Some(speeds.zip(numas).map(|(mbps, n)| NicFacts { mbps, numa: (n != NO_NUMA).then_some(n) }).collect())
+}
+
+/// The slowest NIC rate in a peer's blob; `None` when it lists none or is malformed.
+pub(super) fn blob_min_speed(blob: &[u8]) -> Option<u64> {
+    blob_facts(blob)?.iter().map(|f| f.mbps).filter(|&v| v > 0).min()
+}
+
+/// `topo.file`: the entry of host `node` (`R2CCL_NODE` or the host name) in the static
+/// topology description at `path`.
+pub(super) fn topo_file_node(path: &str, node: &str) -> Result<r2ccl_topo::NodeTopology, CommError> {
+    let cluster = r2ccl_topo::load_cluster_file(std::path::Path::new(path))
+        .map_err(|e| CommError::Invalid(format!("topo.file {path}: {e}")))?;
+    cluster.nodes().iter().find(|n| n.hostname == node).cloned().ok_or_else(|| {
+        let listed: Vec<&str> = cluster.nodes().iter().map(|n| n.hostname.as_str()).collect();
+        CommError::Invalid(format!(
+            "topo.file {path} has no node {node:?} (R2CCL_NODE, else the host name); it lists {listed:?}"
+        ))
+    })
+}
+
+/// The data NICs of a `topo.file` node entry, in rail order.
+pub(super) fn file_nics(node: &r2ccl_topo::NodeTopology) -> Vec<String> {
+    let mut nics: Vec<&r2ccl_topo::Nic> = node.nics.iter().collect();
+    nics.sort_by_key(|n| n.rail);
+    nics.into_iter().map(|n| n.name.clone()).collect()
+}
+
+/// Per-message latency assumed by the planner's cost model, seconds (`cargo xtask bench` passes the same to
+/// `r2ccl-plan`: keep `LIBRARY_ALPHA_US` in xtask/src/bench.rs equal).
+pub(super) const LOOPBACK_ALPHA_S: f64 = 20e-6;
+
+/// Smallest part of a pipelined ring step per sending NIC, bytes (see [`pipeline_ring`]).
+pub(super) const RING_PART_MIN: u64 = 128 << 10;
+/// A part of a pipelined ring step carries at least this much of a NIC's time (see
+/// [`pipeline_ring`]), so the per-message cost stays small next to the transfer.
+pub(super) const RING_PART_TIME_US: u64 = 1000;
+/// Most parts a ring step is pipelined in.
+pub(super) const RING_PARTS_MAX: u32 = 64;
+
+/// Pipeline a plain ring (AllReduce, ReduceScatter, AllGather under Ring, Balance or single
+/// backup, one part per step as planned) in parts of at least [`RING_PART_MIN`] bytes and
+/// [`RING_PART_TIME_US`] of NIC time (at `nic_mbps`) per NIC: a step's next part leaves as
+/// soon as its previous part arrived, so the NICs keep sending across step boundaries, where
+/// one part per step left every link idle until its slowest lane finished (4 nodes x 2 NICs
+/// at 100 mbit, 64 MiB AllReduce: about 0.1 s per step).
+pub(super) fn pipeline_ring(req: ScheduleRequest, ranks: usize, nics: usize, nic_mbps: u64) -> ScheduleRequest {
+    let plain = matches!(req.strategy, Strategy::Balance | Strategy::SingleBackup);
+    let step_elems = match req.collective {
+        Collective::AllReduce { .. } => req.count / (ranks.max(1) as u64),
+        Collective::ReduceScatter { .. } | Collective::AllGather => req.count,
+        _ => return req,
+    };
+    if req.algorithm != Algorithm::Ring || !plain || req.chunks != 1 || ranks < 2 {
+        return req;
+    }
+    let step_bytes = step_elems.saturating_mul(req.dtype.size() as u64);
+    let part = RING_PART_MIN.max(nic_mbps.saturating_mul(RING_PART_TIME_US) / 8);
+    let parts = step_bytes / part.saturating_mul(nics.max(1) as u64);
+    let parts = u32::try_from(parts).unwrap_or(u32::MAX).clamp(1, RING_PARTS_MAX);
+    req.with_chunks(parts)
+}
+
+/// Most plans a communicator keeps (the cache starts over when full).
+pub(super) const PLAN_CACHE: usize = 64;
+/// Progress rounds without movement before the progress thread sleeps.
+pub(super) const IDLE_SPINS: u32 = 8;
+/// Longest sleep of an idle progress thread while calls are running or queued (bounds every
+/// timer's lateness during a collective).
+pub(super) const IDLE_WAIT: Duration = Duration::from_millis(1);
+/// Longest sleep once no call has run or waited for [`QUIET_AFTER`]: an idle communicator
+/// sleeps until the engine's next timer (heartbeats and probes of idle paths), at most this
+/// long, instead of waking 1,000 times a second; UCX, OOB and caller events wake it at once.
+pub(super) const QUIET_WAIT: Duration = Duration::from_millis(100);
+/// How long after its last call a communicator counts as quiet.
+pub(super) const QUIET_AFTER: Duration = Duration::from_millis(100);
+
+pub(super) const ABORT_MISMATCH: u8 = 1;
+pub(super) const ABORT_REASON: u8 = 2;
+/// A rank is done with the communicator and leaves; its disconnect is not a failure.
+pub(super) const DEPART: u8 = 3;
