@@ -2,7 +2,7 @@
 //!
 //! What it does: binds [`r2ccl::Communicator`] for Python on raw host memory: a collective
 //! or a group of sends and receives starts from addresses and byte counts and returns a
-//! [`Work`] whose `wait` releases the GIL; errors become one exception class per
+//! `Work` whose `wait` releases the GIL; errors become one exception class per
 //! [`r2ccl::CommError`] variant; health events, the agreed failed-NIC set and the
 //! Prometheus endpoint are readable. What it does not do: it never looks at Python objects'
 //! memory itself. The pure-Python layer (`r2ccl/__init__.py`, `r2ccl/torch.py`) turns buffers

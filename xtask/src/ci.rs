@@ -19,6 +19,9 @@ pub(crate) fn run(root: &Path) -> Result<()> {
     step("fmt", || cmd("cargo", &["fmt", "--all", "--", "--check"]))?;
     step("clippy", || cmd("cargo", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
     step("build", || cmd("cargo", &["build", "--workspace", "--all-targets"]))?;
+    step("docs: cargo doc --workspace --no-deps, warnings denied", || {
+        cmd_env("cargo", &["doc", "--workspace", "--no-deps", "--quiet"], &[("RUSTDOCFLAGS", "-D warnings")])
+    })?;
     step("cuda feature: lints and tests without a driver (the mock device and the named no-driver error)", || {
         let cuda = ["-p", "r2ccl", "-p", "r2ccl-perf", "--all-targets", "--features", "r2ccl/cuda,r2ccl-perf/cuda"];
         cmd("cargo", &[&["clippy"][..], &cuda, &["--", "-D", "warnings"]].concat())?;

@@ -136,6 +136,9 @@ pub struct PerfArgs {
     pub timeout_s: u64,
     /// `--json FILE`: also write the results as JSON.
     pub json: Option<String>,
+    /// `-a`: how the ranks' times combine in the report (nccl-tests' `-a`): 0 rank 0's, 1 the
+    /// average (the default), 2 the minimum, 3 the maximum.
+    pub average: u8,
     /// `--device host|cuda`: where the buffers live (`cuda`: the GPU of local rank modulo the
     /// device count, each collective timed until its stream has run past it).
     pub device: Device,
@@ -169,6 +172,7 @@ impl Default for PerfArgs {
             timeout_s: 0,
             json: None,
             device: Device::Host,
+            average: 1,
         }
     }
 }
@@ -260,6 +264,40 @@ impl PerfArgs {
                 }
                 "-T" | "--timeout" => a.timeout_s = number(f, value(&mut it, f)?, "seconds >= 0")?,
                 "--json" => a.json = Some(value(&mut it, f)?.clone()),
+                "-a" | "--average" => {
+                    a.average = match value(&mut it, f)?.as_str() {
+                        "0" => 0,
+                        "1" => 1,
+                        "2" => 2,
+                        "3" => 3,
+                        v => return Err(bad(f, v, "0 (rank 0), 1 (average), 2 (min) or 3 (max)")),
+                    };
+                }
+                // nccl-tests' flags for threads, GPUs per thread, blocking, CUDA graphs,
+                // aggregation and parallel init: one device per rank, every call blocking
+                // here; the values nccl-tests users type by default are accepted.
+                "-g" | "--ngpus" | "-t" | "--nthreads" | "-m" | "--agg_iters" => {
+                    let v = value(&mut it, f)?;
+                    if v != "1" {
+                        return Err(bad(
+                            f,
+                            v,
+                            "1 (r2ccl-perf runs one rank per process, one device each, one call at a time)",
+                        ));
+                    }
+                }
+                "-z" | "--blocking" | "-p" | "--parallel_init" => {
+                    let v = value(&mut it, f)?;
+                    if v != "0" && v != "1" {
+                        return Err(bad(f, v, "0 or 1 (r2ccl-perf's calls block either way)"));
+                    }
+                }
+                "-G" | "--cudagraph" => {
+                    let v = value(&mut it, f)?;
+                    if v != "0" {
+                        return Err(bad(f, v, "0 (r2ccl's device calls cannot be captured in a CUDA graph)"));
+                    }
+                }
                 "--device" => {
                     a.device = match value(&mut it, f)?.as_str() {
                         "host" | "cpu" => Device::Host,
@@ -335,6 +373,12 @@ mod tests {
         assert_eq!((a.iters, a.warmup, a.check, a.root, a.cycles, a.timeout_s), (3, 1, false, 2, 0, 5));
         assert_eq!(a.json.as_deref(), Some("out.json"));
         assert_eq!(a.device, Device::Host);
+        assert_eq!(a.average, 1);
+        // The nccl-tests command lines people copy run unchanged.
+        let a = args("-b 8 -e 128M -f 2 -g 1 -t 1 -z 0 -G 0 -m 1 -a 3 -p 0").unwrap();
+        assert_eq!((a.min_bytes, a.max_bytes, a.step_factor, a.average), (8, 128 << 20, 2, 3));
+        assert!(args("-g 2").unwrap_err().to_string().contains("one device each"));
+        assert!(args("-G 10").is_err());
         assert_eq!(args("--device cuda").unwrap().device, Device::Cuda);
         assert!(args("--device tpu").is_err());
         assert!(matches!(args("-x 1"), Err(ArgsError::Unknown(f)) if f == "-x"));

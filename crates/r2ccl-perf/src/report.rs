@@ -43,6 +43,8 @@ pub struct Row {
     pub out_of_place: Measure,
     /// In-place result.
     pub in_place: Measure,
+    /// Whether results were checked (`-c 1`); the `#wrong` columns say `N/A` otherwise.
+    pub checked: bool,
 }
 
 /// Column header lines.
@@ -78,7 +80,8 @@ pub fn header() -> String {
 pub fn format_row(r: &Row) -> String {
     let op = r.op.map_or("none", ReduceOp::name);
     let root = r.root.map_or_else(|| "-1".to_owned(), |x| x.to_string());
-    let m = |m: &Measure| format!("{:>8.1} {:>7.2} {:>7.2} {:>6}", m.time_us, m.algbw, m.busbw, m.wrong);
+    let wrong = |m: &Measure| if r.checked { m.wrong.to_string() } else { "N/A".to_owned() };
+    let m = |m: &Measure| format!("{:>8.1} {:>7.2} {:>7.2} {:>6}", m.time_us, m.algbw, m.busbw, wrong(m));
     format!(
         " {:>11} {:>12} {:>9} {:>6} {:>6} {} {}",
         r.bytes,
@@ -152,6 +155,7 @@ mod tests {
             root: None,
             out_of_place: m,
             in_place: m,
+            checked: true,
         }
     }
 
@@ -168,6 +172,8 @@ mod tests {
         assert!(line.contains("1048576") && line.contains("262144") && line.contains("float") && line.contains("sum"));
         assert!(line.contains("  -1 "), "{line}");
         assert!(header().contains("#wrong"));
+        let unchecked = format_row(&Row { checked: false, ..row(0) });
+        assert!(unchecked.trim_end().ends_with("N/A") && unchecked.matches("N/A").count() == 2, "{unchecked}");
         assert!(footer(&[row(0)]).contains("# Out of bounds values : 0 OK"));
         assert!(footer(&[row(0), row(3)]).contains("# Out of bounds values : 6 FAILED"));
         assert!(footer(&[row(0)]).contains("# Avg bus bandwidth    : 1.5729"), "{}", footer(&[row(0)]));

@@ -843,7 +843,7 @@ impl UcxTransport {
     /// request afterwards (SIGSEGV in `ucp_cm_server_conn_request_cb`): a connection of ours
     /// still on its way, or a reconnect started after our goodbye, would crash that peer.
     ///
-    /// How: an empty message on every live endpoint, under [`SETTLE_TAG`] (which no receive
+    /// How: an empty message on every live endpoint, under `SETTLE_TAG` (which no receive
     /// matches; it stays in the peer's unexpected queue until its worker goes), completes only
     /// once the connection is wired up, that is once the peer accepted it. (An endpoint flush
     /// would say the same, but a flush still pending when its endpoint is closed by force makes

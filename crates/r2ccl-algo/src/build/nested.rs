@@ -74,7 +74,7 @@ pub(crate) fn rails(cx: &mut Cx<'_>, ring: &[Rank], n: u64) -> Result<(), AlgoEr
     prims::direct_ag(cx, local, &seg, RailMask::ALL)
 }
 
-/// The rails the `i`-th group of [`rails`] (`g` ranks per node) sends on under `policy`: its
+/// The rails the `i`-th group of `rails` (`g` ranks per node) sends on under `policy`: its
 /// own rails ([`rails_of_group`]), or every rail under [`RailPolicy::Balance`] and
 /// [`RailPolicy::Spread`] when one of them runs below its nominal rate on some node (a
 /// degraded NIC that is still usable would otherwise carry its group's whole share; spread
@@ -92,7 +92,7 @@ pub fn rails_group_mask(fab: &crate::Fabric, i: usize, g: usize, policy: RailPol
     }
 }
 
-/// Rails of the `i`-th rail group of [`rails`] with `g` ranks and `k` NICs per node: rail
+/// Rails of the `i`-th rail group of `rails` with `g` ranks and `k` NICs per node: rail
 /// `i % k` when `g >= k`, else every rail `r` with `r % g == i` (one rank per node: all).
 pub fn rails_of_group(i: usize, g: usize, k: usize) -> RailMask {
     if g >= k {

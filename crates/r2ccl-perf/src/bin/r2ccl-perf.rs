@@ -413,7 +413,8 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                         (rank, world),
                         bytes + if skewed { world as u64 * dtype.size() as u64 } else { 0 },
                     )?;
-                    let mut measures = Vec::new();
+                    // (seconds per call, wrong values) out of place, then in place.
+                    let mut raw = Vec::new();
                     for in_place in [false, true] {
                         let out_init = if in_place { in_place_init(&c, rank) } else { vec![0u8; c.out_len] };
                         // In place: the receive buffer starts as the send buffer and is passed as both.
@@ -499,8 +500,12 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                         let secs = spent.as_secs_f64() / f64::from(args.iters);
                         let result = if in_place { in_place_result(&c, rank, &last) } else { &last[..] };
                         let bad = device_wrong.unwrap_or_else(|| wrong(dtype, result, &c.expected));
-                        measures.push(Measure::new(coll, world, c.bytes, secs, bad));
+                        raw.push((secs, bad));
                     }
+                    // As nccl-tests: times combined over the ranks as -a says, #wrong summed.
+                    let (secs, wrong) = combine_ranks(&comm, args.average, &raw)?;
+                    let measures: Vec<Measure> =
+                        secs.iter().zip(wrong).map(|(&t, w)| Measure::new(coll, world, c.bytes, t, w)).collect();
                     let row = Row {
                         bytes: c.bytes,
                         count: c.bytes / dtype.size() as u64,
@@ -509,6 +514,7 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                         root: coll.has_root().then_some(args.root),
                         out_of_place: measures[0],
                         in_place: measures[1],
+                        checked: args.check,
                     };
                     if main {
                         println!("{}", report::format_row(&row));
@@ -533,6 +539,33 @@ fn rank_main(argv: &[String]) -> Result<bool> {
         eprintln!("r2ccl-perf: rank {rank}: {} wrong elements", report::wrong_total(&rows));
     }
     Ok(ok)
+}
+
+/// Every rank's (seconds, wrong values) of one row, combined as nccl-tests' `-a` says (0 this
+/// rank's, which rank 0 prints; 1 the average; 2 the minimum; 3 the maximum), wrong values
+/// summed over the ranks: two small AllReduces after the timed runs.
+fn combine_ranks(comm: &Communicator, average: u8, raw: &[(f64, u64)]) -> Result<(Vec<f64>, Vec<u64>)> {
+    let n = raw.len();
+    let op = match average {
+        2 => ReduceOp::Min,
+        3 => ReduceOp::Max,
+        _ => ReduceOp::Sum,
+    };
+    let secs: Vec<u8> = raw.iter().flat_map(|r| r.0.to_le_bytes()).collect();
+    let mut all = vec![0u8; secs.len()];
+    comm.run(Collective::AllReduce { op }, DType::F64, n as u64, &secs, &mut all)?;
+    let wrong: Vec<u8> = raw.iter().flat_map(|r| r.1.to_le_bytes()).collect();
+    let mut sum = vec![0u8; wrong.len()];
+    comm.run(Collective::AllReduce { op: ReduceOp::Sum }, DType::U64, n as u64, &wrong, &mut sum)?;
+    let f64s =
+        |b: &[u8]| b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect::<Vec<_>>();
+    let secs = match average {
+        0 => raw.iter().map(|r| r.0).collect(),
+        1 => f64s(&all).into_iter().map(|t| t / f64::from(comm.world())).collect(),
+        _ => f64s(&all),
+    };
+    let wrong = sum.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+    Ok((secs, wrong))
 }
 
 /// One collective on the GPU's buffers, waited for until its stream has run past it.
