@@ -6,9 +6,15 @@
 //! [`LogSpec`], and [`init`] installs a `tracing` subscriber from it. Warnings and
 //! errors are always shown; the level applies to the selected subsystems.
 //!
+//! Lines start with a timestamp and NCCL's `host:pid:tid` prefix. The communicator calls
+//! [`init_unless_set`] when `R2CCL_DEBUG` or `R2CCL_DEBUG_FILE` is set, so the variables
+//! work in any application; a subscriber the application installed first always wins.
+//!
 //! What it does not do: libraries never call [`init`]; they only emit events under the
 //! targets of `r2ccl_core::subsys`. Reading the environment is the job of
 //! `r2ccl-config`, which hands the three strings here.
+
+mod format;
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -142,15 +148,36 @@ pub fn init(spec: &LogSpec) -> Result<(), LogError> {
                 .append(true)
                 .open(&path)
                 .map_err(|e| LogError::File { path: path.display().to_string(), detail: e.to_string() })?;
-            let layer = tracing_subscriber::fmt::layer().with_ansi(false).with_writer(Mutex::new(file));
+            let layer = tracing_subscriber::fmt::layer()
+                .event_format(format::Prefixed::new())
+                .with_ansi(false)
+                .with_writer(Mutex::new(file));
             tracing_subscriber::registry().with(layer.with_filter(filter)).try_init()
         }
         None => {
-            let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+            let layer =
+                tracing_subscriber::fmt::layer().event_format(format::Prefixed::new()).with_writer(std::io::stderr);
             tracing_subscriber::registry().with(layer.with_filter(filter)).try_init()
         }
     };
     result.map_err(|_| LogError::AlreadyInstalled)
+}
+
+/// For libraries: install the subscriber of `spec` unless the process has one already (its
+/// own, or one installed earlier); whether this call installed it. So `R2CCL_DEBUG` works in
+/// any application, as `NCCL_DEBUG` does, and an application's own subscriber always wins.
+pub fn init_unless_set(spec: &LogSpec) -> Result<bool, LogError> {
+    static ONCE: Mutex<bool> = Mutex::new(false);
+    let mut tried = ONCE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if *tried || tracing::dispatcher::has_been_set() {
+        return Ok(false);
+    }
+    *tried = true;
+    match init(spec) {
+        Ok(()) => Ok(true),
+        Err(LogError::AlreadyInstalled) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

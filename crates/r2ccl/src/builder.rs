@@ -139,6 +139,7 @@ impl CommBuilder {
             Some(root) => Some(root.into_listener()),
             None => None,
         };
+        install_logging(&self.config.log);
         for why in &self.config.ignored_env {
             tracing::warn!(target: subsys::ENV, "ignored environment variable {why}");
         }
@@ -158,6 +159,36 @@ impl CommBuilder {
             config: self.config,
             env_faults: self.env_faults,
         };
+        let (major, minor, release) = r2ccl_ucx::ucx_version();
+        tracing::info!(
+            target: subsys::INIT,
+            "r2ccl {} (UCX {major}.{minor}.{release}): rank {} of {}, node {:?}, data NICs {:?}",
+            env!("CARGO_PKG_VERSION"),
+            opts.rank,
+            opts.world,
+            opts.node,
+            opts.nics
+        );
         Communicator::init_with(opts, listener)
+    }
+}
+
+/// `R2CCL_DEBUG` in any application (as `NCCL_DEBUG`): when it or `R2CCL_DEBUG_FILE` is set,
+/// install the log subscriber unless the process has one (once per process).
+fn install_logging(log: &r2ccl_config::LogConfig) {
+    if std::env::var_os("R2CCL_DEBUG").is_none() && std::env::var_os("R2CCL_DEBUG_FILE").is_none() {
+        return;
+    }
+    // The environment wins over the configuration (built without it by `Communicator::builder`).
+    let var = |name: &str, fallback: &str| std::env::var(name).unwrap_or_else(|_| fallback.to_owned());
+    let level = var("R2CCL_DEBUG", &log.level);
+    let spec =
+        r2ccl_log::LogSpec::parse(&level, &var("R2CCL_DEBUG_SUBSYS", &log.subsys), &var("R2CCL_DEBUG_FILE", &log.file));
+    match spec.map(|spec| r2ccl_log::init_unless_set(&spec)) {
+        Ok(Ok(true)) => {
+            tracing::info!(target: subsys::INIT, "r2ccl {}: logging at {level} (R2CCL_DEBUG)", env!("CARGO_PKG_VERSION"));
+        }
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) | Err(e) => tracing::warn!(target: subsys::INIT, error = %e, "R2CCL_DEBUG: no log output"),
     }
 }
