@@ -47,10 +47,11 @@ fn prometheus_scrapes_a_running_rank() {
         eprintln!("******** SKIPPED prometheus_scrapes_a_running_rank: no prometheus binary ********");
         return;
     };
-    let exporter = format!("127.0.0.1:{}", free_port());
+    // One exporter per rank: each exports its own node's NICs only.
+    let exporters = [format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port())];
     let root = format!("127.0.0.1:{}", free_port());
     let mut kids = Kill(Vec::new());
-    for rank in 0..2 {
+    for (rank, exporter) in exporters.iter().enumerate() {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_r2ccl-perf"));
         cmd.args(["all_reduce", "-b", "1M", "-e", "1M", "-N", "0", "--duration", "20"])
             .env("R2CCL_RANK", rank.to_string())
@@ -63,9 +64,7 @@ fn prometheus_scrapes_a_running_rank() {
             .env("R2CCL_FAULT", "rank=1,nic=0,after_ms=2000,kind=down")
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        if rank == 0 {
-            cmd.env("R2CCL_METRICS_ADDR", &exporter);
-        }
+        cmd.env("R2CCL_METRICS_ADDR", exporter);
         kids.0.push(cmd.spawn().unwrap());
     }
     let dir = std::env::temp_dir().join(format!("r2ccl-prom-rank-{}", std::process::id()));
@@ -74,7 +73,9 @@ fn prometheus_scrapes_a_running_rank() {
     std::fs::write(
         &config,
         format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: r2ccl\n    static_configs:\n      - targets: ['{exporter}']\n"
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: r2ccl\n    static_configs:\n      - targets: ['{}', '{}']\n",
+            exporters[0],
+            exporters[1]
         ),
     )
     .unwrap();
@@ -98,7 +99,7 @@ fn prometheus_scrapes_a_running_rank() {
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(500));
         names = http_get(&web, "/api/v1/label/__name__/values").unwrap_or_default();
-        // The injected fault took node 1's NIC 0 down: after the agreement rank 0 reports it.
+        // The injected fault took node 1's NIC 0 down: rank 1 reports it for its node.
         down = http_get(&web, "/api/v1/query?query=r2ccl_nic_up%3D%3D0").unwrap_or_default();
         if want.iter().all(|n| names.contains(n)) && down.contains("\"node1\"") {
             ok = true;

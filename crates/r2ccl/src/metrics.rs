@@ -17,7 +17,8 @@ const MAX_REQUEST: usize = 8 << 10;
 /// How long one request may take to arrive, whole, and its answer to leave.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 
-/// `r2ccl_nic_up{node,nic}`: 1 while a NIC carries traffic, 0 while failed.
+/// `r2ccl_nic_up{host,iface,rail}`: 1 while one of this node's NICs carries traffic, 0 while
+/// failed (each rank exports its own node's NICs only: series grow with the node, not the job).
 pub const NIC_UP: &str = "r2ccl_nic_up";
 /// `r2ccl_nic_bytes_total{node,nic,direction}`: payload bytes through a NIC (`tx` or `rx`).
 pub const NIC_BYTES: &str = "r2ccl_nic_bytes_total";
@@ -108,16 +109,24 @@ pub fn set_build_info(ucx_built: &str, ucx_loaded: &str) {
     .set(1.0);
 }
 
-/// Record a NIC's state.
-pub fn set_nic_up(node: &str, nic: &str, up: bool) {
-    metrics::gauge!(NIC_UP, "node" => node.to_owned(), "nic" => nic.to_owned()).set(if up { 1.0 } else { 0.0 });
+/// Record the state of NIC `rail` (interface `iface`) of this rank's node `host`.
+pub fn set_nic_up(host: &str, iface: &str, rail: u16, up: bool) {
+    metrics::gauge!(NIC_UP, "host" => host.to_owned(), "iface" => iface.to_owned(), "rail" => rail.to_string())
+        .set(if up { 1.0 } else { 0.0 });
 }
 
-/// Count payload bytes through a NIC; `tx` is true for sent bytes.
-pub fn add_nic_bytes(node: &str, nic: &str, tx: bool, bytes: u64) {
+/// Count payload bytes through NIC `rail` (interface `iface`) of node `host`; `tx` is true for
+/// sent bytes.
+pub fn add_nic_bytes(host: &str, iface: &str, rail: u16, tx: bool, bytes: u64) {
     let direction = if tx { "tx" } else { "rx" };
-    metrics::counter!(NIC_BYTES, "node" => node.to_owned(), "nic" => nic.to_owned(), "direction" => direction)
-        .increment(bytes);
+    metrics::counter!(
+        NIC_BYTES,
+        "host" => host.to_owned(),
+        "iface" => iface.to_owned(),
+        "rail" => rail.to_string(),
+        "direction" => direction
+    )
+    .increment(bytes);
 }
 
 /// Count a failover with its cause (e.g. `link_down`, `stall`, `peer_notice`) and verdict.

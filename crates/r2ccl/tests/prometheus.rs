@@ -38,9 +38,9 @@ fn prometheus_scrapes_every_r2ccl_series() {
         return;
     };
     let (bound, handle) = metrics::install_prometheus("127.0.0.1:0".parse().unwrap()).unwrap();
-    metrics::set_nic_up("node0", "rail0", true);
-    metrics::set_nic_up("node0", "rail1", false);
-    metrics::add_nic_bytes("node0", "rail0", true, 4096);
+    metrics::set_nic_up("gpu07", "eth0", 0, true);
+    metrics::set_nic_up("gpu07", "eth1", 1, false);
+    metrics::add_nic_bytes("gpu07", "eth0", 0, true, 4096);
     metrics::count_failover("link_down", "local_nic", 0.012, 1 << 20);
     metrics::record_collective("all_reduce", "balance", 0.5);
     metrics::record_epoch(2);
@@ -52,7 +52,8 @@ fn prometheus_scrapes_every_r2ccl_series() {
     for name in metrics::ALL {
         assert!(own.contains(name), "exporter renders {name}:\n{own}");
     }
-    assert!(handle.render().contains("r2ccl_nic_up{node=\"node0\",nic=\"rail1\"} 0"));
+    let rendered = handle.render();
+    assert!(rendered.contains("r2ccl_nic_up{host=\"gpu07\",iface=\"eth1\",rail=\"1\"} 0"), "{rendered}");
 
     let dir = std::env::temp_dir().join(format!("r2ccl-prom-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -78,7 +79,7 @@ fn prometheus_scrapes_every_r2ccl_series() {
         std::thread::sleep(Duration::from_millis(500));
         names = http_get(&web, "/api/v1/label/__name__/values").unwrap_or_default();
         let nic_up = http_get(&web, "/api/v1/query?query=r2ccl_nic_up").unwrap_or_default();
-        if metrics::ALL.iter().all(|n| names.contains(n)) && nic_up.contains("rail1") {
+        if metrics::ALL.iter().all(|n| names.contains(n)) && nic_up.contains("eth1") {
             seen_all = true;
             break;
         }

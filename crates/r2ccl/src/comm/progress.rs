@@ -47,14 +47,23 @@ impl Progress {
     /// Add the bytes each local NIC moved since the last call to `r2ccl_nic_bytes_total`.
     pub(super) fn export_nic_bytes(&mut self) {
         let now = self.transport.nic_bytes();
-        let node = format!("node{}", self.node_of.get(self.rank as usize).copied().unwrap_or(0));
         for (r, &(tx, rx)) in now.iter().enumerate() {
             let (ptx, prx) = self.nic_bytes_seen.get(r).copied().unwrap_or((0, 0));
-            let nic = format!("nic{r}");
-            crate::metrics::add_nic_bytes(&node, &nic, true, tx.saturating_sub(ptx));
-            crate::metrics::add_nic_bytes(&node, &nic, false, rx.saturating_sub(prx));
+            let iface = self.ifaces.get(r).map_or("?", String::as_str);
+            crate::metrics::add_nic_bytes(&self.host, iface, r as u16, true, tx.saturating_sub(ptx));
+            crate::metrics::add_nic_bytes(&self.host, iface, r as u16, false, rx.saturating_sub(prx));
         }
         self.nic_bytes_seen = now;
+    }
+
+    /// Export a NIC's state, if it is one of this rank's node's (each rank exports its own
+    /// node's NICs only).
+    pub(super) fn export_nic_up(&self, nic: NicId, up: bool) {
+        let mine = self.node_of.get(self.rank as usize).copied().unwrap_or(0);
+        if nic.node.0 == mine {
+            let iface = self.ifaces.get(usize::from(nic.rail.0)).map_or("?", String::as_str);
+            crate::metrics::set_nic_up(&self.host, iface, nic.rail.0, up);
+        }
     }
 
     /// This rank's view for the next agreement: the agreed one with every NIC the engine knows
@@ -94,6 +103,16 @@ impl Progress {
         // A graceful shutdown waiting for the calls submitted before it.
         let mut shutdown: Option<(bool, Sender<Vec<u32>>)> = None;
         loop {
+            // A mismatch reported for a later collective ends the communicator once the current
+            // one is over (its peers finished it: they were at the later one), or after a grace.
+            if let Some((e, until)) = &self.deferred_break {
+                if current.is_none() || Instant::now() >= *until {
+                    let e = e.clone();
+                    self.deferred_break = None;
+                    self.set_broken(e.clone());
+                    self.fail(&mut current, e);
+                }
+            }
             if shutdown.is_some() && ((current.is_none() && queue.is_empty()) || self.broken.is_some()) {
                 if let Some((linger, reply)) = shutdown.take() {
                     self.fail_queued(&mut queue);
@@ -341,11 +360,7 @@ impl Progress {
                     v.set_epoch(self.agreed.epoch().next());
                     crate::metrics::record_epoch(v.epoch().0);
                     for nic in v.failed_nics() {
-                        crate::metrics::set_nic_up(
-                            &format!("node{}", nic.node.0),
-                            &format!("nic{}", nic.rail.0),
-                            false,
-                        );
+                        self.export_nic_up(nic, false);
                     }
                     self.note(format!(
                         "health {}: failed NICs {:?}; re-planning",
@@ -694,6 +709,18 @@ impl Progress {
                     }
                     _ => CommError::Aborted(format!("rank {from} aborted")),
                 };
+                // Ranks that found a mismatch at collective N had finished every collective before
+                // N; this rank's current one, if earlier, completes with what they sent: it ends
+                // with its own result, and the mismatch ends the communicator right after (no new
+                // collective starts in between), so a rank a little behind does not see an
+                // earlier call fail for a later one's arguments.
+                if let (CommError::Mismatch { seq, .. }, Some(c)) = (&e, current.as_ref()) {
+                    if c.seq < *seq && self.broken.is_none() {
+                        let grace = Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.min(2000));
+                        self.deferred_break.get_or_insert((e, Instant::now() + grace));
+                        return;
+                    }
+                }
                 self.set_broken(e.clone());
                 self.fail(current, e);
             }
@@ -752,7 +779,7 @@ impl Progress {
                     ));
                 }
                 EngineEvent::NicState { nic, up, local } => {
-                    crate::metrics::set_nic_up(&format!("node{}", nic.node.0), &format!("nic{}", nic.rail.0), up);
+                    self.export_nic_up(nic, up);
                     self.note(format!(
                         "NIC {nic} {} ({})",
                         if up { "up" } else { "down" },
@@ -760,7 +787,7 @@ impl Progress {
                     ));
                 }
                 EngineEvent::NicBlamed { nic, up } => {
-                    crate::metrics::set_nic_up(&format!("node{}", nic.node.0), &format!("nic{}", nic.rail.0), up);
+                    self.export_nic_up(nic, up);
                     self.note(if up {
                         format!("NIC {nic} back on every rank (answers probes again after its hold-down)")
                     } else {

@@ -42,6 +42,12 @@ pub(super) struct Progress {
     pub(super) last_done: u64,
     /// Chunks and frames refused so far (forged, malformed or stray); logged at powers of two.
     pub(super) refused_inputs: u64,
+    /// A mismatch at a later collective than the current one, applied when the current one is
+    /// over or at the instant given (see the `Abort` handler).
+    pub(super) deferred_break: Option<(CommError, Instant)>,
+    /// This rank's node name and data interfaces, the labels of its NIC metrics.
+    pub(super) host: String,
+    pub(super) ifaces: Vec<String>,
 }
 
 pub(super) struct Current {
@@ -270,10 +276,12 @@ impl Progress {
         } else {
             None
         };
-        for n in 0..nodes {
-            for r in 0..nics {
-                crate::metrics::set_nic_up(&format!("node{n}"), &format!("nic{r}"), true);
-            }
+        // Only this node's NICs: every rank exporting every node's would make the job's series
+        // grow with the square of its size.
+        let my_node = node_of.get(opts.rank as usize).copied().unwrap_or(0);
+        for (r, iface) in opts.nics.iter().enumerate() {
+            let dead = dead.iter().any(|n| n.node.0 == my_node && usize::from(n.rail.0) == r);
+            crate::metrics::set_nic_up(&opts.node, iface, r as u16, !dead);
         }
         if opts.rank == 0 && !cfg.topo.dump_file.is_empty() {
             match dump_cluster_view(&cfg.topo.dump_file, &names, &node_of, &opts.nics, nic_mbps) {
@@ -309,6 +317,9 @@ impl Progress {
             departed_after: std::collections::BTreeMap::new(),
             last_done: 0,
             refused_inputs: 0,
+            deferred_break: None,
+            host: opts.node.clone(),
+            ifaces: opts.nics.clone(),
             wake_rx,
             nic_bytes_seen: Vec::new(),
             plan_cache: BTreeMap::new(),
