@@ -13,8 +13,10 @@
 //!   it before overwriting the slot (the stream's order covers one stream; this covers calls
 //!   on different streams).
 //!
-//! Invariants: the worker writes `done` for every segment it is handed, failed or not (an
-//! error releases the whole call), so a stream is never left waiting; numbers are assigned and
+//! Invariants: the counters only grow (a stream writes a segment's `ready` and `drained` only
+//! once the earlier segments' are written, so calls on several streams cannot set one back);
+//! the worker writes `done` for every segment it is handed, failed or not (an error releases
+//! the whole call), so a stream is never left waiting; numbers are assigned and
 //! stream work enqueued under one lock, in the order the worker receives the calls; the slots
 //! and the flag page outlive every stream operation that names them (dropping the lane waits,
 //! bounded, for `drained` to catch up, and leaks them with a warning otherwise).
@@ -300,6 +302,9 @@ impl Lane {
                     let src = s.slot_ptr(n + pc.slot as u64).add(pc.slot_off);
                     stream.copy_to_device(src, outs[pc.buf] + pc.dev_off, pc.len)?;
                 }
+                // Counters only grow: with calls on several streams, a segment's `drained` is
+                // written after every earlier segment's.
+                stream.wait_flag(drained, *n as u32)?;
                 stream.write_flag(drained, end as u32)
             }
         };
@@ -324,6 +329,8 @@ impl Lane {
                     let dst = s.slot_ptr(n + pc.slot as u64).add(pc.slot_off);
                     stream.copy_to_host(ins[pc.buf] + pc.dev_off, dst, pc.len)?;
                 }
+                // As `drained`: `ready` is written in segment order whatever the streams.
+                stream.wait_flag(ready, *n as u32)?;
                 stream.write_flag(ready, end as u32)?;
             }
             pending.push_back(i);
