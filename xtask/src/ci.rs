@@ -64,6 +64,13 @@ pub(crate) fn run(root: &Path) -> Result<()> {
             bail!("tidy found {} problem(s)", problems.len())
         }
     })?;
+    step("alert rules: promtool check rules, promtool test rules (configs/prometheus)", || {
+        let dir = root.join("configs/prometheus");
+        let d = dir.to_string_lossy();
+        cmd("promtool", &["check", "rules", &format!("{d}/r2ccl-rules.yml")])?;
+        // Rule tests name their rule files relative to the test file's directory.
+        cmd("sh", &["-c", &format!("cd '{d}' && promtool test rules r2ccl-rules.test.yml")])
+    })?;
     step("e2e smoke on the namespace testbed", || {
         // Every scenario in tests/scenarios, then a short chaos batch with a fixed seed (the
         // seed fixes the fault timelines; the timing of the ranks still varies run to run).

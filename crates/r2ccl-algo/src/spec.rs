@@ -70,6 +70,18 @@ impl Collective {
         }
     }
 
+    /// nccl-tests' bus-bandwidth factor on `nranks` ranks: what each rank's link carries per
+    /// byte of the call's size (AllReduce 2(n-1)/n; AllGather, ReduceScatter and AlltoAll
+    /// (n-1)/n; Broadcast, Reduce and SendRecv 1).
+    pub fn bus_factor(&self, nranks: u32) -> f64 {
+        let n = f64::from(nranks.max(1));
+        match self {
+            Collective::AllReduce { .. } => 2.0 * (n - 1.0) / n,
+            Collective::AllGather | Collective::ReduceScatter { .. } | Collective::AlltoAll => (n - 1.0) / n,
+            Collective::Broadcast { .. } | Collective::Reduce { .. } | Collective::SendRecv { .. } => 1.0,
+        }
+    }
+
     /// The reduce op (`Sum` for collectives that do not reduce).
     pub const fn op(&self) -> ReduceOp {
         match self {

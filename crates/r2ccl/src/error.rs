@@ -95,6 +95,7 @@ pub enum CommError {
 impl CommError {
     /// A short name of the variant, for the `kind` label of `r2ccl_errors_total`.
     pub const fn kind(&self) -> &'static str {
+        // Keep `KINDS` in step.
         match self {
             CommError::Bootstrap(_) => "bootstrap",
             CommError::Transport(_) => "transport",
@@ -110,6 +111,22 @@ impl CommError {
             CommError::Device(_) => "device",
         }
     }
+
+    /// Every value [`CommError::kind`] returns (the `kind` label of `r2ccl_errors_total`).
+    pub const KINDS: &'static [&'static str] = &[
+        "bootstrap",
+        "transport",
+        "invalid",
+        "peer_lost",
+        "mismatch",
+        "timeout",
+        "node_isolated",
+        "no_common_rail",
+        "no_path_left",
+        "failed",
+        "aborted",
+        "device",
+    ];
 
     /// The error of collective `seq` that the engine's `e` ended.
     pub(crate) fn from_engine(seq: u64, e: &EngineError) -> Self {

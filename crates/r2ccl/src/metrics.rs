@@ -6,6 +6,7 @@
 //! `metrics-exporter-prometheus` and serves `GET /metrics` from a small std HTTP thread
 //! (no async runtime). Names and labels are documented in `docs/metrics.md`.
 
+use metrics::Label;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use r2ccl_core::subsys;
 use std::io::{Read, Write};
@@ -17,22 +18,36 @@ const MAX_REQUEST: usize = 8 << 10;
 /// How long one request may take to arrive, whole, and its answer to leave.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 
-/// `r2ccl_nic_up{host,iface,rail}`: 1 while one of this node's NICs carries traffic, 0 while
-/// failed (each rank exports its own node's NICs only: series grow with the node, not the job).
+/// `r2ccl_nic_up{comm,host,iface,rail}`: 1 while one of this node's NICs carries traffic, 0
+/// while failed (each rank exports its own node's NICs only: series grow with the node, not the
+/// job).
 pub const NIC_UP: &str = "r2ccl_nic_up";
-/// `r2ccl_nic_bytes_total{node,nic,direction}`: payload bytes through a NIC (`tx` or `rx`).
+/// `r2ccl_nic_bytes_total{comm,host,iface,rail,direction}`: payload bytes through a NIC (`tx` or
+/// `rx`).
 pub const NIC_BYTES: &str = "r2ccl_nic_bytes_total";
-/// `r2ccl_failovers_total{cause,verdict}`: path migrations.
+/// `r2ccl_nic_capacity_bytes_per_second{comm,host,iface,rail,capacity}`: a NIC's `nominal` and
+/// `usable` bandwidth in the agreed health view (usable 0: failed).
+pub const NIC_CAPACITY: &str = "r2ccl_nic_capacity_bytes_per_second";
+/// `r2ccl_failovers_total{comm,cause,verdict}`: path migrations.
 pub const FAILOVERS: &str = "r2ccl_failovers_total";
-/// `r2ccl_detection_to_repair_seconds`: from the first failure signal to data flowing on the backup.
+/// `r2ccl_detection_to_repair_seconds{comm}`: from the first failure signal to data flowing on
+/// the backup.
 pub const DETECT_TO_REPAIR: &str = "r2ccl_detection_to_repair_seconds";
-/// `r2ccl_replayed_bytes_total`: bytes sent again after a migration.
+/// `r2ccl_replayed_bytes_total{comm}`: bytes sent again after a migration.
 pub const REPLAYED_BYTES: &str = "r2ccl_replayed_bytes_total";
-/// `r2ccl_collective_duration_seconds{collective,strategy}`: wall time of a collective call.
+/// `r2ccl_detector_verdicts_total{comm,verdict,method}`: paths the failure detector localized.
+pub const DETECTOR_VERDICTS: &str = "r2ccl_detector_verdicts_total";
+/// `r2ccl_collective_duration_seconds{comm,collective,strategy}`: wall time of a collective call.
 pub const COLLECTIVE_DURATION: &str = "r2ccl_collective_duration_seconds";
-/// `r2ccl_health_epoch`: the agreed health epoch.
+/// `r2ccl_collective_bytes_total{comm,collective}`: the calls' sizes as nccl-tests counts them
+/// (the larger of the rank's input and output).
+pub const COLLECTIVE_BYTES: &str = "r2ccl_collective_bytes_total";
+/// `r2ccl_collective_bus_bytes_total{comm,collective}`: the sizes times nccl-tests' bus factor
+/// (AllReduce 2(n-1)/n, ...): over the duration's sum, the bus bandwidth.
+pub const COLLECTIVE_BUS_BYTES: &str = "r2ccl_collective_bus_bytes_total";
+/// `r2ccl_health_epoch{comm}`: the agreed health epoch.
 pub const HEALTH_EPOCH: &str = "r2ccl_health_epoch";
-/// `r2ccl_replans_total`: plans derived again after a health change.
+/// `r2ccl_replans_total{comm}`: plans derived again after a health change.
 pub const REPLANS: &str = "r2ccl_replans_total";
 /// `r2ccl_rejected_connections_total{listener}`: connections dropped for not proving the secret.
 pub const REJECTED_CONNECTIONS: &str = "r2ccl_rejected_connections_total";
@@ -49,10 +64,14 @@ pub const ERRORS: &str = "r2ccl_errors_total";
 pub const ALL: &[&str] = &[
     NIC_UP,
     NIC_BYTES,
+    NIC_CAPACITY,
     FAILOVERS,
     DETECT_TO_REPAIR,
     REPLAYED_BYTES,
+    DETECTOR_VERDICTS,
     COLLECTIVE_DURATION,
+    COLLECTIVE_BYTES,
+    COLLECTIVE_BUS_BYTES,
     HEALTH_EPOCH,
     REPLANS,
     REJECTED_CONNECTIONS,
@@ -109,42 +128,104 @@ pub fn set_build_info(ucx_built: &str, ucx_loaded: &str) {
     .set(1.0);
 }
 
-/// Record the state of NIC `rail` (interface `iface`) of this rank's node `host`.
-pub fn set_nic_up(host: &str, iface: &str, rail: u16, up: bool) {
-    metrics::gauge!(NIC_UP, "host" => host.to_owned(), "iface" => iface.to_owned(), "rail" => rail.to_string())
-        .set(if up { 1.0 } else { 0.0 });
+/// One communicator's series: the labels they carry (`comm`: the communicator's id as 16 hex
+/// digits, the same on every rank of it; `host` and `iface`: this rank's node and its NICs) and the
+/// calls that record them. Split communicators record apart instead of overwriting each other.
+#[derive(Clone, Debug)]
+pub struct CommMetrics {
+    comm: String,
+    host: String,
+    ifaces: Vec<String>,
 }
 
-/// Count payload bytes through NIC `rail` (interface `iface`) of node `host`; `tx` is true for
-/// sent bytes.
-pub fn add_nic_bytes(host: &str, iface: &str, rail: u16, tx: bool, bytes: u64) {
-    let direction = if tx { "tx" } else { "rx" };
-    metrics::counter!(
-        NIC_BYTES,
-        "host" => host.to_owned(),
-        "iface" => iface.to_owned(),
-        "rail" => rail.to_string(),
-        "direction" => direction
-    )
-    .increment(bytes);
-}
+impl CommMetrics {
+    /// The series of communicator `comm` on node `host`, whose NIC on rail `r` is `ifaces[r]`.
+    /// Process-wide counters start at zero here, so rates and alerts see them before any
+    /// error.
+    pub fn new(comm: u64, host: &str, ifaces: &[String]) -> Self {
+        for kind in crate::CommError::KINDS {
+            metrics::counter!(ERRORS, "kind" => *kind).increment(0);
+        }
+        Self { comm: format!("{comm:016x}"), host: host.to_owned(), ifaces: ifaces.to_vec() }
+    }
 
-/// Count a failover with its cause (e.g. `link_down`, `stall`, `peer_notice`) and verdict.
-pub fn count_failover(cause: &'static str, verdict: &'static str, detect_to_repair_s: f64, replayed_bytes: u64) {
-    metrics::counter!(FAILOVERS, "cause" => cause, "verdict" => verdict).increment(1);
-    metrics::histogram!(DETECT_TO_REPAIR).record(detect_to_repair_s);
-    metrics::counter!(REPLAYED_BYTES).increment(replayed_bytes);
-}
+    /// The `comm` label's value.
+    pub fn comm(&self) -> &str {
+        &self.comm
+    }
 
-/// Record a finished collective.
-pub fn record_collective(collective: &'static str, strategy: &'static str, seconds: f64) {
-    metrics::histogram!(COLLECTIVE_DURATION, "collective" => collective, "strategy" => strategy).record(seconds);
-}
+    fn nic_labels(&self, rail: u16) -> Vec<Label> {
+        let iface = self.ifaces.get(usize::from(rail)).map_or("?", String::as_str);
+        vec![
+            Label::new("comm", self.comm.clone()),
+            Label::new("host", self.host.clone()),
+            Label::new("iface", iface.to_owned()),
+            Label::new("rail", rail.to_string()),
+        ]
+    }
 
-/// Record a new agreed health epoch and the re-plan it causes.
-pub fn record_epoch(epoch: u64) {
-    metrics::gauge!(HEALTH_EPOCH).set(epoch as f64);
-    metrics::counter!(REPLANS).increment(1);
+    fn comm_label(&self) -> Label {
+        Label::new("comm", self.comm.clone())
+    }
+
+    /// Record the state of this node's NIC on `rail`.
+    pub fn nic_up(&self, rail: u16, up: bool) {
+        metrics::gauge!(NIC_UP, self.nic_labels(rail)).set(if up { 1.0 } else { 0.0 });
+    }
+
+    /// Count payload bytes through this node's NIC on `rail`; `tx` is true for sent bytes.
+    pub fn nic_bytes(&self, rail: u16, tx: bool, bytes: u64) {
+        let mut labels = self.nic_labels(rail);
+        labels.push(Label::new("direction", if tx { "tx" } else { "rx" }));
+        metrics::counter!(NIC_BYTES, labels).increment(bytes);
+    }
+
+    /// Record the nominal and usable bandwidth (Mbit/s) of this node's NIC on `rail`.
+    pub fn nic_capacity(&self, rail: u16, nominal_mbps: u64, usable_mbps: u64) {
+        for (kind, mbps) in [("nominal", nominal_mbps), ("usable", usable_mbps)] {
+            let mut labels = self.nic_labels(rail);
+            labels.push(Label::new("capacity", kind));
+            metrics::gauge!(NIC_CAPACITY, labels).set(mbps as f64 * 1e6 / 8.0);
+        }
+    }
+
+    /// Count a failover with its cause (`path_failure`, `failback`) and verdict, its pause and
+    /// the bytes it sends again.
+    pub fn failover(&self, cause: &'static str, verdict: &'static str, detect_to_repair_s: f64, replayed: u64) {
+        metrics::counter!(
+            FAILOVERS,
+            vec![self.comm_label(), Label::new("cause", cause), Label::new("verdict", verdict)]
+        )
+        .increment(1);
+        metrics::histogram!(DETECT_TO_REPAIR, vec![self.comm_label()]).record(detect_to_repair_s);
+        metrics::counter!(REPLAYED_BYTES, vec![self.comm_label()]).increment(replayed);
+    }
+
+    /// Count a path the failure detector localized, with its verdict and how it found it.
+    pub fn verdict(&self, verdict: &'static str, method: &'static str) {
+        let labels = vec![self.comm_label(), Label::new("verdict", verdict), Label::new("method", method)];
+        metrics::counter!(DETECTOR_VERDICTS, labels).increment(1);
+    }
+
+    /// Record a finished collective: its name, strategy, wall time, size (nccl-tests' size) and
+    /// bus factor.
+    pub fn collective(&self, collective: &'static str, strategy: &'static str, seconds: f64, bytes: u64, bus: f64) {
+        let c = || vec![self.comm_label(), Label::new("collective", collective)];
+        let mut timed = c();
+        timed.push(Label::new("strategy", strategy));
+        metrics::histogram!(COLLECTIVE_DURATION, timed).record(seconds);
+        metrics::counter!(COLLECTIVE_BYTES, c()).increment(bytes);
+        metrics::counter!(COLLECTIVE_BUS_BYTES, c()).increment((bytes as f64 * bus) as u64);
+    }
+
+    /// Record the agreed health epoch, and count the re-plan it caused when `replanned`.
+    pub fn epoch(&self, epoch: u64, replanned: bool) {
+        metrics::gauge!(HEALTH_EPOCH, vec![self.comm_label()]).set(epoch as f64);
+        let replans = metrics::counter!(REPLANS, vec![self.comm_label()]);
+        if replanned {
+            replans.increment(1);
+        }
+    }
 }
 
 /// Count rejected connections on a listener (`bootstrap`, `oob`, `data`).

@@ -19,7 +19,7 @@ fn scrape(addr: std::net::SocketAddr) -> String {
 #[test]
 fn strangers_hold_the_metrics_endpoint_for_the_deadline_at_most() {
     let (addr, _handle) = metrics::install_prometheus("127.0.0.1:0".parse().unwrap()).unwrap();
-    metrics::set_nic_up("gpu07", "eth0", 0, true);
+    metrics::CommMetrics::new(7, "gpu07", &["eth0".to_owned()]).nic_up(0, true);
     assert!(scrape(addr).contains("r2ccl_nic_up"));
 
     // Silent, then slow-drip: each is dropped at the deadline, and the scrape behind them waits

@@ -38,12 +38,16 @@ fn prometheus_scrapes_every_r2ccl_series() {
         return;
     };
     let (bound, handle) = metrics::install_prometheus("127.0.0.1:0".parse().unwrap()).unwrap();
-    metrics::set_nic_up("gpu07", "eth0", 0, true);
-    metrics::set_nic_up("gpu07", "eth1", 1, false);
-    metrics::add_nic_bytes("gpu07", "eth0", 0, true, 4096);
-    metrics::count_failover("link_down", "local_nic", 0.012, 1 << 20);
-    metrics::record_collective("all_reduce", "balance", 0.5);
-    metrics::record_epoch(2);
+    let ifaces = ["eth0".to_owned(), "eth1".to_owned()];
+    let comm = metrics::CommMetrics::new(0x1234, "gpu07", &ifaces);
+    comm.nic_up(0, true);
+    comm.nic_up(1, false);
+    comm.nic_bytes(0, true, 4096);
+    comm.nic_capacity(0, 100_000, 50_000);
+    comm.failover("path_failure", "local_nic", 0.012, 1 << 20);
+    comm.verdict("local_nic", "local_evidence");
+    comm.collective("allreduce", "balance", 0.5, 1 << 20, 1.5);
+    comm.epoch(2, true);
     metrics::count_rejected("bootstrap", 1);
     metrics::count_malformed("oob", 1);
     metrics::set_build_info("1.22.0", "1.22.0");
@@ -53,7 +57,10 @@ fn prometheus_scrapes_every_r2ccl_series() {
         assert!(own.contains(name), "exporter renders {name}:\n{own}");
     }
     let rendered = handle.render();
-    assert!(rendered.contains("r2ccl_nic_up{host=\"gpu07\",iface=\"eth1\",rail=\"1\"} 0"), "{rendered}");
+    assert!(
+        rendered.contains("r2ccl_nic_up{comm=\"0000000000001234\",host=\"gpu07\",iface=\"eth1\",rail=\"1\"} 0"),
+        "{rendered}"
+    );
 
     let dir = std::env::temp_dir().join(format!("r2ccl-prom-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

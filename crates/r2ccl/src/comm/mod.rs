@@ -504,6 +504,7 @@ fn oob_bind_addr(root: &str) -> IpAddr {
     }
 }
 
+mod export;
 mod progress;
 mod setup;
 

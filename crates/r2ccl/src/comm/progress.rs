@@ -44,28 +44,6 @@ impl Progress {
         }
     }
 
-    /// Add the bytes each local NIC moved since the last call to `r2ccl_nic_bytes_total`.
-    pub(super) fn export_nic_bytes(&mut self) {
-        let now = self.transport.nic_bytes();
-        for (r, &(tx, rx)) in now.iter().enumerate() {
-            let (ptx, prx) = self.nic_bytes_seen.get(r).copied().unwrap_or((0, 0));
-            let iface = self.ifaces.get(r).map_or("?", String::as_str);
-            crate::metrics::add_nic_bytes(&self.host, iface, r as u16, true, tx.saturating_sub(ptx));
-            crate::metrics::add_nic_bytes(&self.host, iface, r as u16, false, rx.saturating_sub(prx));
-        }
-        self.nic_bytes_seen = now;
-    }
-
-    /// Export a NIC's state, if it is one of this rank's node's (each rank exports its own
-    /// node's NICs only).
-    pub(super) fn export_nic_up(&self, nic: NicId, up: bool) {
-        let mine = self.node_of.get(self.rank as usize).copied().unwrap_or(0);
-        if nic.node.0 == mine {
-            let iface = self.ifaces.get(usize::from(nic.rail.0)).map_or("?", String::as_str);
-            crate::metrics::set_nic_up(&self.host, iface, nic.rail.0, up);
-        }
-    }
-
     /// This rank's view for the next agreement: the agreed one with every NIC the engine knows
     /// to be down failed, and every failed NIC it no longer knows to be down healthy again (its
     /// link came back, or a blamed NIC answers probes), so a recovered NIC is planned with again
@@ -218,7 +196,7 @@ impl Progress {
                         };
                         let secs = c.started.elapsed().as_secs_f64();
                         self.last_done = c.seq;
-                        crate::metrics::record_collective(c.name, c.strategy.name(), secs);
+                        self.metrics.collective(c.name, c.strategy.name(), secs, c.bytes, c.bus_factor);
                         self.export_nic_bytes();
                         let report = CollReport { seq: c.seq, strategy: c.strategy, epoch: c.epoch, seconds: secs };
                         let _ = c.reply.send(out.map(|o| (o, report)).map_err(|e| CommError::from_engine(c.seq, &e)));
@@ -358,7 +336,8 @@ impl Progress {
                 let changed = v.failed_nics() != self.agreed.failed_nics() || v.nodes() != self.agreed.nodes();
                 if changed {
                     v.set_epoch(self.agreed.epoch().next());
-                    crate::metrics::record_epoch(v.epoch().0);
+                    self.metrics.epoch(v.epoch().0, true);
+                    self.export_nic_capacity(&v);
                     for nic in v.failed_nics() {
                         self.export_nic_up(nic, false);
                     }
@@ -471,7 +450,7 @@ impl Progress {
                 let _ = reply.send(Err(CommError::from_engine(seq, &e)));
                 return None;
             }
-            return Some(self.current(seq, reply, (None, None, true), (out_len, work.name()), strategy, deadline));
+            return Some(self.current(seq, reply, (None, None, true), (in_len, out_len, work), strategy, deadline));
         }
         let rank = self.rank;
         let copy_in = |engine: &mut Engine, transport: &mut UcxTransport, now: Duration| {
@@ -512,24 +491,28 @@ impl Progress {
                 return None;
             }
         };
-        Some(self.current(seq, reply, (borrowed, access, false), (out_len, work.name()), strategy, deadline))
+        Some(self.current(seq, reply, (borrowed, access, false), (in_len, out_len, work), strategy, deadline))
     }
 
     /// The record of collective `seq`, started now.
     /// `memory`: the borrowed output, its guard, and whether the call runs on registered memory;
-    /// `output`: the output's length and the collective's name.
+    /// `sizes`: the input's and the output's length, and what the call does.
     pub(super) fn current(
         &self,
         seq: u64,
         reply: Sender<Reply>,
         memory: (Option<(*mut u8, usize)>, Option<Access>, bool),
-        output: (usize, &'static str),
+        sizes: (usize, usize, &Work),
         strategy: Schedule,
         deadline: Instant,
     ) -> Current {
         let started = Instant::now();
         let (borrowed, access, registered) = memory;
-        let (out_len, name) = output;
+        let (in_len, out_len, work) = sizes;
+        let bus_factor = match work {
+            Work::Coll(c) => c.bus_factor(self.world),
+            Work::Group(_) => 1.0,
+        };
         Current {
             seq,
             reply,
@@ -537,7 +520,9 @@ impl Progress {
             access,
             registered,
             out_len,
-            name,
+            name: work.name(),
+            bytes: in_len.max(out_len) as u64,
+            bus_factor,
             strategy,
             epoch: self.agreed.epoch().0,
             started,
@@ -766,7 +751,7 @@ impl Progress {
                         "link"
                     };
                     let chunk = u64::from(self.engine.session().config().chunk_size);
-                    crate::metrics::count_failover(
+                    self.metrics.failover(
                         if failback { "failback" } else { "path_failure" },
                         verdict,
                         pause,
@@ -796,6 +781,7 @@ impl Progress {
                 }
                 EngineEvent::PathRecovered { path } => self.note(format!("path {path} answers probes again")),
                 EngineEvent::Localized { path, verdict, method, .. } => {
+                    self.metrics.verdict(verdict_label(verdict), method_label(method));
                     self.note(format!("path {path} failed: verdict {verdict} ({method:?})"));
                 }
                 EngineEvent::BadInput { from, what } => {

@@ -46,8 +46,8 @@ pub(super) struct Progress {
     /// over or at the instant given (see the `Abort` handler).
     pub(super) deferred_break: Option<(CommError, Instant)>,
     /// This rank's node name and data interfaces, the labels of its NIC metrics.
-    pub(super) host: String,
-    pub(super) ifaces: Vec<String>,
+    /// This communicator's series and their labels.
+    pub(super) metrics: crate::metrics::CommMetrics,
 }
 
 pub(super) struct Current {
@@ -63,6 +63,9 @@ pub(super) struct Current {
     pub(super) out_len: usize,
     /// The collective's name (`all_reduce`, ..., `group`), for metrics.
     pub(super) name: &'static str,
+    /// Its size as nccl-tests counts it (the larger of input and output), and the bus factor.
+    pub(super) bytes: u64,
+    pub(super) bus_factor: f64,
     pub(super) strategy: Schedule,
     pub(super) epoch: u64,
     pub(super) started: Instant,
@@ -279,10 +282,12 @@ impl Progress {
         // Only this node's NICs: every rank exporting every node's would make the job's series
         // grow with the square of its size.
         let my_node = node_of.get(opts.rank as usize).copied().unwrap_or(0);
-        for (r, iface) in opts.nics.iter().enumerate() {
+        let metrics = crate::metrics::CommMetrics::new(comm_id, &opts.node, &opts.nics);
+        for r in 0..opts.nics.len() {
             let dead = dead.iter().any(|n| n.node.0 == my_node && usize::from(n.rail.0) == r);
-            crate::metrics::set_nic_up(&opts.node, iface, r as u16, !dead);
+            metrics.nic_up(r as u16, !dead);
         }
+        metrics.epoch(agreed.epoch().0, false);
         if opts.rank == 0 && !cfg.topo.dump_file.is_empty() {
             match dump_cluster_view(&cfg.topo.dump_file, &names, &node_of, &opts.nics, nic_mbps) {
                 Ok(()) => tracing::info!(target: subsys::TOPO, file = %cfg.topo.dump_file, "cluster view written"),
@@ -292,7 +297,7 @@ impl Progress {
             }
         }
         tracing::info!(target: subsys::INIT, rank = opts.rank, world = opts.world, nodes, nics, nic_mbps, "communicator ready");
-        Ok(Self {
+        let progress = Self {
             rank: opts.rank,
             world: opts.world,
             node_of,
@@ -318,12 +323,13 @@ impl Progress {
             last_done: 0,
             refused_inputs: 0,
             deferred_break: None,
-            host: opts.node.clone(),
-            ifaces: opts.nics.clone(),
+            metrics,
             wake_rx,
             nic_bytes_seen: Vec::new(),
             plan_cache: BTreeMap::new(),
-        })
+        };
+        progress.export_nic_capacity(&progress.agreed);
+        Ok(progress)
     }
 }
 
@@ -373,6 +379,16 @@ pub(super) const fn verdict_label(v: r2ccl_detect::Verdict) -> &'static str {
         r2ccl_detect::Verdict::RemoteNic(_) => "remote_nic",
         r2ccl_detect::Verdict::Link { .. } => "link",
         r2ccl_detect::Verdict::Transient => "transient",
+    }
+}
+
+/// The `method` label of `r2ccl_detector_verdicts_total`.
+pub(super) const fn method_label(m: r2ccl_detect::Method) -> &'static str {
+    match m {
+        r2ccl_detect::Method::LocalEvidence => "local_evidence",
+        r2ccl_detect::Method::Triangulated => "triangulated",
+        r2ccl_detect::Method::BothDirectionsOk => "both_directions_ok",
+        r2ccl_detect::Method::TwoNodeFallback => "two_node_fallback",
     }
 }
 
