@@ -14,7 +14,7 @@
 //! - `--no-doc-comments`: UCX's Doxygen markup does not render as rustdoc; the headers are the reference.
 //! - `--no-layout-tests`: the layout is checked against this exact UCX version at generation time;
 //!   the generated assertions would only duplicate that and bloat the file.
-//! - `--rust-target 1.85`: the workspace's minimum Rust version.
+//! - `--rust-target 1.85`: no newer than the workspace's minimum Rust version (1.88).
 
 use anyhow::{bail, Context, Result};
 use std::fs;

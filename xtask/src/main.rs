@@ -10,6 +10,7 @@
 mod bench;
 mod ci;
 mod codegen;
+mod crates;
 mod e2e;
 mod fuzz;
 mod gpu;
@@ -26,8 +27,11 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   setup   install the Debian packages and cargo tools the project needs (idempotent; needs root)
-  ci      setup, then fmt check, clippy -D warnings, build, tests, per-crate builds, tidy, e2e, python, fuzz, cargo deny
+  ci      setup, then fmt check, clippy -D warnings, build, tests, per-crate builds, tidy, rules, e2e, python,
+          fuzz, crates, cargo deny
   tidy    check repository conventions (also runs as a test)
+  crates  cargo package of every publishable crate, no native library under the light crates
+          (core, algo, detect, policy, topo with default features), the MSRV build, advisories
   testbed up|down|status|check|fault   multi-NIC cluster from network namespaces (root)
           up [--nodes N] [--nics K] [--rate 1gbit|none] [--prefix P]
   e2e [--scenario NAME] [--seed S] [--retries N] [--loopback]
@@ -81,6 +85,7 @@ fn run() -> Result<()> {
                 bail!("tidy found {} problem(s)", problems.len())
             }
         }
+        Some("crates") => crates::run(&root),
         Some("codegen") => codegen::run(&root),
         Some("testbed") => testbed::main(&args[1..]),
         Some("e2e") => e2e::main(&args[1..]),
@@ -118,8 +123,8 @@ fn command_help(cmd: &str) -> Option<String> {
 
 /// The main job: build r2ccl-perf (release) and run its failure demo.
 fn demo(extra: &[String]) -> Result<()> {
-    // On a fresh machine the UCX and hwloc development packages come first.
-    setup::run()?;
+    // On a fresh machine UCX comes first; nothing the demo does not use.
+    setup::run_for_demo()?;
     cmd("cargo", &["build", "--release", "--quiet", "-p", "r2ccl-perf"])?;
     let exe = target_dir().join("release/r2ccl-perf");
     let mut args: Vec<String> = [
@@ -231,9 +236,21 @@ mod tests {
 
     #[test]
     fn every_command_answers_help() {
-        for cmd in
-            ["setup", "ci", "tidy", "testbed", "e2e", "codegen", "bench", "fuzz", "gpu-check", "python", "demo", "help"]
-        {
+        for cmd in [
+            "setup",
+            "ci",
+            "tidy",
+            "crates",
+            "testbed",
+            "e2e",
+            "codegen",
+            "bench",
+            "fuzz",
+            "gpu-check",
+            "python",
+            "demo",
+            "help",
+        ] {
             let help = command_help(cmd).unwrap_or_else(|| panic!("no help for `{cmd}`"));
             assert!(help.contains(cmd), "{cmd}: {help}");
         }

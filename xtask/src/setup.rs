@@ -12,11 +12,15 @@ pub(crate) const UCX_WHEEL: &str = "libucx-cu13==1.22.0";
 /// Where the wheel's `libucx/` tree goes, relative to the workspace root.
 pub(crate) const UCX_DIR: &str = ".ucx/libucx";
 
-/// Debian packages the build and tests need, with why.
+/// The Debian packages the demo needs (the rest of [`PACKAGES`] serves the tests and benchmarks):
+/// the first this many entries.
+const DEMO_PACKAGES: usize = 2;
+
+/// Debian packages the build and tests need, with why; the demo's come first.
 pub(crate) const PACKAGES: &[(&str, &str)] = &[
-    ("pkg-config", "finds system libraries for -sys crates"),
-    ("libucx-dev", "UCX, the production transport (r2ccl-ucx)"),
-    ("libhwloc-dev", "hwloc topology discovery (r2ccl-topo)"),
+    ("pkg-config", "finds UCX (the wheel's ucx.pc or the system's) for r2ccl-ucx-sys"),
+    ("libucx-dev", "the system UCX, the build's fallback when the UCX 1.22 wheel cannot be fetched"),
+    ("libhwloc-dev", "hwloc topology discovery (r2ccl-topo's `hwloc` feature, tested in CI)"),
     ("libudev-dev", "needed by hwloc's PCI discovery through hwlocality"),
     ("iproute2", "network namespaces, veth and tc for the multi-NIC testbed"),
     ("prometheus", "a real Prometheus server scrapes a rank in the metrics test"),
@@ -41,19 +45,30 @@ fn is_root() -> bool {
     Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
 }
 
+/// `cargo xtask setup`: everything the tests and benchmarks need.
 pub(crate) fn run() -> Result<()> {
+    install(PACKAGES, true)
+}
+
+/// What the demo needs only: UCX (the wheel, the system's as fallback) and pkg-config; no MPI,
+/// Gloo, Prometheus or cargo tools.
+pub(crate) fn run_for_demo() -> Result<()> {
+    install(&PACKAGES[..DEMO_PACKAGES], false)
+}
+
+fn install(packages: &[(&str, &str)], tools: bool) -> Result<()> {
     let debian_like = Path::new("/etc/debian_version").exists() && succeeds("dpkg-query", &["--version"]);
     if !debian_like {
-        let names: Vec<&str> = PACKAGES.iter().map(|(p, _)| *p).collect();
+        let names: Vec<&str> = packages.iter().map(|(p, _)| *p).collect();
         bail!(
             "setup: this is not a Debian-like system (no /etc/debian_version or dpkg); install these \
              packages (or your distribution's equivalents) by hand: {}",
             names.join(" ")
         );
     }
-    let missing: Vec<&str> = PACKAGES.iter().map(|(p, _)| *p).filter(|p| !is_installed(p)).collect();
+    let missing: Vec<&str> = packages.iter().map(|(p, _)| *p).filter(|p| !is_installed(p)).collect();
     if missing.is_empty() {
-        println!("setup: system packages present ({})", PACKAGES.len());
+        println!("setup: system packages present ({})", packages.len());
     } else if !is_root() {
         bail!(
             "setup: missing Debian packages {}; run `cargo xtask setup` as root, or: sudo apt-get install -y {}",
@@ -74,7 +89,7 @@ pub(crate) fn run() -> Result<()> {
             bail!("setup: apt-get install {} failed with {status}", missing.join(" "));
         }
     }
-    for component in ["clippy", "rustfmt"] {
+    for component in ["clippy", "rustfmt"].into_iter().filter(|_| tools) {
         let probe = if component == "clippy" { ["clippy", "--version"] } else { ["fmt", "--version"] };
         if !succeeds("cargo", &probe) {
             cmd("rustup", &["component", "add", component])?;
@@ -91,6 +106,9 @@ pub(crate) fn run() -> Result<()> {
     }
     // A fresh clone had no .ucx/ when this process started: load what setup just unpacked.
     crate::load_built_ucx();
+    if !tools {
+        return Ok(());
+    }
     if succeeds("cargo", &["deny", "--version"]) {
         println!("setup: cargo-deny present");
     } else {

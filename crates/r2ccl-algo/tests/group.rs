@@ -27,7 +27,7 @@ fn payload(a: u32, b: u32, k: u32) -> Vec<u8> {
 /// included; receives first on odd ranks, peers in reverse on ranks divisible by 3.
 fn ops(me: u32, p: u32) -> Vec<P2pOp> {
     let mut peers: Vec<u32> = (0..p).collect();
-    if me % 3 == 0 {
+    if me.is_multiple_of(3) {
         peers.reverse();
     }
     let mut sends = Vec::new();

@@ -202,7 +202,7 @@ fn check_lengths(dtype: DType, dst: usize, src: usize) -> Result<(), KernelError
     if dst != src {
         return Err(KernelError::LengthMismatch { dst, src });
     }
-    if dst % dtype.size() != 0 {
+    if !dst.is_multiple_of(dtype.size()) {
         return Err(KernelError::PartialElement { len: dst, dtype, size: dtype.size() });
     }
     Ok(())

@@ -186,7 +186,7 @@ fn case() -> impl Strategy<Value = (DType, ReduceOp, usize, usize, Vec<u8>, Vec<
 fn sprinkle(d: DType, buf: &mut [u8], salt: usize) {
     let sp = special_bytes(d);
     for (i, e) in buf.chunks_mut(d.size()).enumerate() {
-        if (i + salt) % 7 == 0 {
+        if (i + salt).is_multiple_of(7) {
             e.copy_from_slice(&sp[(i / 7 + salt) % sp.len()]);
         }
     }

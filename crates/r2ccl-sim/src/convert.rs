@@ -434,7 +434,7 @@ pub fn health_view(fabric: &Fabric, nodes: &[u32], health: &PlanHealth) -> Healt
 /// Element type and count of an AllReduce of `bytes` per rank (`f32` when the size allows, else bytes).
 fn payload(bytes: f64) -> (DType, u64) {
     let b = bytes.max(0.0).round() as u64;
-    if b % 4 == 0 {
+    if b.is_multiple_of(4) {
         (DType::F32, b / 4)
     } else {
         (DType::U8, b)

@@ -13,7 +13,7 @@
 //! - **Discovery** ([`discover::discover_local`]), every source optional and failing
 //!   cleanly into a [`discover::SourceNote`]: Linux sysfs/netdev (interfaces, link
 //!   state, speed, NUMA node, PCI placement; root path injectable), hwloc (feature
-//!   `hwloc`, default: cores, threads, NUMA nodes, PCI tree, NIC locality) and NVML
+//!   `hwloc`, off by default: cores, threads, NUMA nodes, PCI tree, NIC locality) and NVML
 //!   (feature `nvml`: GPUs, NVLink; no driver = "no GPUs").
 //! - **Static descriptions** ([`TopologyDescription`], TOML or JSON, schema in
 //!   [`description`]): presets in `configs/topo/` and site files that override or
@@ -80,8 +80,9 @@
 //!
 //! # Features
 //!
-//! - `hwloc` (default): hwloc discovery; needs `libhwloc-dev`, `libudev-dev`,
-//!   `pkg-config` to build.
+//! - `cli` (default): the `r2ccl-topo` binary and its one extra dependency (`anyhow`).
+//! - `hwloc` (off by default, so the crate links no system library unless asked): hwloc
+//!   discovery; needs `libhwloc-dev`, `libudev-dev`, `pkg-config` to build.
 //! - `nvml`: NVML discovery; loads `libnvidia-ml.so` at run time, so it builds and
 //!   runs (reporting no GPUs) without a driver.
 

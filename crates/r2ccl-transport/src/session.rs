@@ -689,7 +689,7 @@ impl Session {
     ) -> Result<(), SessionError> {
         let elem = dtype.size() as u64;
         let chunk = u64::from(self.chunk_size_for(key, dst.len));
-        if dst.len % elem != 0 || chunk % elem != 0 {
+        if !dst.len.is_multiple_of(elem) || chunk % elem != 0 {
             return Err(SessionError::Misaligned { key, len: dst.len, dtype });
         }
         self.expect(now, t, key, dst, Combine::Reduce(dtype, op))

@@ -82,7 +82,7 @@ impl Topology {
     /// NICs each, split into `numa_groups` equal groups of consecutive rails. Every NIC's chain
     /// lists its own group first, then the other groups, each by rail distance.
     pub fn uniform(nodes: u32, ranks_per_node: u32, nics: u16, numa_groups: u16) -> Result<Self, TopologyError> {
-        if numa_groups == 0 || nics % numa_groups != 0 {
+        if numa_groups == 0 || !nics.is_multiple_of(numa_groups) {
             return Err(TopologyError::BadGroups { nics, groups: numa_groups });
         }
         let per_group = nics / numa_groups;

@@ -155,7 +155,7 @@ impl MemRegion {
         if self.check(range).is_err() || range.is_empty() {
             return false;
         }
-        if range.start % PAGE != 0 || (range.end % PAGE != 0 && range.end != self.len) {
+        if !range.start.is_multiple_of(PAGE) || (!range.end.is_multiple_of(PAGE) && range.end != self.len) {
             return false;
         }
         let Ok(p) = poisoned.lock() else { return false };

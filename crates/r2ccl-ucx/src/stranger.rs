@@ -152,7 +152,7 @@ fn forge(
         post(PAYLOAD_BIT | round, vec![0xEE; 4096]);
     }
     post(data_tag, vec![0xEE; 192 << 10]);
-    if round % 50 == 0 {
+    if round.is_multiple_of(50) {
         post(data_tag, vec![0xEE; 4 << 20]);
     }
     for k in 0..16u64 {

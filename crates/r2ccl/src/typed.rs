@@ -77,7 +77,7 @@ impl Communicator {
         let n = buf.count;
         let count = match sizes {
             Sizes::Same => n,
-            Sizes::Gather | Sizes::Scatter | Sizes::Blocks if n % p == 0 => n / p,
+            Sizes::Gather | Sizes::Scatter | Sizes::Blocks if n.is_multiple_of(p) => n / p,
             _ => {
                 return Err(CommError::Invalid(format!(
                     "{} in place: {n} elements of {dtype} is not a multiple of the {p} ranks",

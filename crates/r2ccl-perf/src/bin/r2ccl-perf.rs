@@ -179,7 +179,7 @@ fn fill(dtype: DType, op: ReduceOp, rank: u32, seed: u64, elems: u64) -> Vec<u8>
     let mut out = Vec::with_capacity(elems as usize * dtype.size());
     for i in 0..elems {
         let v = if op == ReduceOp::Prod {
-            1 + ((i + u64::from(rank) + seed) % 7 == 0) as i64
+            1 + (i + u64::from(rank) + seed).is_multiple_of(7) as i64
         } else {
             ((i.wrapping_mul(7) + u64::from(rank) * 13 + seed) % 17) as i64
         };

@@ -265,7 +265,7 @@ impl Communicator {
         let n = buf.len();
         let p = self.world as usize;
         let count = match coll {
-            Collective::AllGather | Collective::ReduceScatter { .. } | Collective::AlltoAll if n % p != 0 => {
+            Collective::AllGather | Collective::ReduceScatter { .. } | Collective::AlltoAll if !n.is_multiple_of(p) => {
                 return Err(CommError::Invalid(format!(
                     "{} in place: {n} elements are not a multiple of the {p} ranks",
                     coll.name()
@@ -370,7 +370,9 @@ impl Communicator {
         let (ok, count, want) = match coll {
             Collective::AllGather => (recv == send * p, send, "recv = ranks x send"),
             Collective::ReduceScatter { .. } => (send == recv * p, recv, "send = ranks x recv"),
-            Collective::AlltoAll => (send == recv && send % p == 0, send / p, "equal lengths, a multiple of the ranks"),
+            Collective::AlltoAll => {
+                (send == recv && send.is_multiple_of(p), send / p, "equal lengths, a multiple of the ranks")
+            }
             _ => (send == recv, send, "equal lengths"),
         };
         if ok {
