@@ -315,6 +315,38 @@ fn runs_under_openmpi_mpirun() {
 }
 
 #[test]
+fn runs_under_openmpi_mpirun_without_a_root_address() {
+    // No -x R2CCL_ROOT and no secret: rank 0 publishes its unique id (with a random secret)
+    // through PMIx and every rank reads it; nothing is derived from public job facts.
+    let Ok(which) = Command::new("sh").args(["-c", "command -v mpirun"]).output() else { return };
+    if !which.status.success() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "mpirun is missing under CI: `cargo xtask setup` installs openmpi-bin"
+        );
+        eprintln!("******** SKIPPED runs_under_openmpi_mpirun_without_a_root_address: no mpirun ********");
+        return;
+    }
+    let start = Instant::now();
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "3"])
+        .args(["-x", "R2CCL_NICS=lo,lo", "-x", "R2CCL_DEBUG=WARN"])
+        .env_remove("R2CCL_ROOT")
+        .env_remove("R2CCL_SECRET")
+        .env_remove("R2CCL_UNIQUE_ID")
+        .env_remove("MASTER_ADDR")
+        .arg(env!("CARGO_BIN_EXE_r2ccl-perf"))
+        .args(["all_reduce", "-b", "64K", "-e", "256K", "-f", "4", "-n", "2", "-w", "1"])
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "mpirun failed after {:?}:\n{t}", start.elapsed());
+    assert!(t.contains("nranks 3"), "{t}");
+    assert!(t.contains("# Out of bounds values : 0 OK"), "{t}");
+    assert!(!t.contains("derived from the job id"), "the secret came through PMIx, not from the job id:\n{t}");
+}
+
+#[test]
 fn a_nic_missing_at_start_is_planned_around() {
     // Rank 1's second NIC cannot be opened (it does not exist): the job starts anyway, every
     // rank plans without node 1's NIC 1 from the first collective on, and results are exact.

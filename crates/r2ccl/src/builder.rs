@@ -64,11 +64,13 @@ impl Communicator {
 
 impl CommBuilder {
     /// A builder from the launcher environment (`R2CCL_UNIQUE_ID`, `R2CCL_*`, OpenMPI, Slurm,
-    /// torchrun) with `config`. The node defaults to `bootstrap.node`, else the host name; the
+    /// torchrun, or the unique id through PMIx, see [`LaunchInfo::from_process_env_within`]) with
+    /// `config`. The node defaults to `bootstrap.node`, else the host name; the
     /// data NICs to `transport.nics`, else those `topo.file` lists for this node, else the
     /// discovered physical NICs other than the OOB interface (`lo` when there are none).
     pub fn from_env(config: Config) -> Result<Self, CommError> {
-        let launch = LaunchInfo::from_process_env().map_err(|e| CommError::Invalid(e.to_string()))?;
+        let within = std::time::Duration::from_millis(config.bootstrap.connect_timeout_ms);
+        let launch = LaunchInfo::from_process_env_within(within).map_err(|e| CommError::Invalid(e.to_string()))?;
         if launch.secret_is_derived {
             tracing::warn!(target: subsys::BOOTSTRAP, "no R2CCL_SECRET or unique id: using a secret derived from the job id");
         }
@@ -80,7 +82,8 @@ impl CommBuilder {
             config,
             node: None,
             nics: None,
-            root: None,
+            // Rank 0's rendezvous, when the PMIx exchange bound it.
+            root: if launch.rank == 0 { crate::bootstrap::pmix::take_root() } else { None },
             env_faults: false,
         })
     }

@@ -360,7 +360,11 @@ fn rank_main(argv: &[String]) -> Result<bool> {
         r2ccl::Root::from_listener(l, launch.secret.clone())
     });
     // R2CCL_FAULT drives the e2e scenarios' software faults.
-    let comm = CommBuilder::from_env(cfg)?.root(root).fault_injection_from_env(true).init()?;
+    let mut builder = CommBuilder::from_env(cfg)?.fault_injection_from_env(true);
+    if root.is_some() {
+        builder = builder.root(root);
+    }
+    let comm = builder.init()?;
     let timeout = if args.timeout_s == 0 { Duration::from_secs(120) } else { Duration::from_secs(args.timeout_s) };
     let main = rank == 0;
     let gpu = match args.device {

@@ -7,8 +7,10 @@
 //! one is derived from public job facts (the job id the launcher exports, the root address,
 //! the world size), which anyone who knows them can compute: that is allowed only when the root
 //! is on this host (loopback), or when [`INSECURE_SECRET_ENV`] is `1`; [`LaunchInfo::secret_is_derived`]
-//! says so (the caller logs a warning). Errors never echo a secret. Variables that are not
-//! UTF-8 are ignored, not a panic.
+//! says so (the caller logs a warning). Under a PMIx launcher (`PMIX_NAMESPACE`, as OpenMPI's
+//! `mpirun` sets) with no rendezvous address, [`LaunchInfo::from_process_env`] gets the unique id
+//! through PMIx instead: rank 0 creates it with a random secret and publishes it (`pmix.rs`).
+//! Errors never echo a secret. Variables that are not UTF-8 are ignored, not a panic.
 
 use super::{Secret, UniqueId};
 use std::collections::BTreeMap;
@@ -67,6 +69,9 @@ pub enum LaunchError {
         /// The rendezvous address.
         root: String,
     },
+    /// The PMIx exchange of the unique id failed.
+    #[error("no rendezvous address set, and getting rank 0's unique id through PMIx failed: {0}")]
+    Pmix(String),
     /// A variable that is present but unusable.
     #[error("environment variable {var}={value:?}: {why}")]
     Bad {
@@ -89,11 +94,33 @@ fn number(env: &BTreeMap<String, String>, var: &str) -> Result<Option<u32>, Laun
 
 impl LaunchInfo {
     /// Read the launch description from this process's environment.
-    pub fn from_process_env() -> Result<Self, LaunchError> {
+    ///
+    /// Under a PMIx launcher with no rendezvous address (`R2CCL_UNIQUE_ID`, `R2CCL_ROOT`,
+    /// `MASTER_ADDR`), the unique id comes through PMIx (once per process, waiting at most
+    /// `deadline` for every rank); rank 0's communicator from [`crate::CommBuilder::from_env`]
+    /// then serves the rendezvous it bound.
+    pub fn from_process_env_within(deadline: std::time::Duration) -> Result<Self, LaunchError> {
         // vars_os: a variable that is not UTF-8 (none of ours can be) is skipped, not a panic.
-        Self::from_env(
-            &std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect(),
-        )
+        let mut env: BTreeMap<String, String> =
+            std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect();
+        match Self::from_env(&env) {
+            Err(LaunchError::NoRoot) if super::pmix::launched_by_pmix(&env) => {
+                let id = super::pmix::unique_id(deadline).map_err(LaunchError::Pmix)?;
+                env.insert("R2CCL_UNIQUE_ID".into(), id.to_string());
+                Self::from_env(&env)
+            }
+            other => other,
+        }
+    }
+
+    /// [`LaunchInfo::from_process_env_within`] with the configured bootstrap deadline
+    /// (`bootstrap.connect_timeout_ms`, from the environment and `R2CCL_CONFIG`).
+    pub fn from_process_env() -> Result<Self, LaunchError> {
+        let ms = r2ccl_config::load().map_or_else(
+            |_| r2ccl_config::Config::default().bootstrap.connect_timeout_ms,
+            |c| c.bootstrap.connect_timeout_ms,
+        );
+        Self::from_process_env_within(std::time::Duration::from_millis(ms))
     }
 
     /// Read the launch description from `env`.

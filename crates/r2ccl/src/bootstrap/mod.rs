@@ -2,6 +2,7 @@
 
 mod launch;
 pub(crate) mod mac;
+pub(crate) mod pmix;
 mod port;
 pub(crate) mod rendezvous;
 pub(crate) mod uid;
