@@ -1451,6 +1451,7 @@ fn part_pause(ctx: &Ctx) -> Result<PartResult> {
     let faulted = format!("node{FAULT_NODE}/nic{FAULT_NIC}");
     let mut per_kind = Vec::new();
     let mut dots = Vec::new();
+    let mut resumed_dots = Vec::new();
     let mut table = String::from(
         "| fault kind | runs | runs with a failover | pauses | pause p50 (ms) | pause p99 (ms) | pause max (ms) | fault to resumed p50 (ms) | fault to resumed p99 (ms) | other failovers |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
@@ -1514,6 +1515,7 @@ fn part_pause(ctx: &Ctx) -> Result<PartResult> {
             }
             with_failover += usize::from(!mine.is_empty());
             dots.extend(mine.iter().map(|&p| (kind.to_owned(), p)));
+            resumed_dots.extend(firsts.iter().map(|&r| (kind.to_owned(), r)));
             pauses.extend(mine.iter().copied());
             resumed.extend(firsts.iter().copied());
             reps_json.push(json!({"rep": rep, "pauses_ms": mine, "fault_to_resumed_ms": firsts,
@@ -1557,6 +1559,16 @@ fn part_pause(ctx: &Ctx) -> Result<PartResult> {
     );
     res.plot(ctx, "pause.png", |p| {
         plot_dots(p, "Failover pause per fault kind (all ranks)", "pause (ms)", kinds, &dots)
+    });
+    // What users feel: from the fault to the first migration done, detection included.
+    res.plot(ctx, "fault_to_resumed.png", |p| {
+        plot_dots(
+            p,
+            "Fault to resumed per fault kind (one per rank that migrated)",
+            "fault to resumed (ms)",
+            kinds,
+            &resumed_dots,
+        )
     });
     res.json = json!({"bytes": testbed_size(size), "duration_s": dur, "fault_at_s": t_f, "kinds": per_kind});
     Ok(res)
@@ -2040,6 +2052,7 @@ fn plot_bars(path: &Path, title: &str, y_desc: &str, names: &[&str], groups: &[(
     let n = groups.len() * per;
     let y1 = groups.iter().flat_map(|g| g.1.iter().copied()).filter(|y| y.is_finite()).fold(0.0f64, f64::max).max(1e-6)
         * 1.15;
+    let decimals = tick_decimals(y1);
     let root = BitMapBackend::new(path, (1100, 650)).into_drawing_area();
     root.fill(&WHITE).map_err(perr)?;
     let mut chart = ChartBuilder::on(&root)
@@ -2061,7 +2074,7 @@ fn plot_bars(path: &Path, title: &str, y_desc: &str, names: &[&str], groups: &[(
         .x_labels(n)
         .x_label_formatter(&label)
         .y_desc(y_desc)
-        .y_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.decimals$}"))
         .draw()
         .map_err(perr)?;
     for (k, name) in names.iter().enumerate() {
@@ -2093,7 +2106,10 @@ fn plot_bars(path: &Path, title: &str, y_desc: &str, names: &[&str], groups: &[(
 /// One column of dots per category.
 fn plot_dots(path: &Path, title: &str, y_desc: &str, cats: &[&str], dots: &[(String, f64)]) -> Result<()> {
     use plotters::prelude::*;
-    let y1 = dots.iter().map(|d| d.1).filter(|y| y.is_finite()).fold(0.0f64, f64::max).max(1.0) * 1.15;
+    let top = dots.iter().map(|d| d.1).filter(|y| y.is_finite()).fold(0.0f64, f64::max);
+    let y1 = if top > 0.0 { top * 1.15 } else { 1.0 };
+    // Enough decimals that neighbouring ticks never print the same number (0.2, 0.4, ... not 0, 0).
+    let decimals = tick_decimals(y1);
     let root = BitMapBackend::new(path, (900, 600)).into_drawing_area();
     root.fill(&WHITE).map_err(perr)?;
     let mut chart = ChartBuilder::on(&root)
@@ -2113,7 +2129,7 @@ fn plot_dots(path: &Path, title: &str, y_desc: &str, cats: &[&str], dots: &[(Str
         .x_labels(cats.len())
         .x_label_formatter(&label)
         .y_desc(y_desc)
-        .y_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.decimals$}"))
         .draw()
         .map_err(perr)?;
     for (k, cat) in cats.iter().enumerate() {
@@ -2128,6 +2144,17 @@ fn plot_dots(path: &Path, title: &str, y_desc: &str, cats: &[&str], dots: &[(Str
     }
     root.present().map_err(perr)?;
     Ok(())
+}
+
+/// Decimals for the ticks of an axis from 0 to `top` (about ten ticks): one more than the tick
+/// step's order of magnitude needs.
+fn tick_decimals(top: f64) -> usize {
+    let step = top / 10.0;
+    if !step.is_finite() || step <= 0.0 || step >= 1.0 {
+        0
+    } else {
+        (-step.log10().floor()) as usize
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2306,6 +2333,25 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dot_plots_tick_small_values_with_decimals() {
+        assert_eq!(tick_decimals(2.875), 1, "ticks 0.5 apart print as 0.0, 0.5, 1.0");
+        assert_eq!(tick_decimals(0.3), 2);
+        assert_eq!(tick_decimals(300.0), 0);
+        assert_eq!(tick_decimals(0.0), 0);
+        // Drawn when the font is there (the Debian fonts-dejavu-core package), for a look.
+        if register_font().is_ok() {
+            let dots: Vec<(String, f64)> =
+                [("down", 0.4), ("down", 1.2), ("flap", 0.8), ("blackhole", 2.5), ("drop", 1.9)]
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), *v))
+                    .collect();
+            let path = std::env::temp_dir().join("r2ccl-dots-test.png");
+            plot_dots(&path, "pause", "pause (ms)", &["down", "flap", "blackhole", "drop"], &dots).unwrap();
+            assert!(std::fs::metadata(&path).unwrap().len() > 1000);
+        }
+    }
 
     #[test]
     fn parses_rank0_timeline_and_events() {
