@@ -45,6 +45,8 @@ pub const COLLECTIVE_BYTES: &str = "r2ccl_collective_bytes_total";
 /// `r2ccl_collective_bus_bytes_total{comm,collective}`: the sizes times nccl-tests' bus factor
 /// (AllReduce 2(n-1)/n, ...): over the duration's sum, the bus bandwidth.
 pub const COLLECTIVE_BUS_BYTES: &str = "r2ccl_collective_bus_bytes_total";
+/// `r2ccl_oob_messages_total{comm,channel}`: messages this rank sent on the OOB control plane.
+pub const OOB_MESSAGES: &str = "r2ccl_oob_messages_total";
 /// `r2ccl_health_epoch{comm}`: the agreed health epoch.
 pub const HEALTH_EPOCH: &str = "r2ccl_health_epoch";
 /// `r2ccl_replans_total{comm}`: plans derived again after a health change.
@@ -72,6 +74,7 @@ pub const ALL: &[&str] = &[
     COLLECTIVE_DURATION,
     COLLECTIVE_BYTES,
     COLLECTIVE_BUS_BYTES,
+    OOB_MESSAGES,
     HEALTH_EPOCH,
     REPLANS,
     REJECTED_CONNECTIONS,
@@ -216,6 +219,11 @@ impl CommMetrics {
         metrics::histogram!(COLLECTIVE_DURATION, timed).record(seconds);
         metrics::counter!(COLLECTIVE_BYTES, c()).increment(bytes);
         metrics::counter!(COLLECTIVE_BUS_BYTES, c()).increment((bytes as f64 * bus) as u64);
+    }
+
+    /// Count `n` OOB messages sent on `channel`.
+    pub fn oob_messages(&self, channel: &'static str, n: u64) {
+        metrics::counter!(OOB_MESSAGES, vec![self.comm_label(), Label::new("channel", channel)]).increment(n);
     }
 
     /// Record the agreed health epoch, and count the re-plan it caused when `replanned`.

@@ -48,6 +48,7 @@ fn prometheus_scrapes_every_r2ccl_series() {
     comm.verdict("local_nic", "local_evidence");
     comm.collective("allreduce", "balance", 0.5, 1 << 20, 1.5);
     comm.epoch(2, true);
+    comm.oob_messages("agree", 3);
     metrics::count_rejected("bootstrap", 1);
     metrics::count_malformed("oob", 1);
     metrics::set_build_info("1.22.0", "1.22.0");

@@ -176,8 +176,14 @@ fn launch(argv: &[String]) -> Result<bool> {
 /// Element `i` of rank `r`'s input: small integers, so every reduction order gives the same
 /// floating-point result; `Prod` uses 1 and 2 so products stay exact.
 fn fill(dtype: DType, op: ReduceOp, rank: u32, seed: u64, elems: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(elems as usize * dtype.size());
-    for i in 0..elems {
+    fill_at(dtype, op, rank, seed, 0..elems)
+}
+
+/// Elements `range` of rank `r`'s input (see [`fill`]): a rank's expected output is built from
+/// the other ranks' inputs one block at a time, never all of them at once.
+fn fill_at(dtype: DType, op: ReduceOp, rank: u32, seed: u64, range: std::ops::Range<u64>) -> Vec<u8> {
+    let mut out = Vec::with_capacity((range.end - range.start) as usize * dtype.size());
+    for i in range {
         let v = if op == ReduceOp::Prod {
             1 + (i + u64::from(rank) + seed).is_multiple_of(7) as i64
         } else {
@@ -231,34 +237,31 @@ fn case(c: Coll, dtype: DType, op: ReduceOp, args: &PerfArgs, (rank, world): (u3
         Coll::ReduceScatter => (count * p, count),
         Coll::AllToAll => (count * p, count * p),
     };
-    let inputs: Vec<Vec<u8>> = (0..world).map(|r| fill(dtype, op, r, 0, in_elems)).collect();
-    let input = inputs[rank as usize].clone();
-    let blk = (count * es) as usize;
-    let reduce_all = |range: std::ops::Range<usize>| -> Result<Vec<u8>> {
-        let mut acc = inputs[0][range.clone()].to_vec();
-        for inp in &inputs[1..] {
-            reduce_bytes(dtype, op, &mut acc, &inp[range.clone()])?;
+    let input = fill(dtype, op, rank, 0, in_elems);
+    // Block `b` (of `count` elements) of rank `r`'s input.
+    let block = |r: u32, b: u64| fill_at(dtype, op, r, 0, b * count..(b + 1) * count);
+    let reduce_all = |b: u64| -> Result<Vec<u8>> {
+        let mut acc = block(0, b);
+        for r in 1..world {
+            reduce_bytes(dtype, op, &mut acc, &block(r, b))?;
         }
         if op == ReduceOp::Avg {
             finalize_avg_bytes(dtype, &mut acc, world)?;
         }
         Ok(acc)
     };
+    let me = u64::from(rank);
     let expected = if !check {
         None
     } else {
         match c {
-            Coll::AllReduce => Some(reduce_all(0..blk)?),
-            Coll::Reduce => (rank == root).then(|| reduce_all(0..blk)).transpose()?,
-            Coll::ReduceScatter => Some(reduce_all(rank as usize * blk..(rank as usize + 1) * blk)?),
-            Coll::AllGather => Some(inputs.concat()),
-            Coll::Broadcast => Some(inputs[root as usize].clone()),
-            Coll::AllToAll => Some(
-                (0..world as usize)
-                    .flat_map(|i| inputs[i][rank as usize * blk..(rank as usize + 1) * blk].to_vec())
-                    .collect(),
-            ),
-            Coll::SendRecv => Some(inputs[((rank + world - 1) % world) as usize].clone()),
+            Coll::AllReduce => Some(reduce_all(0)?),
+            Coll::Reduce => (rank == root).then(|| reduce_all(0)).transpose()?,
+            Coll::ReduceScatter => Some(reduce_all(me)?),
+            Coll::AllGather => Some((0..world).flat_map(|r| block(r, 0)).collect()),
+            Coll::Broadcast => Some(block(root, 0)),
+            Coll::AllToAll => Some((0..world).flat_map(|r| block(r, me)).collect()),
+            Coll::SendRecv => Some(block((rank + world - 1) % world, 0)),
         }
     };
     Ok(Case { ring_p2p: c == Coll::SendRecv, coll, count, bytes, input, out_len: (out_elems * es) as usize, expected })

@@ -2,9 +2,21 @@
 //! transport and health view.
 
 use super::setup::Progress;
+use crate::oob::Channel;
 use r2ccl_core::{HealthView, NicId};
 
 impl Progress {
+    /// Add the OOB messages sent since the last call to `r2ccl_oob_messages_total` and to
+    /// [`crate::Communicator::oob_messages_sent`].
+    pub(super) fn export_oob_messages(&mut self) {
+        for (i, c) in Channel::ALL.into_iter().enumerate() {
+            let now = self.mesh.sent(c);
+            let before = std::mem::replace(&mut self.oob_sent_seen[i], now);
+            self.metrics.oob_messages(c.name(), now.saturating_sub(before));
+            self.shared.oob_sent[i].store(now, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// Add the bytes each local NIC moved since the last call to `r2ccl_nic_bytes_total`.
     pub(super) fn export_nic_bytes(&mut self) {
         let now = self.transport.nic_bytes();

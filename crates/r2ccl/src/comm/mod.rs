@@ -289,6 +289,9 @@ pub(crate) struct Shared {
     events: Mutex<Vec<CommEvent>>,
     /// The failed NICs of the agreed health view the latest collective was planned on.
     failed: Mutex<Vec<NicId>>,
+    /// OOB messages this rank sent, by channel (`oob::Channel::ALL`'s order), as of the latest
+    /// finished collective.
+    pub(crate) oob_sent: [std::sync::atomic::AtomicU64; 5],
 }
 
 impl Shared {
@@ -421,6 +424,17 @@ impl Communicator {
     /// their node, nodes as [`Communicator::nodes`] numbers them.
     pub fn failed_nics(&self) -> Vec<NicId> {
         self.shared.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The OOB (control-plane TCP) messages this rank has sent, by channel (`heartbeat`,
+    /// `detect`, `agree`, `abort`, `control`), as of its latest finished collective: what
+    /// `r2ccl_oob_messages_total` exports.
+    pub fn oob_messages_sent(&self) -> Vec<(&'static str, u64)> {
+        crate::oob::Channel::ALL
+            .iter()
+            .zip(&self.shared.oob_sent)
+            .map(|(c, n)| (c.name(), n.load(std::sync::atomic::Ordering::Relaxed)))
+            .collect()
     }
 
     /// Failover and health events since the last call.

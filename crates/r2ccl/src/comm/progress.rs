@@ -198,6 +198,7 @@ impl Progress {
                         self.last_done = c.seq;
                         self.metrics.collective(c.name, c.strategy.name(), secs, c.bytes, c.bus_factor);
                         self.export_nic_bytes();
+                        self.export_oob_messages();
                         let report = CollReport { seq: c.seq, strategy: c.strategy, epoch: c.epoch, seconds: secs };
                         let _ = c.reply.send(out.map(|o| (o, report)).map_err(|e| CommError::from_engine(c.seq, &e)));
                     }

@@ -15,6 +15,8 @@ pub(super) struct Progress {
     pub(super) wake_rx: WakeReceiver,
     /// Per-NIC `(tx, rx)` byte counts already exported as metrics.
     pub(super) nic_bytes_seen: Vec<(u64, u64)>,
+    /// OOB messages sent by channel as of the last export.
+    pub(super) oob_sent_seen: [u64; 5],
     /// Schedules already planned, by collective, type, count and agreed view.
     pub(super) plan_cache: BTreeMap<String, (r2ccl_algo::RankSchedule, Schedule)>,
     pub(super) transport: UcxTransport,
@@ -326,6 +328,7 @@ impl Progress {
             metrics,
             wake_rx,
             nic_bytes_seen: Vec::new(),
+            oob_sent_seen: [0; 5],
             plan_cache: BTreeMap::new(),
         };
         progress.export_nic_capacity(&progress.agreed);

@@ -185,14 +185,16 @@ impl Engine {
         if output.len() as u64 != sched.output_len {
             return Err(EngineError::BufferSize { got: output.len(), want: sched.output_len });
         }
-        let scratch_at = sched.input_len + sched.output_len;
-        let (h, staging) = self.workspace_for(t, &sched, scratch_at)?;
-        let base = [(h, 0), (h, sched.input_len), (h, scratch_at)];
         // Copies out of the input that wait for nothing run now, straight from the caller's
         // bytes (a ring AllReduce starts with input -> output); the input goes into the
-        // workspace only if another step reads it. That saves one pass over the buffer.
+        // workspace only if another step reads it. That saves one pass over the buffer, and
+        // its room: the workspace then starts with the output (the input's place is never read).
         let direct = copies_from_input_now(&sched);
         let input_read_later = sched.steps().iter().enumerate().any(|(i, s)| !direct[i] && touches_input(s));
+        let in_room = if input_read_later { sched.input_len } else { 0 };
+        let scratch_at = in_room + sched.output_len;
+        let (h, staging) = self.workspace_for(t, &sched, scratch_at)?;
+        let base = [(h, 0), (h, in_room), (h, scratch_at)];
         {
             let ws = t.region_mut(h)?;
             if input_read_later {
@@ -207,7 +209,8 @@ impl Engine {
                 _ => false,
             });
             if !writes_all {
-                ws[input.len()..input.len() + output.len()].copy_from_slice(output);
+                let at = in_room as usize;
+                ws[at..at + output.len()].copy_from_slice(output);
             }
             for (i, _) in direct.iter().enumerate().filter(|(_, &d)| d) {
                 let StepKind::Copy { src, dst } = sched.steps()[i].kind else { continue };

@@ -58,6 +58,21 @@ impl Channel {
             _ => return None,
         })
     }
+
+    /// Every channel, in wire order.
+    pub const ALL: [Channel; 5] =
+        [Channel::Heartbeat, Channel::Detect, Channel::Agree, Channel::Abort, Channel::Control];
+
+    /// The channel's name (the `channel` label of `r2ccl_oob_messages_total`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Channel::Heartbeat => "heartbeat",
+            Channel::Detect => "detect",
+            Channel::Agree => "agree",
+            Channel::Abort => "abort",
+            Channel::Control => "control",
+        }
+    }
 }
 
 /// Something that happened on the mesh.
@@ -190,6 +205,8 @@ pub struct OobStats {
     pub rejected: AtomicU64,
     /// Frames from authenticated peers that were malformed (unknown channel).
     pub malformed: AtomicU64,
+    /// Messages this rank sent, by channel (in [`Channel::ALL`]'s order).
+    pub sent: [AtomicU64; 5],
 }
 
 /// One rank's end of the mesh.
@@ -458,6 +475,7 @@ impl OobMesh {
         let beat: Vec<Arc<Mutex<PeerOut>>> = writers.iter().flatten().cloned().collect();
         let stop = shutdown.clone();
         let period = peer_timeout / 4;
+        let beats = stats.clone();
         let heartbeat = move || {
             while !stop.load(Ordering::Relaxed) {
                 for w in &beat {
@@ -465,6 +483,7 @@ impl OobMesh {
                     // A heartbeat behind queued frames adds nothing; the queue is drained either
                     // way. A peer cut off shows up as PeerLost on the reader side.
                     let _ = if out.queue.is_empty() {
+                        beats.sent[Channel::Heartbeat as usize].fetch_add(1, Ordering::Relaxed);
                         out.send(Channel::Heartbeat, &[], peer_timeout)
                     } else {
                         out.flush(peer_timeout)
@@ -493,6 +512,7 @@ impl OobMesh {
         let w =
             self.writers.get(to as usize).ok_or(OobError::NoSuchRank(to))?.as_ref().ok_or(OobError::NoSuchRank(to))?;
         let mut out = w.lock().map_err(|_| OobError::PeerGone(to))?;
+        self.stats.sent[channel as usize].fetch_add(1, Ordering::Relaxed);
         out.send(channel, payload, self.peer_timeout).map_err(|source| OobError::Io { rank: to, source })
     }
 
@@ -506,6 +526,7 @@ impl OobMesh {
         if let Some(why) = &out.broken {
             return Err(OobError::Io { rank: to, source: io::Error::new(io::ErrorKind::BrokenPipe, why.clone()) });
         }
+        self.stats.sent[channel as usize].fetch_add(payloads.len() as u64, Ordering::Relaxed);
         let PeerOut { key, queue, .. } = &mut *out;
         for p in payloads {
             key.seal_into(queue, channel, p).map_err(|source| OobError::Io { rank: to, source })?;
@@ -578,6 +599,11 @@ impl OobMesh {
     pub fn fds(&self) -> Vec<RawFd> {
         let inbox = self.inbox.lock().unwrap_or_else(PoisonError::into_inner);
         inbox.peers.iter().flatten().map(|p| p.stream.as_raw_fd()).collect()
+    }
+
+    /// Messages this rank has sent on `channel` (heartbeats included), since the mesh started.
+    pub fn sent(&self, channel: Channel) -> u64 {
+        self.stats.sent[channel as usize].load(Ordering::Relaxed)
     }
 
     /// Connections dropped for not proving the secret.

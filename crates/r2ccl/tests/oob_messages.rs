@@ -1,0 +1,51 @@
+//! The control plane's cost per fault-free collective, counted by the library
+//! (`Communicator::oob_messages_sent`, exported as `r2ccl_oob_messages_total`): four ranks as
+//! threads of this process, each its own node with two `lo` rails, run 8-byte and 1 MiB
+//! AllReduces with nothing failing. The test pins today's protocol (one health view to every
+//! other rank and one argument description to the ring successor per collective, nothing on
+//! the abort channel) and prints the receipts on the detect channel, so a change to the
+//! control plane shows here as numbers.
+#![allow(clippy::unwrap_used, clippy::print_stderr, reason = "a panic or a printed figure is the report")]
+
+mod common;
+
+use r2ccl::ReduceOp;
+
+const WORLD: u32 = 4;
+
+fn counts(comm: &r2ccl::Communicator) -> std::collections::BTreeMap<&'static str, u64> {
+    comm.oob_messages_sent().into_iter().collect()
+}
+
+#[test]
+fn fault_free_collectives_send_a_counted_number_of_oob_messages() {
+    let threads = common::spawn_ranks(WORLD, 10_000, |me, comm| {
+        let mut per_size = Vec::new();
+        for elems in [2usize, 256 * 1024] {
+            let x = vec![1f32; elems];
+            let mut out = vec![0f32; elems];
+            // Warm up: the first call pays for connections and plans.
+            comm.all_reduce(&x, &mut out, ReduceOp::Sum).unwrap();
+            let before = counts(&comm);
+            let n = 20u64;
+            for _ in 0..n {
+                comm.all_reduce(&x, &mut out, ReduceOp::Sum).unwrap();
+                assert!(out.iter().all(|&v| v == WORLD as f32), "rank {me}: exact result");
+            }
+            let after = counts(&comm);
+            let per = |c: &str| (after[c] - before[c]) as f64 / n as f64;
+            per_size.push((elems * 4, per("agree"), per("control"), per("detect"), per("abort")));
+        }
+        per_size
+    });
+    for (me, t) in threads.into_iter().enumerate() {
+        for (bytes, agree, control, detect, abort) in t.join().unwrap() {
+            eprintln!(
+                "rank {me}: {bytes} B AllReduce: OOB messages per collective: agree {agree:.2}, control {control:.2}, detect (receipts) {detect:.2}, abort {abort:.2}"
+            );
+            assert_eq!(agree, f64::from(WORLD - 1), "one health view to every other rank per collective");
+            assert_eq!(control, 1.0, "one argument description to the ring successor per collective");
+            assert_eq!(abort, 0.0, "nothing on the abort channel while nothing fails");
+        }
+    }
+}
