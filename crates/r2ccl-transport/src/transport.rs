@@ -200,6 +200,14 @@ pub trait Transport {
     /// Allocates a region of `len` zeroed bytes and registers it on all local NICs.
     fn register(&mut self, len: usize) -> Result<MemHandle, TransportError>;
 
+    /// As [`Transport::register`], but only the first `hot` bytes need be backed by memory now;
+    /// the rest may be allocated on first touch (space that is rarely written). The default
+    /// backs everything.
+    fn register_hot(&mut self, len: usize, hot: usize) -> Result<MemHandle, TransportError> {
+        let _ = hot;
+        self.register(len)
+    }
+
     /// Deregisters a region from every NIC and frees it.
     fn deregister(&mut self, handle: MemHandle) -> Result<(), TransportError>;
 

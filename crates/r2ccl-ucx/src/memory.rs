@@ -56,8 +56,9 @@ enum Backing {
     },
 }
 
-/// Map a fresh memory file of `len` (> 0) bytes twice; `None` when the host refuses.
-fn map_shared(len: usize) -> Option<(NonNull<u8>, Backing)> {
+/// Map a fresh memory file of `len` (> 0) bytes twice, its first `hot` bytes made resident now
+/// (the rest is allocated on first touch); `None` when the host refuses.
+fn map_shared(len: usize, hot: usize) -> Option<(NonNull<u8>, Backing)> {
     let map_len = len.checked_next_multiple_of(PAGE)?;
     // SAFETY: a valid NUL-terminated name and flags; the result is checked.
     let fd = unsafe { libc::memfd_create(c"r2ccl-region".as_ptr(), libc::MFD_CLOEXEC) };
@@ -91,15 +92,18 @@ fn map_shared(len: usize) -> Option<(NonNull<u8>, Backing)> {
         unsafe { libc::munmap(primary.as_ptr().cast(), map_len) };
         return None;
     };
-    // Huge pages where the host allows them for memory files, then every page allocated and
+    // Huge pages where the host allows them for memory files, then every hot page allocated and
     // mapped in both mappings now: faulting the alias's pages in during a transfer cost half
-    // the rate of a 2 GiB one.
+    // the rate of a 2 GiB one. Cold space (rarely written) costs nothing until it is.
+    let hot_len = hot.min(len).checked_next_multiple_of(PAGE)?.min(map_len);
     for m in [primary, alias] {
         advise_huge_pages(m.as_ptr(), map_len);
-        // SAFETY: the range is exactly one of the two mappings just made; populating changes no
-        // contents (the file is zero-filled). A kernel without MADV_POPULATE_WRITE refuses it
-        // and the pages fault in on first use instead.
-        unsafe { libc::madvise(m.as_ptr().cast(), map_len, libc::MADV_POPULATE_WRITE) };
+        if hot_len > 0 {
+            // SAFETY: the range is a prefix of one of the two mappings just made; populating
+            // changes no contents (the file is zero-filled). A kernel without
+            // MADV_POPULATE_WRITE refuses it and the pages fault in on first use instead.
+            unsafe { libc::madvise(m.as_ptr().cast(), hot_len, libc::MADV_POPULATE_WRITE) };
+        }
     }
     Some((primary, Backing::Shared { alias, map_len, fd, poisoned: Mutex::new(Vec::new()) }))
 }
@@ -129,7 +133,14 @@ impl MemRegion {
     /// mapped twice (see [`MemRegion::alias_slice`]), or a heap allocation where the host has no
     /// memory files.
     pub fn zeroed(contexts: &[Arc<Context>], len: usize) -> Result<Arc<Self>, UcxError> {
-        let (ptr, backing) = match (len > 0).then(|| map_shared(len)).flatten() {
+        Self::zeroed_hot(contexts, len, len)
+    }
+
+    /// As [`MemRegion::zeroed`], with only the first `hot` bytes made resident now: the rest of a
+    /// memory file is allocated on first touch (space that is rarely written, such as the
+    /// private copies of sends, costs no memory until it is).
+    pub fn zeroed_hot(contexts: &[Arc<Context>], len: usize, hot: usize) -> Result<Arc<Self>, UcxError> {
+        let (ptr, backing) = match (len > 0).then(|| map_shared(len, hot)).flatten() {
             Some(shared) => shared,
             None => {
                 let boxed: Box<[u8]> = vec![0; len].into_boxed_slice();

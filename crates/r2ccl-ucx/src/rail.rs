@@ -305,8 +305,14 @@ impl NicEndpointSet {
 
     /// A zero-filled region of `len` bytes mapped on every rail's context.
     pub fn register_zeroed(&self, len: usize) -> Result<Arc<MemRegion>, UcxError> {
+        self.register_zeroed_hot(len, len)
+    }
+
+    /// As [`NicEndpointSet::register_zeroed`], only the first `hot` bytes resident now
+    /// ([`MemRegion::zeroed_hot`]).
+    pub fn register_zeroed_hot(&self, len: usize, hot: usize) -> Result<Arc<MemRegion>, UcxError> {
         let contexts: Vec<Arc<Context>> = self.rails.iter().map(|r| r.context().clone()).collect();
-        MemRegion::zeroed(&contexts, len)
+        MemRegion::zeroed_hot(&contexts, len, hot)
     }
 
     /// Progress every rail's worker once; returns the total event count.

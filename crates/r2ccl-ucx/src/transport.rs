@@ -1437,7 +1437,11 @@ impl Transport for UcxTransport {
     }
 
     fn register(&mut self, len: usize) -> Result<MemHandle, TransportError> {
-        let region = self.set.register_zeroed(len).map_err(|e| {
+        self.register_hot(len, len)
+    }
+
+    fn register_hot(&mut self, len: usize, hot: usize) -> Result<MemHandle, TransportError> {
+        let region = self.set.register_zeroed_hot(len, hot).map_err(|e| {
             tracing::error!(target: NET, len, error = %e, "registration failed");
             TransportError::OutOfBounds { offset: 0, len, size: 0 }
         })?;

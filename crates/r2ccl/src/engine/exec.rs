@@ -146,10 +146,14 @@ impl Engine {
         }
     }
 
+    /// The workspace, at least `len` bytes; a new one has its first `hot` bytes resident and the
+    /// rest (the private copies of sends, written only when a receipt is late) allocated on
+    /// first touch.
     pub(super) fn ensure_workspace<T: Transport + ?Sized>(
         &mut self,
         t: &mut T,
         len: usize,
+        hot: usize,
     ) -> Result<MemHandle, EngineError> {
         if let Some((h, l)) = self.work {
             if l >= len {
@@ -158,7 +162,7 @@ impl Engine {
             t.deregister(h)?;
             self.work = None;
         }
-        let h = t.register(len.max(1))?;
+        let h = t.register_hot(len.max(1), hot)?;
         self.work = Some((h, len.max(1)));
         Ok(h)
     }
@@ -268,7 +272,8 @@ impl Engine {
         scratch_at: u64,
     ) -> Result<(MemHandle, Staging), EngineError> {
         let blockers = overwritten_sends(sched);
-        let mut end = scratch_at + sched.scratch_len;
+        let hot = scratch_at + sched.scratch_len;
+        let mut end = hot;
         let mut staging = vec![None; sched.steps().len()];
         for (i, private) in private_sends(&blockers).into_iter().enumerate() {
             if let (true, StepKind::Send { src, .. }) = (private, sched.steps()[i].kind) {
@@ -277,7 +282,8 @@ impl Engine {
             }
         }
         let len = usize::try_from(end).map_err(|_| EngineError::BufferSize { got: usize::MAX, want: end })?;
-        Ok((self.ensure_workspace(t, len)?, Staging { offsets: staging, blockers }))
+        let hot = usize::try_from(hot).unwrap_or(len);
+        Ok((self.ensure_workspace(t, len, hot)?, Staging { offsets: staging, blockers }))
     }
 
     /// Set up and start a collective whose buffers lie at `base`; `direct` marks steps that
