@@ -372,10 +372,6 @@ fn last_line(text: &str) -> String {
     text.lines().rev().find(|l| !l.trim().is_empty()).map(|l| format!(" (stderr: {})", l.trim())).unwrap_or_default()
 }
 
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-}
-
 fn have(program: &str) -> bool {
     Command::new("sh").args(["-c", &format!("command -v {program}")]).output().is_ok_and(|o| o.status.success())
 }
@@ -2230,7 +2226,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let root_dir = crate::workspace_root();
     let out = root_dir.join("target/bench");
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let root = is_root();
+    let root = crate::is_root();
     // Another bench would tear this one's testbed down (and its logs share target/bench).
     let _lock = if root { Some(testbed::PrefixLock::take(PREFIX)?) } else { None };
     let _ = std::fs::remove_dir_all(out.join("logs"));

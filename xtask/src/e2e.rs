@@ -528,10 +528,6 @@ fn jittered(steps: &[Step], seed: u64) -> Vec<Step> {
         .collect()
 }
 
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-}
-
 /// 16 random bytes from the kernel as 32 hex digits (the job secret).
 fn secret() -> Result<String> {
     let mut b = [0u8; 16];
@@ -1096,7 +1092,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
             bail!("e2e: no scenario `{name}`; there are: {}", names.join(" "));
         }
     }
-    if !is_root() {
+    if !crate::is_root() {
         if std::env::var_os("CI").is_some() {
             bail!("e2e: needs root (network namespaces), and CI is set: run CI as root");
         }

@@ -226,6 +226,11 @@ fn cmd_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
 }
 
 /// Whether a command runs and exits 0 (output discarded).
+/// Whether this process runs as root (`id -u` is 0).
+pub(crate) fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
 fn succeeds(program: &str, args: &[&str]) -> bool {
     Command::new(program).args(args).output().map(|o| o.status.success()).unwrap_or(false)
 }

@@ -41,10 +41,6 @@ fn is_installed(pkg: &str) -> bool {
         .unwrap_or(false)
 }
 
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
-}
-
 /// `cargo xtask setup`: everything the tests and benchmarks need.
 pub(crate) fn run() -> Result<()> {
     install(PACKAGES, true)
@@ -69,7 +65,7 @@ fn install(packages: &[(&str, &str)], tools: bool) -> Result<()> {
     let missing: Vec<&str> = packages.iter().map(|(p, _)| *p).filter(|p| !is_installed(p)).collect();
     if missing.is_empty() {
         println!("setup: system packages present ({})", packages.len());
-    } else if !is_root() {
+    } else if !crate::is_root() {
         bail!(
             "setup: missing Debian packages {}; run `cargo xtask setup` as root, or: sudo apt-get install -y {}",
             missing.join(", "),

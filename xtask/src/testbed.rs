@@ -80,10 +80,6 @@ fn in_ns(ns: &str, args: &[&str]) -> Result<String> {
     run(&v)
 }
 
-fn is_root() -> bool {
-    run(&["id", "-u"]).map(|s| s.trim() == "0").unwrap_or(false)
-}
-
 /// Namespaces whose name starts with `<prefix>-`.
 pub(crate) fn namespaces(prefix: &str) -> Vec<String> {
     let list = run(&["ip", "netns", "list"]).unwrap_or_default();
@@ -108,7 +104,7 @@ fn shape(ns: &str, dev: &str, rate: &Option<String>) -> Result<()> {
 
 /// Bring the testbed up (tearing down any previous one with the same prefix first).
 pub(crate) fn up(spec: &Spec) -> Result<()> {
-    if !is_root() {
+    if !crate::is_root() {
         bail!("testbed: needs root (network namespaces); run as root, or use the loopback fallback");
     }
     if spec.nodes == 0 || spec.nodes > 250 || spec.nics == 0 || spec.nics > 16 {
@@ -409,7 +405,7 @@ mod tests {
     /// Needs root; CI runs as root, so there it always runs for real.
     #[test]
     fn testbed_smoke() {
-        if !is_root() {
+        if !crate::is_root() {
             eprintln!("SKIPPED testbed_smoke: not root; network namespaces need root (CI runs it as root)");
             return;
         }
