@@ -285,17 +285,25 @@ fn topo_dump_file_holds_the_cluster_view() {
     std::fs::remove_file(&path).unwrap();
 }
 
-#[test]
-fn runs_under_openmpi_mpirun() {
-    // Ranks get their rank and size from OpenMPI (OMPI_COMM_WORLD_*), the job secret from its
-    // job id, and rank 0's rendezvous address from R2CCL_ROOT.
-    let Ok(which) = Command::new("sh").args(["-c", "command -v mpirun"]).output() else { return };
-    if !which.status.success() {
+/// Whether `mpirun` is installed; without it `test` says SKIPPED loudly (and fails under CI).
+#[allow(clippy::print_stderr, reason = "the SKIPPED line is the report")]
+fn have_mpirun(test: &str) -> bool {
+    let found = Command::new("sh").args(["-c", "command -v mpirun"]).output().is_ok_and(|o| o.status.success());
+    if !found {
         assert!(
             std::env::var_os("CI").is_none(),
             "mpirun is missing under CI: `cargo xtask setup` installs openmpi-bin"
         );
-        eprintln!("******** SKIPPED runs_under_openmpi_mpirun: no mpirun (apt-get install openmpi-bin) ********");
+        eprintln!("******** SKIPPED {test}: no mpirun (apt-get install openmpi-bin) ********");
+    }
+    found
+}
+
+#[test]
+fn runs_under_openmpi_mpirun() {
+    // Ranks get their rank and size from OpenMPI (OMPI_COMM_WORLD_*), the job secret from its
+    // job id, and rank 0's rendezvous address from R2CCL_ROOT.
+    if !have_mpirun("runs_under_openmpi_mpirun") {
         return;
     }
     let port = r2ccl::bootstrap::free_port_outside_ephemeral_range(std::net::Ipv4Addr::LOCALHOST.into()).unwrap();
@@ -318,13 +326,7 @@ fn runs_under_openmpi_mpirun() {
 fn runs_under_openmpi_mpirun_without_a_root_address() {
     // No -x R2CCL_ROOT and no secret: rank 0 publishes its unique id (with a random secret)
     // through PMIx and every rank reads it; nothing is derived from public job facts.
-    let Ok(which) = Command::new("sh").args(["-c", "command -v mpirun"]).output() else { return };
-    if !which.status.success() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "mpirun is missing under CI: `cargo xtask setup` installs openmpi-bin"
-        );
-        eprintln!("******** SKIPPED runs_under_openmpi_mpirun_without_a_root_address: no mpirun ********");
+    if !have_mpirun("runs_under_openmpi_mpirun_without_a_root_address") {
         return;
     }
     let start = Instant::now();
