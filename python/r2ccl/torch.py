@@ -11,7 +11,8 @@ own, so that any order of ``isend``/``irecv`` between two ranks is served (messa
 pair match in order, as with NCCL; tags are ignored).
 
 CPU tensors of every dtype torch and r2ccl share (float32/64, float16, bfloat16, int8, uint8,
-int32, int64, uint32, uint64, bool); other dtypes and CUDA tensors raise ``TypeError``.
+int32, int64, uint32, uint64, bool), on the CPU or on a CUDA device (enqueued on torch's current
+stream); other dtypes and devices raise ``TypeError``.
 Reductions: SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM (bool: SUM is OR, PRODUCT is AND).
 Node and NICs come from ``R2CCL_NODE`` and ``R2CCL_NICS`` (or the topology file / discovery),
 the rest of the configuration from ``R2CCL_*`` as for Rust programs. ``R2CCL_TEST_FAULT_INJECTION=1``
@@ -84,8 +85,8 @@ def _dtype(t: torch.Tensor) -> str:
     if name is None:
         raise TypeError(f"r2ccl: dtype {t.dtype} is not supported (r2ccl has float32, float64, float16, "
                         "bfloat16, int8, uint8, int32, int64, uint32, uint64 and bool)")
-    if t.device.type != "cpu":
-        raise TypeError(f"r2ccl: a {t.device.type} tensor; only CPU tensors are supported so far")
+    if t.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"r2ccl: a {t.device.type} tensor; r2ccl takes CPU and CUDA tensors")
     return name
 
 

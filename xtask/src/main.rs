@@ -2,8 +2,8 @@
 //!
 //! Commands: `setup` (install system packages and tools), `ci` (everything CI checks),
 //! `codegen` (regenerate the UCX bindings), `testbed` (namespaces multi-NIC cluster),
-//! `tidy` (repository conventions), `bench` (all benchmarks), `python` (the Python package), `demo` (the main job;
-//! arrives with the facade). Kept lean: std, anyhow and the config loader; `bench` adds serde_json
+//! `tidy` (repository conventions), `bench` (all benchmarks), `python` (the Python package), `demo` (the main job),
+//! `crates` (packaging and crate checks), `e2e`, `fuzz`, `gpu-check`. Kept lean: std, anyhow and the config loader; `bench` adds serde_json
 //! and plotters (bitmap PNGs, pure-Rust text).
 #![allow(clippy::print_stdout, clippy::print_stderr, reason = "a command-line tool reports on the terminal")]
 

@@ -4,6 +4,8 @@
 //! - library code prints nothing (`println!` and friends only in binaries, benches, tests);
 //! - every crate is in the codemap of `docs/ARCHITECTURE.md`, uses the workspace lints,
 //!   and has a `#` comment on the line above each dependency saying why it exists;
+//! - the dependency graph in `docs/ARCHITECTURE.md` is the one the manifests declare, and
+//!   neither it nor the README carries dates (history lives in commit messages);
 //! - every `R2CCL_*` variable named in product code (not tests) is documented in `docs/configuration.md`,
 //!   and every metric name (string constants in `metrics.rs` files) in `docs/metrics.md`;
 //! - every runtime config in `configs/` loads and validates; every topology preset in
@@ -65,6 +67,75 @@ pub(crate) fn member_crates(root: &Path) -> Vec<String> {
         .filter_map(|d| fs::read_to_string(d.join("Cargo.toml")).ok())
         .filter_map(|m| package_name(&m))
         .collect()
+}
+
+/// The names under `[dependencies]` (normal dependencies only) of `manifest`.
+fn normal_deps(manifest: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut in_deps = false;
+    for line in manifest.lines() {
+        let l = line.trim();
+        if l.starts_with('[') {
+            in_deps = l == "[dependencies]";
+        } else if in_deps && !l.starts_with('#') && l.contains('=') {
+            out.push(l.split('=').next().unwrap_or(l).trim().to_owned());
+        }
+    }
+    out
+}
+
+/// The graph `docs/ARCHITECTURE.md` draws: lines `crate -> dep, dep,` (continued on indented
+/// lines that name only crates) or `crate -> (none)`, for the crates in `known`.
+fn drawn_graph(arch: &str, known: &[String]) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut out: std::collections::BTreeMap<String, Vec<String>> = std::collections::BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in arch.lines() {
+        let l = line.trim();
+        let names = |s: &str| -> Vec<String> {
+            s.split(',').map(|d| d.trim().to_owned()).filter(|d| known.contains(d)).collect()
+        };
+        if let Some((lhs, rhs)) = l.split_once("->") {
+            let lhs = lhs.trim();
+            if known.iter().any(|k| k == lhs) && (rhs.trim() == "(none)" || !names(rhs).is_empty()) {
+                out.insert(lhs.to_owned(), names(rhs));
+                current = Some(lhs.to_owned()).filter(|_| rhs.trim_end().ends_with(','));
+                continue;
+            }
+        }
+        match &current {
+            Some(c)
+                if !l.is_empty()
+                    && l.split(',').all(|d| d.trim().is_empty() || known.contains(&d.trim().to_owned())) =>
+            {
+                let more = names(l);
+                out.entry(c.clone()).or_default().extend(more);
+                if !l.ends_with(',') {
+                    current = None;
+                }
+            }
+            _ => current = None,
+        }
+    }
+    out
+}
+
+/// Whether `text` holds an ISO date (`2026-12-06`).
+fn has_date(text: &str) -> Option<String> {
+    let b = text.as_bytes();
+    (0..b.len().saturating_sub(9)).find_map(|i| {
+        let w = &b[i..i + 10];
+        let digits = |r: std::ops::Range<usize>| w[r].iter().all(u8::is_ascii_digit);
+        let boundary = i == 0 || !b[i - 1].is_ascii_alphanumeric();
+        (boundary
+            && w[0] == b'2'
+            && w[1] == b'0'
+            && digits(0..4)
+            && w[4] == b'-'
+            && digits(5..7)
+            && w[7] == b'-'
+            && digits(8..10))
+        .then(|| String::from_utf8_lossy(w).into_owned())
+    })
 }
 
 /// Dependency lines in `manifest` that have no `#` comment on the line above.
@@ -198,6 +269,31 @@ pub(crate) fn check(root: &Path) -> Vec<String> {
     }
 
     let arch = fs::read_to_string(root.join("docs/ARCHITECTURE.md")).unwrap_or_default();
+    for doc in ["README.md", "docs/ARCHITECTURE.md"] {
+        if let Some(date) = has_date(&fs::read_to_string(root.join(doc)).unwrap_or_default()) {
+            problems.push(format!("{doc}: carries a date ({date}); history belongs in commit messages"));
+        }
+    }
+    let members = member_crates(root);
+    let drawn = drawn_graph(&arch, &members);
+    for dir in member_dirs(root) {
+        let manifest = fs::read_to_string(dir.join("Cargo.toml")).unwrap_or_default();
+        let Some(name) = package_name(&manifest) else { continue };
+        let mut declared: Vec<String> = normal_deps(&manifest).into_iter().filter(|d| members.contains(d)).collect();
+        declared.sort();
+        match drawn.get(&name) {
+            None => problems.push(format!("docs/ARCHITECTURE.md: the dependency graph has no line for `{name}`")),
+            Some(d) => {
+                let mut d = d.clone();
+                d.sort();
+                if d != declared {
+                    problems.push(format!(
+                        "docs/ARCHITECTURE.md: the dependency graph says `{name}` -> {d:?}; its Cargo.toml says {declared:?}"
+                    ));
+                }
+            }
+        }
+    }
     for dir in member_dirs(root) {
         let manifest_path = dir.join("Cargo.toml");
         let manifest = fs::read_to_string(&manifest_path).unwrap_or_default();

@@ -20,8 +20,8 @@
 //! plus an `r2ccl_algo::Strategy` ([`Plan::request_for`]).
 //!
 //! What it does not do: no IO, clocks or threads (sans-IO); it builds no schedules itself
-//! (that is `r2ccl-algo`) and discovers no hardware (that is `r2ccl-topo`, which converts its
-//! description into a [`Topology`]).
+//! (that is `r2ccl-algo`) and discovers no hardware (that is `r2ccl-topo`; the facade turns
+//! its agreed cluster view into a [`Topology`]).
 //!
 //! # Example
 //!

@@ -1,9 +1,9 @@
 //! The planner's own small topology input: nodes, NICs (rails) with line rates, ranks per
 //! node, per-hop latency and intra-node bandwidth.
 //!
-//! This is the seam to the topology crate: `r2ccl-topo` (or a test, or the simulator)
-//! builds a [`Topology`] through [`Topology::new`] / [`Topology::uniform`] and the builder
-//! methods; the planner never looks at anything else about the machine.
+//! The caller builds a [`Topology`] through [`Topology::new`] / [`Topology::uniform`] and the
+//! builder methods (the facade from its agreed cluster view, the simulator and tests from their
+//! own); the planner never looks at anything else about the machine.
 
 use serde::{Deserialize, Serialize};
 
