@@ -1090,7 +1090,7 @@ pub fn plan_payload(
     let block = count as f64 * elem as f64;
     let d = if is_blocked(collective) { block * ranks as f64 } else { block };
     let identity: Vec<usize> = (0..n).collect();
-    let order = rerank_fabric(&f);
+    let order = if topology.rerank() { rerank_fabric(&f) } else { identity.clone() };
     let score = rerank::score(&f, &order);
     if n >= 2 && score.bottleneck_mbps == 0 {
         let p = (0..n).find(|&p| f.pair(order[p], order[(p + 1) % n]).0 == 0).unwrap_or(0);

@@ -74,6 +74,13 @@ pub struct Topology {
     intra_alpha_s: Option<f64>,
     intra_gbps: f64,
     spine_permille: u32,
+    /// Whether the planner may re-rank the ring order of nodes after failures.
+    #[serde(default = "rerank_default")]
+    rerank: bool,
+}
+
+const fn rerank_default() -> bool {
+    true
 }
 
 /// Default per-hop latency: 5 microseconds (RDMA NIC to NIC through one switch, plus software).
@@ -95,6 +102,7 @@ impl Topology {
             intra_alpha_s: None,
             intra_gbps: DEFAULT_INTRA_GBPS,
             spine_permille: DEFAULT_SPINE_PERMILLE,
+            rerank: true,
         };
         t.validate()?;
         Ok(t)
@@ -150,6 +158,20 @@ impl Topology {
         }
         self.spine_permille = permille;
         Ok(self)
+    }
+
+    /// Whether the planner may re-rank the ring order of nodes (MECHANISMS.md: a degraded node
+    /// between two healthy ones, fewer slow hops); on by default. Off, every ring follows node
+    /// order (config key `policy.rerank`).
+    #[must_use]
+    pub const fn with_rerank(mut self, on: bool) -> Self {
+        self.rerank = on;
+        self
+    }
+
+    /// Whether the planner may re-rank the ring order ([`Topology::with_rerank`]).
+    pub const fn rerank(&self) -> bool {
+        self.rerank
     }
 
     fn validate(&self) -> Result<(), TopologyError> {

@@ -148,3 +148,21 @@ fn disjoint_nodes_with_a_ring_around_them_still_plan_every_allreduce() {
         );
     }
 }
+
+#[test]
+fn the_rerank_switch_is_honoured() {
+    // Rail-only fabric, 4 nodes x 2 NICs: node 1 lost NIC 0 and node 2 lost NIC 1, so nodes 1
+    // and 2 share no rail and node order 0-1-2-3 has no path between them.
+    let topo = Topology::uniform(4, 2, 100_000).unwrap().with_spine_permille(0).unwrap();
+    let view = view_with(4, 2, &[(1, 0), (2, 1)]);
+    let coll = r2ccl_algo::Collective::AllReduce { op: r2ccl_core::ReduceOp::Sum };
+    let on = r2ccl_policy::plan(&topo, &view, coll, 1 << 20).unwrap();
+    let order: Vec<u32> = on.ring_order.iter().map(|n| n.0).collect();
+    assert_ne!(order, vec![0, 1, 2, 3], "re-ranking moves node 2 away from node 1");
+    assert!(ring_score(&topo, &view, &on.ring_order).unwrap().bottleneck_mbps > 0);
+    let off = r2ccl_policy::plan(&topo.clone().with_rerank(false), &view, coll, 1 << 20);
+    assert!(
+        matches!(off, Err(r2ccl_policy::PlanError::NoPath { .. })),
+        "without re-ranking the ring keeps node order, which has no path: {off:?}"
+    );
+}

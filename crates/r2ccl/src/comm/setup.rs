@@ -277,6 +277,7 @@ impl Progress {
                 // The UCX backend connects NIC r only to the peers' NIC r (a rail-only fabric, as
                 // on the namespace testbed): plans must not send across rails.
                 .and_then(|t| t.with_spine_permille(0))
+                .map(|t| t.with_rerank(cfg.policy.rerank))
                 .ok()
         } else {
             None
