@@ -86,6 +86,10 @@ pub struct TransportConfig {
     /// slots; a device collective runs in segments of a quarter of this). Must be equal on
     /// every rank: the segments are collectives of their own.
     pub device_staging_bytes: u64,
+    /// Bytes of each of the two registered slots a large blocking collective on caller memory
+    /// runs through in segments (a call larger than both slots is cut); 0: calls run whole.
+    /// Must be equal on every rank: the segments are collectives of their own.
+    pub host_segment_bytes: u64,
 }
 
 impl Default for TransportConfig {
@@ -97,6 +101,7 @@ impl Default for TransportConfig {
             nic_speed_mbps: 0,
             tcp_rx_segment_bytes: 1 << 20,
             device_staging_bytes: 32 << 20,
+            host_segment_bytes: 32 << 20,
         }
     }
 }
@@ -241,6 +246,15 @@ impl Config {
         range("transport.max_inflight_chunks", t.max_inflight_chunks, 1, 1024, "")?;
         range("transport.tcp_rx_segment_bytes", t.tcp_rx_segment_bytes, 8192, 1 << 26, " bytes")?;
         range("transport.device_staging_bytes", t.device_staging_bytes, 1 << 16, 1 << 32, " bytes")?;
+        if t.host_segment_bytes != 0 {
+            range(
+                "transport.host_segment_bytes",
+                t.host_segment_bytes,
+                1 << 16,
+                1 << 32,
+                " bytes (or 0: no segments)",
+            )?;
+        }
         if t.nic_speed_mbps != 0 {
             range("transport.nic_speed_mbps", t.nic_speed_mbps, 1, 100_000_000, " Mbit/s (or 0: from sysfs)")?;
         }

@@ -71,6 +71,7 @@ mod oob;
 mod raw;
 mod report;
 mod scope;
+mod segmented;
 mod typed;
 mod wake;
 

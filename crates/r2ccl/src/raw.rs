@@ -38,6 +38,9 @@ pub enum P2p<'a> {
 impl Communicator {
     /// Run `call` and wait for it, by `timeout` (the communicator's timeout when `None`).
     pub(crate) fn block(&self, call: Call, timeout: Option<Duration>) -> Result<CollReport, CommError> {
+        if let Some(done) = self.run_in_segments(&call, timeout) {
+            return done;
+        }
         self.submit(call, timeout)?.wait().map(|(_, report)| report)
     }
 
@@ -105,13 +108,39 @@ impl Communicator {
         input: &[u8],
         output: &mut [u8],
     ) -> Result<CollReport, CommError> {
+        self.run_by(coll, dtype, count, input, output, None)
+    }
+
+    /// [`Communicator::run`] that must finish within `timeout` of now (not the communicator's
+    /// [`Communicator::collective_timeout`]).
+    pub fn run_within(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        input: &[u8],
+        output: &mut [u8],
+        timeout: Duration,
+    ) -> Result<CollReport, CommError> {
+        self.run_by(coll, dtype, count, input, output, Some(timeout))
+    }
+
+    fn run_by(
+        &self,
+        coll: Collective,
+        dtype: DType,
+        count: u64,
+        input: &[u8],
+        output: &mut [u8],
+        timeout: Option<Duration>,
+    ) -> Result<CollReport, CommError> {
         let bufs = Bufs::Borrowed {
             input: input.as_ptr(),
             in_len: input.len(),
             output: output.as_mut_ptr(),
             out_len: output.len(),
         };
-        self.block(Call { work: Work::Coll(coll), dtype, count, bufs, access: Some(Access::new()) }, None)
+        self.block(Call { work: Work::Coll(coll), dtype, count, bufs, access: Some(Access::new()) }, timeout)
     }
 
     /// Run a collective in place and wait for it (NCCL's convention: AllGather reads this

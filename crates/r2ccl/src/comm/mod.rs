@@ -275,6 +275,8 @@ pub struct Communicator {
     pub(crate) template: CommOptions,
     /// Staging of device buffers, set up by the first device call.
     pub(crate) device: Mutex<Option<crate::device::Lane>>,
+    /// The slots large blocking host calls run through (`segmented.rs`), set up by the first.
+    pub(crate) host_slots: Mutex<Option<crate::segmented::HostSlots>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -337,7 +339,18 @@ impl Communicator {
         let node_of = init_rx
             .recv_timeout(connect_timeout * 2 + Duration::from_secs(5))
             .map_err(|_| CommError::Bootstrap("initialisation did not finish by its deadline".into()))??;
-        Ok(Self { rank, world, node_of, tx, waker, thread: Some(thread), shared, template, device: Mutex::new(None) })
+        Ok(Self {
+            rank,
+            world,
+            node_of,
+            tx,
+            waker,
+            thread: Some(thread),
+            shared,
+            template,
+            device: Mutex::new(None),
+            host_slots: Mutex::new(None),
+        })
     }
 
     /// Split into sub-communicators, like `ncclCommSplit`: ranks that pass the same `color`
@@ -480,6 +493,9 @@ impl Communicator {
         let lane = self.device.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take();
         if let Some(lane) = lane {
             lane.shutdown(linger);
+        }
+        if let Some(slots) = self.host_slots.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+            slots.free(&self.tx);
         }
         let thread = self.thread.take()?;
         let (reply, rx) = crossbeam_channel::bounded(1);

@@ -434,7 +434,7 @@ impl FlagPage {
 }
 
 /// Register a region for a slot through the progress thread.
-fn alloc(submitter: &Submitter, len: usize) -> Result<Registered, CommError> {
+pub(crate) fn alloc(submitter: &Submitter, len: usize) -> Result<Registered, CommError> {
     let (reply, rx) = crossbeam_channel::bounded(1);
     submitter
         .tx

@@ -57,10 +57,10 @@ mod api;
 pub mod cuda;
 mod lane;
 pub mod mock;
-mod segments;
+pub(crate) mod segments;
 
 pub use api::{DeviceHandle, DeviceP2p, DeviceReport};
-pub(crate) use lane::Lane;
+pub(crate) use lane::{alloc as alloc_registered, Lane};
 
 use std::sync::Arc;
 

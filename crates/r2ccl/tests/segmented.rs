@@ -1,0 +1,113 @@
+//! Large blocking calls on caller memory run in segments through two registered slots
+//! (`transport.host_segment_bytes`, here its smallest, 64 KiB): three ranks as threads, each
+//! its own node with two `lo` rails, run every collective in and out of place on buffers of
+//! about 1.2 MB per block; results are bit-exact against the definition, the calls really were
+//! cut (the sequence numbers jump by the segment count), and a call of two slots or less runs
+//! whole.
+#![allow(clippy::unwrap_used, reason = "a panic here is a test failure with a message")]
+
+mod common;
+
+use r2ccl::{Collective, DType, Rank, ReduceOp};
+
+const WORLD: u32 = 3;
+/// Elements per block: about 1.2 MB of f32, so every call is cut into many 64 KiB slots.
+const N: usize = 300_007;
+
+fn input(me: u32, n: usize) -> Vec<f32> {
+    (0..n).map(|i| ((i as u32).wrapping_mul(7).wrapping_add(me * 13) % 29) as f32).collect()
+}
+
+fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn floats(b: &[u8]) -> Vec<f32> {
+    b.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+fn sum_of(n: usize, block: usize) -> Vec<f32> {
+    let all: Vec<Vec<f32>> = (0..WORLD).map(|r| input(r, n * WORLD as usize)).collect();
+    (0..n).map(|i| all.iter().map(|v| v[block * n + i]).sum()).collect()
+}
+
+#[test]
+fn large_calls_run_in_segments_exactly() {
+    let mut config = common::config(10_000);
+    config.transport.host_segment_bytes = 64 << 10;
+    let threads = common::spawn_ranks_with(WORLD, config, |me, comm| {
+        let (p, n) = (WORLD as usize, N);
+        let sum = ReduceOp::Sum;
+        let f32s = DType::F32;
+        let x = input(me, n);
+        let big = input(me, p * n);
+        let mut seqs = Vec::new();
+        let mut out = vec![0u8; n * 4];
+
+        // AllReduce out of place and in place.
+        let r = comm.run(Collective::AllReduce { op: sum }, f32s, n as u64, &bytes(&x), &mut out).unwrap();
+        seqs.push(r.seq);
+        let xs: Vec<Vec<f32>> = (0..WORLD).map(|q| input(q, n)).collect();
+        let want: Vec<f32> = (0..n).map(|i| xs.iter().map(|v| v[i]).sum()).collect();
+        assert_eq!(floats(&out), want, "rank {me}: all_reduce");
+        let mut buf = bytes(&x);
+        let r = comm.run_in_place(Collective::AllReduce { op: sum }, f32s, n as u64, &mut buf).unwrap();
+        seqs.push(r.seq);
+        assert_eq!(floats(&buf), want, "rank {me}: all_reduce in place");
+
+        // AllGather: every rank's input in rank order.
+        let want: Vec<f32> = (0..WORLD).flat_map(|q| input(q, n)).collect();
+        let mut all = vec![0u8; p * n * 4];
+        comm.run(Collective::AllGather, f32s, n as u64, &bytes(&x), &mut all).unwrap();
+        assert_eq!(floats(&all), want, "rank {me}: all_gather");
+        let mut buf = vec![0u8; p * n * 4];
+        buf[me as usize * n * 4..(me as usize + 1) * n * 4].copy_from_slice(&bytes(&x));
+        comm.run_in_place(Collective::AllGather, f32s, n as u64, &mut buf).unwrap();
+        assert_eq!(floats(&buf), want, "rank {me}: all_gather in place");
+
+        // ReduceScatter: block `me` of the sum of every rank's `big`.
+        let want = sum_of(n, me as usize);
+        comm.run(Collective::ReduceScatter { op: sum }, f32s, n as u64, &bytes(&big), &mut out).unwrap();
+        assert_eq!(floats(&out), want, "rank {me}: reduce_scatter");
+        let mut buf = bytes(&big);
+        comm.run_in_place(Collective::ReduceScatter { op: sum }, f32s, n as u64, &mut buf).unwrap();
+        assert_eq!(
+            floats(&buf[me as usize * n * 4..(me as usize + 1) * n * 4]),
+            want,
+            "rank {me}: reduce_scatter in place"
+        );
+
+        // Broadcast from rank 1, Reduce to rank 2 (max).
+        comm.run(Collective::Broadcast { root: Rank(1) }, f32s, n as u64, &bytes(&x), &mut out).unwrap();
+        assert_eq!(floats(&out), input(1, n), "rank {me}: broadcast");
+        let max = ReduceOp::Max;
+        comm.run(Collective::Reduce { op: max, root: Rank(2) }, f32s, n as u64, &bytes(&x), &mut out).unwrap();
+        if me == 2 {
+            let want: Vec<f32> = (0..n).map(|i| xs.iter().map(|v| v[i]).fold(0.0, f32::max)).collect();
+            assert_eq!(floats(&out), want, "rank {me}: reduce at the root");
+        }
+
+        // AlltoAll: block q of the output is block `me` of rank q's input.
+        let want: Vec<f32> =
+            (0..WORLD).flat_map(|q| input(q, p * n)[me as usize * n..(me as usize + 1) * n].to_vec()).collect();
+        let mut all = vec![0u8; p * n * 4];
+        comm.run(Collective::AlltoAll, f32s, n as u64, &bytes(&big), &mut all).unwrap();
+        assert_eq!(floats(&all), want, "rank {me}: alltoall");
+
+        // Two slots or less: one collective.
+        let small = vec![1f32; 2 * (64 << 10) / 4];
+        let mut got = vec![0u8; small.len() * 4];
+        let a =
+            comm.run(Collective::AllReduce { op: sum }, f32s, small.len() as u64, &bytes(&small), &mut got).unwrap();
+        let b =
+            comm.run(Collective::AllReduce { op: sum }, f32s, small.len() as u64, &bytes(&small), &mut got).unwrap();
+        assert_eq!(b.seq, a.seq + 1, "rank {me}: a call of two slots runs whole");
+        assert!(floats(&got).iter().all(|&v| v == WORLD as f32));
+        seqs
+    });
+    for t in threads {
+        let seqs = t.join().unwrap();
+        // 1.2 MB in 64 KiB slots: at least 18 segments for the first AllReduce.
+        assert!(seqs[1] - seqs[0] >= 18, "the AllReduce was cut into segments: sequence numbers {seqs:?}");
+    }
+}
