@@ -166,7 +166,8 @@ impl Communicator {
                 break;
             }
             let crate::device::segments::HostWork::Coll { coll, count, len } = seg.work else {
-                return Err(CommError::Invalid("a collective cut into a group".into()));
+                failed = Some(CommError::Invalid("a collective cut into a group".into()));
+                break;
             };
             // SAFETY: the slot's segment (i - SLOTS) is over; the caller's buffer is borrowed.
             unsafe { copy_pieces(seg, send, slots.ptr(i), true) };

@@ -26,6 +26,25 @@ where
     T: Send + 'static,
     F: Fn(u32, Communicator) -> T + Send + Clone + 'static,
 {
+    spawn(world, config, false, body)
+}
+
+/// As [`spawn_ranks_with`], the communicators reading `R2CCL_FAULT` (software fault injection,
+/// `docs/faults.md`): set it before calling.
+#[allow(dead_code, reason = "not every test binary injects faults")]
+pub fn spawn_ranks_faulted<T, F>(world: u32, config: Config, body: F) -> Vec<JoinHandle<T>>
+where
+    T: Send + 'static,
+    F: Fn(u32, Communicator) -> T + Send + Clone + 'static,
+{
+    spawn(world, config, true, body)
+}
+
+fn spawn<T, F>(world: u32, config: Config, faults: bool, body: F) -> Vec<JoinHandle<T>>
+where
+    T: Send + 'static,
+    F: Fn(u32, Communicator) -> T + Send + Clone + 'static,
+{
     let root = Root::create([127, 0, 0, 1].into()).unwrap();
     let id = root.unique_id().unwrap();
     let mut root = Some(root);
@@ -34,7 +53,8 @@ where
             let (id, body, config) = (id.clone(), body.clone(), config.clone());
             let root = if rank == 0 { root.take() } else { None };
             std::thread::spawn(move || {
-                let comm = builder(rank, world, &id, config).root(root).init().unwrap();
+                let comm =
+                    builder(rank, world, &id, config).root(root).fault_injection_from_env(faults).init().unwrap();
                 body(rank, comm)
             })
         })
