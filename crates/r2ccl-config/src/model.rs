@@ -86,8 +86,9 @@ pub struct TransportConfig {
     /// slots; a device collective runs in segments of a quarter of this). Must be equal on
     /// every rank: the segments are collectives of their own.
     pub device_staging_bytes: u64,
-    /// Bytes of each of the two registered slots a large blocking collective on caller memory
-    /// runs through in segments (a call larger than both slots is cut); 0: calls run whole.
+    /// Bytes of each of the two registered slots a large collective on caller memory (blocking
+    /// or not) runs through in segments (a call larger than both slots is cut); 0: calls run
+    /// whole.
     /// Must be equal on every rank: the segments are collectives of their own.
     pub host_segment_bytes: u64,
 }
@@ -101,7 +102,7 @@ impl Default for TransportConfig {
             nic_speed_mbps: 0,
             tcp_rx_segment_bytes: 1 << 20,
             device_staging_bytes: 32 << 20,
-            host_segment_bytes: 32 << 20,
+            host_segment_bytes: 16 << 20,
         }
     }
 }

@@ -57,6 +57,7 @@ mod error;
 mod fault;
 mod memory;
 mod netlink;
+mod pool;
 mod rail;
 mod request;
 mod sockaddr;

@@ -363,7 +363,7 @@ pub struct UcxTransport {
     connected_at: Option<Instant>,
     /// Message buffers to send from and receive into again (fresh large allocations page-fault on
     /// every touch; reusing warm ones keeps the kernel out of the data path).
-    pool: Vec<Vec<u8>>,
+    pool: crate::pool::BufPool,
     /// A request may have finished since the last full poll: UCX progressed something, or a
     /// request was posted. Polling every outstanding request takes the worker lock
     /// once each, so idle rounds skip it (but never for longer than [`FULL_POLL_EVERY`]).
@@ -377,9 +377,6 @@ const SEND_NAP: Duration = Duration::from_micros(100);
 
 /// Longest time between two polls of every outstanding request, whatever UCX reported.
 const FULL_POLL_EVERY: Duration = Duration::from_millis(1);
-
-/// Most buffers [`UcxTransport`] keeps for reuse.
-const POOL_MAX: usize = 256;
 
 fn rail_u16(i: usize) -> u16 {
     u16::try_from(i).unwrap_or(u16::MAX)
@@ -478,7 +475,7 @@ impl UcxTransport {
             faults,
             fired: Vec::new(),
             connected_at: None,
-            pool: Vec::new(),
+            pool: crate::pool::BufPool::default(),
             unpolled: true,
             polled_at: Instant::now(),
         })
@@ -704,7 +701,7 @@ impl UcxTransport {
             Held::Recv(cap) => {
                 let tag = u64::from(path.peer.0) | (u64::from(path.remote.rail.0) << 32);
                 // Received bytes land in the buffer's allocation: no zeroing of a pooled buffer.
-                let buf = take_pooled(&mut self.pool, cap);
+                let buf = self.pool.take(cap);
                 // Headers and whole chunks, never a split payload (whatever its sequence number).
                 r.recv(tag, DATA_MASK | PAYLOAD_BIT, DataBuf::Owned(buf)).map(State::Live)
             }
@@ -992,11 +989,9 @@ impl UcxTransport {
         })
     }
 
-    /// Keep `buf` for a later send or receive (up to [`POOL_MAX`] buffers).
+    /// Keep `buf` for a later send or receive (`pool.rs` bounds what is kept).
     fn recycle_buf(&mut self, buf: Vec<u8>) {
-        if self.pool.len() < POOL_MAX && buf.capacity() > 0 {
-            self.pool.push(buf);
-        }
+        self.pool.put(buf);
     }
 
     fn retire(&mut self, path: PathId, kind: Kind, state: State, path_failed: bool) {
@@ -1298,8 +1293,6 @@ impl UcxTransport {
     }
 }
 
-/// An empty buffer from `pool` with room for `need` bytes: the smallest pooled one that is large
-/// enough (a warm buffer takes the bytes instead of fresh pages that fault on first touch), else any.
 /// Unguessable 64-bit values for payload tags and probe nonces, drawn from the OS in batches.
 #[derive(Debug, Default)]
 struct TagRng {
@@ -1320,17 +1313,6 @@ impl TagRng {
         }
         self.pool.pop()
     }
-}
-
-fn take_pooled(pool: &mut Vec<Vec<u8>>, need: usize) -> Vec<u8> {
-    let fit = pool.iter().enumerate().filter(|(_, b)| b.capacity() >= need).min_by_key(|(_, b)| b.capacity());
-    let mut buf = match fit.map(|(i, _)| i) {
-        Some(i) => pool.swap_remove(i),
-        None => pool.pop().unwrap_or_default(),
-    };
-    buf.clear();
-    buf.reserve(need);
-    buf
 }
 
 /// The outcome of a finished live request, with the bytes it moved.
@@ -1511,7 +1493,7 @@ impl Transport for UcxTransport {
             let body = self.region_slice(src, offset, len)?;
             return self.post(path, Kind::SplitSend, Held::Split(header.to_vec(), body));
         }
-        let mut payload = take_pooled(&mut self.pool, header.len() + len);
+        let mut payload = self.pool.take(header.len() + len);
         let bytes = self.region(src)?;
         let size = bytes.len();
         let data = offset
@@ -1553,7 +1535,7 @@ impl Transport for UcxTransport {
             PayloadInto::Buffer { header, capacity } => {
                 // A warm pooled buffer large enough takes the payload (fresh pages would fault).
                 let at = header.len();
-                let mut buf = take_pooled(&mut self.pool, at + capacity);
+                let mut buf = self.pool.take(at + capacity);
                 buf.extend_from_slice(&header);
                 self.recycle_buf(header);
                 self.post(path, Kind::Payload, Held::Payload(tag, DataBuf::After(buf, at)))

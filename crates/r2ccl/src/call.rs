@@ -124,25 +124,46 @@ impl Submitter {
     /// Hand `call` to the progress thread; its deadline is `timeout` from now (the
     /// configured collective timeout when `None`).
     pub(crate) fn submit(&self, call: crate::comm::Call, timeout: Option<Duration>) -> Result<Waiter, CommError> {
+        let timeout = timeout.unwrap_or(self.default_timeout);
+        let (reply, rx) = crossbeam_channel::bounded(1);
+        let (access, deadline) = (call.access.clone(), Instant::now() + timeout);
+        self.send(call, deadline, reply)?;
+        Ok(self.waiter(rx, access, deadline, timeout))
+    }
+
+    /// Hand `call` to the progress thread, to finish by `deadline` and answer on `reply`.
+    pub(crate) fn send(
+        &self,
+        call: crate::comm::Call,
+        deadline: Instant,
+        reply: Sender<Reply>,
+    ) -> Result<(), CommError> {
         if let Some(e) = self.shared.async_error() {
             return Err(e);
         }
-        let timeout = timeout.unwrap_or(self.default_timeout);
-        let deadline = Instant::now() + timeout;
-        let (reply, rx) = crossbeam_channel::bounded(1);
-        let access = call.access.clone();
         self.tx
             .send(Req::Coll { call, deadline, reply })
             .map_err(|_| CommError::Aborted("the progress thread is gone".into()))?;
         self.waker.wake();
-        Ok(Waiter {
+        Ok(())
+    }
+
+    /// The caller's side of a call answered on `rx` by `deadline` (`timeout` after it started).
+    pub(crate) fn waiter(
+        &self,
+        rx: Receiver<Reply>,
+        access: Option<Access>,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Waiter {
+        Waiter {
             rx,
             access,
             give_up_at: deadline + REPLY_MARGIN,
             timeout,
             tx: self.tx.clone(),
             waker: self.waker.clone(),
-        })
+        }
     }
 }
 
@@ -157,10 +178,11 @@ impl Communicator {
         }
     }
 
-    /// Hand `call` to the progress thread; its deadline is `timeout` from now (the
-    /// configured collective timeout when `None`).
+    /// Hand `call` over, to finish within `timeout` of now (the configured collective timeout
+    /// when `None`): to the progress thread, or to the host lane when the call runs in
+    /// segments or the lane still has calls to hand over before it (`segmented.rs`).
     pub(crate) fn submit(&self, call: crate::comm::Call, timeout: Option<Duration>) -> Result<Waiter, CommError> {
-        self.submitter().submit(call, timeout)
+        self.submit_ordered(call, timeout)
     }
 }
 

@@ -38,9 +38,6 @@ pub enum P2p<'a> {
 impl Communicator {
     /// Run `call` and wait for it, by `timeout` (the communicator's timeout when `None`).
     pub(crate) fn block(&self, call: Call, timeout: Option<Duration>) -> Result<CollReport, CommError> {
-        if let Some(done) = self.run_in_segments(&call, timeout) {
-            return done;
-        }
         self.submit(call, timeout)?.wait().map(|(_, report)| report)
     }
 

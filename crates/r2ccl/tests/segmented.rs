@@ -1,9 +1,10 @@
-//! Large blocking calls on caller memory run in segments through two registered slots
+//! Large calls on caller memory run in segments through two registered slots
 //! (`transport.host_segment_bytes`, here its smallest, 64 KiB): three ranks as threads, each
 //! its own node with two `lo` rails, run every collective in and out of place on buffers of
 //! about 1.2 MB per block; results are bit-exact against the definition, the calls really were
 //! cut (the sequence numbers jump by the segment count), and a call of two slots or less runs
-//! whole.
+//! whole. Non-blocking calls (`start`, `start_raw`, scopes) are cut too, and calls started
+//! behind a cut one, large or small, run after it in the order they were made.
 #![allow(clippy::unwrap_used, reason = "a panic here is a test failure with a message")]
 
 mod common;
@@ -110,4 +111,108 @@ fn large_calls_run_in_segments_exactly() {
         // 1.2 MB in 64 KiB slots: at least 18 segments for the first AllReduce.
         assert!(seqs[1] - seqs[0] >= 18, "the AllReduce was cut into segments: sequence numbers {seqs:?}");
     }
+}
+
+#[test]
+fn non_blocking_calls_are_cut_and_keep_their_order() {
+    let mut config = common::config(10_000);
+    config.transport.host_segment_bytes = 64 << 10;
+    let threads = common::spawn_ranks_with(WORLD, config, |me, comm| {
+        let n = N;
+        let sum = ReduceOp::Sum;
+        let f32s = DType::F32;
+        let ar = Collective::AllReduce { op: sum };
+        let xs: Vec<Vec<f32>> = (0..WORLD).map(|q| input(q, n)).collect();
+        let want: Vec<f32> = (0..n).map(|i| xs.iter().map(|v| v[i]).sum()).collect();
+        let x = bytes(&input(me, n));
+
+        // start_raw (the torch backend's call): a cut AllReduce, then a small one and a cut
+        // Broadcast in place behind it, then an owned `start`; all waited for at the end.
+        let mut out = vec![0u8; n * 4];
+        let small_in = bytes(&[me as f32 + 1.0; 5]);
+        let mut small_out = vec![0u8; 20];
+        let mut bcast = if me == 0 { bytes(&input(7, n)) } else { vec![0u8; n * 4] };
+        let tmo = Some(std::time::Duration::from_secs(60));
+        // SAFETY: every buffer outlives the waits below and nothing else touches it meanwhile.
+        let (a, b, c) = unsafe {
+            (
+                comm.start_raw(ar, f32s, n as u64, x.as_ptr(), out.as_mut_ptr(), tmo).unwrap(),
+                comm.start_raw(ar, f32s, 5, small_in.as_ptr(), small_out.as_mut_ptr(), tmo).unwrap(),
+                comm.start_raw(
+                    Collective::Broadcast { root: Rank(0) },
+                    f32s,
+                    n as u64,
+                    bcast.as_ptr(),
+                    bcast.as_mut_ptr(),
+                    tmo,
+                )
+                .unwrap(),
+            )
+        };
+        let d =
+            comm.start(ar, f32s, n as u64, x.clone(), vec![0u8; n * 4], std::time::Duration::from_secs(60)).unwrap();
+        let (_, ra) = a.wait().unwrap();
+        let (_, rb) = b.wait().unwrap();
+        let (_, rc) = c.wait().unwrap();
+        let (owned, rd) = d.wait().unwrap();
+        assert_eq!(floats(&out), want, "rank {me}: start_raw all_reduce");
+        assert_eq!(floats(&small_out), vec![6.0; 5], "rank {me}: the small call behind it");
+        assert_eq!(floats(&bcast), input(7, n), "rank {me}: start_raw broadcast in place");
+        assert_eq!(floats(&owned), want, "rank {me}: start (owned) all_reduce");
+        // In order: the small call right after the first cut call's segments, the Broadcast's
+        // segments after it, the owned call's after those.
+        assert!(ra.seq >= 18, "rank {me}: the first call was cut: {ra:?}");
+        assert_eq!(rb.seq, ra.seq + 1, "rank {me}: the small call ran right after the cut one");
+        assert!(rc.seq >= rb.seq + 18 && rd.seq >= rc.seq + 18, "rank {me}: {rb:?} {rc:?} {rd:?}");
+
+        // A scope: a cut AllReduce and a cut AllGather pending at once.
+        let mut s_out = vec![0f32; n];
+        let mut gathered = vec![0f32; WORLD as usize * n];
+        let mine = input(me, n);
+        comm.scope(|s| {
+            let p = s.all_reduce(&mine[..], &mut s_out[..], sum).unwrap();
+            let q = s.all_gather(&mine[..], &mut gathered[..]).unwrap();
+            p.wait().unwrap();
+            q.wait().unwrap();
+        });
+        assert_eq!(s_out, want, "rank {me}: scope all_reduce");
+        assert_eq!(gathered, xs.concat(), "rank {me}: scope all_gather");
+    });
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn a_cut_call_a_peer_never_joins_fails_by_its_deadline() {
+    let mut config = common::config(10_000);
+    config.transport.host_segment_bytes = 64 << 10;
+    let threads = common::spawn_ranks_with(2, config, |me, comm| {
+        if me == 1 {
+            // Never joins; leaves once rank 0 has given up.
+            std::thread::sleep(std::time::Duration::from_secs(4));
+            return None;
+        }
+        let x = bytes(&input(me, N));
+        let mut out = vec![0u8; N * 4];
+        let t = std::time::Instant::now();
+        // SAFETY: both buffers outlive the wait, and nothing else touches them meanwhile.
+        let h = unsafe {
+            comm.start_raw(
+                Collective::AllReduce { op: ReduceOp::Sum },
+                DType::F32,
+                N as u64,
+                x.as_ptr(),
+                out.as_mut_ptr(),
+                Some(std::time::Duration::from_secs(1)),
+            )
+        }
+        .unwrap();
+        let err = h.wait().unwrap_err();
+        Some((t.elapsed(), err))
+    });
+    let mut results = threads.into_iter().map(|t| t.join().unwrap());
+    let (took, err) = results.next().flatten().unwrap();
+    assert!(took < std::time::Duration::from_secs(8), "answered by its deadline plus the margin: {took:?}");
+    assert!(matches!(err, r2ccl::CommError::Timeout { .. } | r2ccl::CommError::Aborted(_)), "a bounded error: {err}");
 }

@@ -275,8 +275,9 @@ pub struct Communicator {
     pub(crate) template: CommOptions,
     /// Staging of device buffers, set up by the first device call.
     pub(crate) device: Mutex<Option<crate::device::Lane>>,
-    /// The slots large blocking host calls run through (`segmented.rs`), set up by the first.
-    pub(crate) host_slots: Mutex<Option<crate::segmented::HostSlots>>,
+    /// The worker that runs large calls on caller memory in segments (`segmented.rs`),
+    /// started by the first.
+    pub(crate) host_lane: crate::segmented::HostLane,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -349,7 +350,7 @@ impl Communicator {
             shared,
             template,
             device: Mutex::new(None),
-            host_slots: Mutex::new(None),
+            host_lane: Arc::default(),
         })
     }
 
@@ -494,16 +495,21 @@ impl Communicator {
         if let Some(lane) = lane {
             lane.shutdown(linger);
         }
-        if let Some(slots) = self.host_slots.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
-            slots.free(&self.tx);
+        // Then the host lane: with `linger` its calls finish first; without, the shutdown
+        // below fails them and the worker ends after it.
+        let worker = self.close_host_lane(linger);
+        let staying = self.thread.take().map(|thread| {
+            let (reply, rx) = crossbeam_channel::bounded(1);
+            let _ = self.tx.send(Req::Shutdown { linger, reply });
+            self.waker.wake();
+            let staying = rx.recv().ok();
+            let _ = thread.join();
+            staying
+        });
+        if let Some(worker) = worker {
+            let _ = worker.join();
         }
-        let thread = self.thread.take()?;
-        let (reply, rx) = crossbeam_channel::bounded(1);
-        let _ = self.tx.send(Req::Shutdown { linger, reply });
-        self.waker.wake();
-        let staying = rx.recv().ok();
-        let _ = thread.join();
-        staying
+        staying.flatten()
     }
 
     /// How long a call may take by default (from its submission): twelve peer timeouts, at
