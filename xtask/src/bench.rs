@@ -15,8 +15,10 @@
 //! - `loopback`: no shaping, 4 ranks on this host, float32 AllReduce size sweep, r2ccl beside
 //!   OpenMPI (`bench/peers/mpi_allreduce.c`) and Gloo (`bench/peers/gloo_allreduce.cc`), which are
 //!   compiled here into `target/bench/`.
+//! - `memory`: PSS and peak RSS per rank of a 64 MiB and a 256 MiB AllReduce on loopback, r2ccl
+//!   beside OpenMPI and Gloo (`bench/memory.rs`).
 //!
-//! All but `loopback` need root (network namespaces, prefix `r2b`, distinct from e2e's `r2e` and the
+//! All but `loopback` and `memory` need root (network namespaces, prefix `r2b`, distinct from e2e's `r2e` and the
 //! interactive `r2t`); without it they are reported SKIPPED. Every child runs in its own process group
 //! with a deadline; a child still running then is killed and reported as a hang. Failed runs are
 //! reported in the report and make the command exit non-zero; missed performance targets do not.
@@ -39,6 +41,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+mod memory;
 
 /// Name prefix of the benchmark testbed.
 const PREFIX: &str = "r2b";
@@ -72,10 +76,12 @@ enum Part {
     Strategies,
     Pause,
     Timeline,
+    Memory,
 }
 
 impl Part {
-    const ALL: [Part; 5] = [Part::FaultFree, Part::Strategies, Part::Pause, Part::Loopback, Part::Timeline];
+    const ALL: [Part; 6] =
+        [Part::FaultFree, Part::Strategies, Part::Pause, Part::Loopback, Part::Timeline, Part::Memory];
 
     const fn name(self) -> &'static str {
         match self {
@@ -84,6 +90,7 @@ impl Part {
             Part::Strategies => "strategies",
             Part::Pause => "pause",
             Part::Timeline => "timeline",
+            Part::Memory => "memory",
         }
     }
 
@@ -94,18 +101,19 @@ impl Part {
             Part::Pause => "3. Failover pause per fault kind",
             Part::Loopback => "4. Loopback, 4 ranks, float32 AllReduce: r2ccl vs OpenMPI vs Gloo",
             Part::Timeline => "5. Bus bandwidth across a NIC failure and its recovery",
+            Part::Memory => "6. Memory per rank, 4 ranks, AllReduce of 64 and 256 MiB: r2ccl vs OpenMPI vs Gloo",
         }
     }
 
     const fn needs_root(self) -> bool {
-        !matches!(self, Part::Loopback)
+        !matches!(self, Part::Loopback | Part::Memory)
     }
 }
 
 pub(crate) const USAGE: &str =
     "usage: cargo xtask bench [--quick] [--part P[,P...]]... [--rate RATE] [--reps N] [--loopback-nics K]
        cargo xtask bench --micro      the criterion-style micro benchmarks (cargo bench --workspace)
-parts: faultfree strategies pause loopback timeline (default: all); every part but loopback needs root
+parts: faultfree strategies pause loopback timeline memory (default: all); all but loopback and memory need root
 --quick            CI-sized smoke (small sizes, short runs; under 2 minutes with a healthy library)
 --rate RATE        tbf rate per NIC of the testbed parts (default 100mbit; kbit/mbit/gbit)
 --nics K           NICs per node of the 4-node testbed (default 2; 2..=8)
@@ -931,6 +939,7 @@ fn unmeasured(part: Part, why: &str) -> Vec<Target> {
         ],
         Part::Pause => vec![t("nic_down_pause_p50_ms", "pause after a NIC goes down, p50 (ms)", 50.0, Cmp::AtMost)],
         Part::Timeline => vec![],
+        Part::Memory => memory::targets(t),
     }
 }
 
@@ -2173,6 +2182,7 @@ fn run_part(ctx: &Ctx, part: Part, root: bool) -> PartResult {
             Part::Pause => part_pause(ctx),
             Part::Timeline => part_timeline(ctx),
             Part::Loopback => part_loopback(ctx),
+            Part::Memory => memory::part_memory(ctx),
         };
         match out {
             Ok(mut r) => {
