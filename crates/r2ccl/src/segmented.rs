@@ -1,5 +1,5 @@
-//! Collectives on caller memory larger than two slots of `transport.host_segment_bytes`, run in
-//! segments through two registered slots by the communicator's host lane, so the library's
+//! Collectives larger than two slots of `transport.host_segment_bytes`, run in segments by the
+//! communicator's host lane (on caller memory through two registered slots), so the library's
 //! memory does not grow with the call; and the order calls reach the progress thread in.
 //!
 //! A call is cut as device calls are (`device::segments::cut_collective`: the same collective
@@ -9,6 +9,12 @@
 //! calls, `start`, `start_raw` and so the torch backend, scopes); groups are not. Every rank
 //! cuts a call the same way (the cut depends on the collective, its count, the world and the
 //! slot size; a different `host_segment_bytes` on one rank is an argument mismatch, not a hang).
+//!
+//! A call on registered buffers ([`crate::CommBuf`]) needs no slot: one of a single block
+//! (AllReduce, Broadcast, Reduce) larger than two slots runs as segments of two slots' bytes,
+//! each in place on a sub-range of the caller's regions, so the engine's workspace (room for
+//! private copies of late sends) is sized by a segment; registered calls of several blocks run
+//! whole.
 //!
 //! The host lane is one worker thread per communicator, started by its first cut call: it
 //! copies a segment in while the one before runs, copies each result out after, and answers
@@ -32,6 +38,7 @@ use crate::device::segments::{cut_collective, HostWork, Segment};
 use crate::error::CommError;
 use crate::report::CollReport;
 use crossbeam_channel::{Receiver, Sender};
+use r2ccl_algo::Collective;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -76,6 +83,20 @@ enum Job {
         deadline: Instant,
         reply: Sender<Reply>,
     },
+    /// A registered call's segments, each in place on a sub-range of the caller's regions.
+    Parts {
+        parts: Vec<Call>,
+        deadline: Instant,
+        reply: Sender<Reply>,
+    },
+}
+
+/// How a call is cut.
+enum Planned {
+    /// Through the slots, copied in and out.
+    Copied(Cut),
+    /// On the caller's registered regions, segment by segment (no copy).
+    InPlace(Vec<Call>),
 }
 
 // SAFETY: the caller's pointers in a `Cut` are dereferenced only under its `Access`, which the
@@ -125,10 +146,11 @@ impl Communicator {
                 let access = call.access.clone();
                 (Job::Whole { call, deadline, reply }, access)
             }
-            Ok(cut) => {
+            Ok(Planned::Copied(cut)) => {
                 let access = Some(cut.access.clone());
                 (Job::Cut { cut, deadline, reply }, access)
             }
+            Ok(Planned::InPlace(parts)) => (Job::Parts { parts, deadline, reply }, None),
         };
         if let Some(e) = sub.shared.async_error() {
             return Err(e);
@@ -159,7 +181,7 @@ impl Communicator {
     /// The segments `call` runs in, or the call back when it runs whole: it is not a collective
     /// on caller memory larger than two slots, or its buffers do not have the collective's sizes
     /// (it is refused with its own error then).
-    fn cut_of(&self, mut call: Call) -> Result<Cut, Call> {
+    fn cut_of(&self, mut call: Call) -> Result<Planned, Call> {
         let slot_len = usize::try_from(self.template.config.transport.host_segment_bytes).unwrap_or(0);
         let Work::Coll(coll) = call.work else { return Err(call) };
         let Ok((in_len, out_len)) =
@@ -168,6 +190,9 @@ impl Communicator {
             return Err(call);
         };
         let (Ok(in_len), Ok(out_len)) = (usize::try_from(in_len), usize::try_from(out_len)) else { return Err(call) };
+        if matches!(call.bufs, Bufs::Registered { .. } | Bufs::RegisteredInPlace { .. }) {
+            return self.parts_of(call, coll, (in_len, out_len), slot_len).map(Planned::InPlace);
+        }
         let (send, recv, fits) = match &mut call.bufs {
             Bufs::Borrowed { input, in_len: i, output, out_len: o } => {
                 (input.cast_mut(), *output, *i == in_len && *o == out_len)
@@ -197,7 +222,47 @@ impl Communicator {
             _ => None,
         };
         let access = call.access.clone().unwrap_or_else(Access::new);
-        Ok(Cut { segs, dtype: call.dtype, send, recv, access, owned })
+        Ok(Planned::Copied(Cut { segs, dtype: call.dtype, send, recv, access, owned }))
+    }
+
+    /// A registered call of one block (AllReduce, Broadcast, Reduce) larger than two slots, cut
+    /// into segments of two slots' bytes, each the same collective in place on a sub-range of
+    /// the caller's regions: no copy, and the engine's workspace (room for private copies of
+    /// late sends) is sized by a segment, not by the call. Other calls run whole.
+    fn parts_of(
+        &self,
+        call: Call,
+        coll: Collective,
+        (in_len, out_len): (usize, usize),
+        slot_len: usize,
+    ) -> Result<Vec<Call>, Call> {
+        let one_block =
+            matches!(coll, Collective::AllReduce { .. } | Collective::Broadcast { .. } | Collective::Reduce { .. });
+        let (input, output, fits) = match call.bufs {
+            Bufs::Registered { input, output } => (input.0, output.0, input.1 >= in_len && output.1 >= out_len),
+            Bufs::RegisteredInPlace { buf, len } => (buf, buf, len >= in_len.max(out_len)),
+            _ => return Err(call),
+        };
+        let elem = call.dtype.size();
+        let per = (2 * slot_len / elem) as u64;
+        if !one_block || !fits || self.world < 2 || in_len != out_len || in_len <= 2 * slot_len || per == 0 {
+            return Err(call);
+        }
+        let mut parts = Vec::new();
+        let mut at = 0u64;
+        while at < call.count {
+            let count = per.min(call.count - at);
+            let off = usize::try_from(at).unwrap_or(usize::MAX).saturating_mul(elem);
+            parts.push(Call {
+                work: Work::Coll(coll),
+                dtype: call.dtype,
+                count,
+                bufs: Bufs::RegisteredAt { input: (input, off), output: (output, off) },
+                access: None,
+            });
+            at += count;
+        }
+        Ok(parts)
     }
 
     /// Stop the host lane: no more calls; with `linger`, wait for the calls it holds (each
@@ -233,6 +298,10 @@ fn work(jobs: &Receiver<Job>, sub: &Submitter, lane: &Mutex<LaneState>, slot_len
                 }
                 release();
             }
+            Job::Parts { parts, deadline, reply } => {
+                let done = run_parts(sub, parts, deadline, &release);
+                let _ = reply.send(done);
+            }
             Job::Cut { cut, deadline, reply } => {
                 let mut released = false;
                 let mut once = || {
@@ -250,6 +319,41 @@ fn work(jobs: &Receiver<Job>, sub: &Submitter, lane: &Mutex<LaneState>, slot_len
         let _ = sub.tx.send(Req::Free(handle));
     }
     sub.waker.wake();
+}
+
+/// Run a registered call's segments: all handed over at once (they need no slot), then
+/// `handed_over`, then each waited for.
+fn run_parts(sub: &Submitter, parts: Vec<Call>, deadline: Instant, handed_over: &dyn Fn()) -> Reply {
+    let started = Instant::now();
+    let mut waiters = Vec::with_capacity(parts.len());
+    let mut failed = None;
+    for part in parts {
+        match sub.submit(part, Some(deadline.saturating_duration_since(Instant::now()))) {
+            Ok(w) => waiters.push(w),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    handed_over();
+    let mut last = None;
+    for w in waiters {
+        match w.wait() {
+            Ok((_, report)) => last = Some(report),
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    match (failed, last) {
+        (Some(e), _) => Err(e),
+        (None, Some(mut report)) => {
+            report.seconds = started.elapsed().as_secs_f64();
+            Ok((Vec::new(), report))
+        }
+        (None, None) => Err(CommError::Invalid("a call in segments with no segment".into())),
+    }
 }
 
 /// Run one cut call; `handed_over` is called once its last segment has reached the progress

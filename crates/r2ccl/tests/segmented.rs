@@ -216,3 +216,45 @@ fn a_cut_call_a_peer_never_joins_fails_by_its_deadline() {
     assert!(took < std::time::Duration::from_secs(8), "answered by its deadline plus the margin: {took:?}");
     assert!(matches!(err, r2ccl::CommError::Timeout { .. } | r2ccl::CommError::Aborted(_)), "a bounded error: {err}");
 }
+
+#[test]
+fn registered_calls_of_one_block_run_in_place_in_segments() {
+    let mut config = common::config(10_000);
+    config.transport.host_segment_bytes = 64 << 10;
+    let threads = common::spawn_ranks_with(WORLD, config, |me, comm| {
+        let n = N;
+        let f32s = DType::F32;
+        let xs: Vec<Vec<f32>> = (0..WORLD).map(|q| input(q, n)).collect();
+        let want: Vec<f32> = (0..n).map(|i| xs.iter().map(|v| v[i]).sum()).collect();
+        let mut inp = comm.alloc::<f32>(n).unwrap();
+        inp.copy_from_slice(&input(me, n));
+        let mut out = comm.alloc::<f32>(n).unwrap();
+        // Out of place, then in place: both cut (128 KiB segments of a 1.2 MB call).
+        let ar = Collective::AllReduce { op: ReduceOp::Sum };
+        let a = comm.run_registered(ar, f32s, n as u64, &inp, &mut out).unwrap();
+        assert_eq!(&out[..], &want[..], "rank {me}: registered all_reduce");
+        let b = comm.run_registered_in_place(ar, f32s, n as u64, &mut inp).unwrap();
+        assert_eq!(&inp[..], &want[..], "rank {me}: registered all_reduce in place");
+        assert!(b.seq >= a.seq + 9, "rank {me}: the in-place call was cut: {a:?} {b:?}");
+        // Broadcast from rank 2 and Reduce (max) to rank 1, in place.
+        let mut buf = comm.alloc::<f32>(n).unwrap();
+        buf.copy_from_slice(&input(me, n));
+        comm.run_registered_in_place(Collective::Broadcast { root: Rank(2) }, f32s, n as u64, &mut buf).unwrap();
+        assert_eq!(&buf[..], &input(2, n)[..], "rank {me}: registered broadcast");
+        buf.copy_from_slice(&input(me, n));
+        let max = Collective::Reduce { op: ReduceOp::Max, root: Rank(1) };
+        let c = comm.run_registered_in_place(max, f32s, n as u64, &mut buf).unwrap();
+        if me == 1 {
+            let want: Vec<f32> = (0..n).map(|i| xs.iter().map(|v| v[i]).fold(0.0, f32::max)).collect();
+            assert_eq!(&buf[..], &want[..], "rank {me}: registered reduce at the root");
+        }
+        // An AllGather on registered buffers runs whole (its blocks are not contiguous).
+        let mut all = comm.alloc::<f32>(WORLD as usize * n).unwrap();
+        let d = comm.run_registered(Collective::AllGather, f32s, n as u64, &inp, &mut all).unwrap();
+        assert_eq!(d.seq, c.seq + 1, "rank {me}: a registered AllGather runs whole");
+        assert_eq!(&all[me as usize * n..(me as usize + 1) * n], &want[..]);
+    });
+    for t in threads {
+        t.join().unwrap();
+    }
+}

@@ -137,6 +137,12 @@ pub(crate) enum Bufs {
         buf: MemHandle,
         len: usize,
     },
+    /// Registered regions, read and written from these offsets (a segment of a registered call,
+    /// `segmented.rs`, which checked that the collective fits).
+    RegisteredAt {
+        input: (MemHandle, usize),
+        output: (MemHandle, usize),
+    },
 }
 
 // SAFETY: borrowed pointers travel with the call's `Access`; the progress thread dereferences
@@ -160,7 +166,7 @@ impl Bufs {
                     unsafe { (std::slice::from_raw_parts(*input, *il), std::slice::from_raw_parts(*output, *ol)) };
                 (i, o, Some((*output, *ol)))
             }),
-            Bufs::Registered { .. } | Bufs::RegisteredInPlace { .. } => None,
+            Bufs::Registered { .. } | Bufs::RegisteredInPlace { .. } | Bufs::RegisteredAt { .. } => None,
             Bufs::InPlace { buf, len } => {
                 let (i_at, o_at) = in_place_offsets(in_len, out_len, rank);
                 if *len != in_len.max(out_len) || i_at + in_len > *len || o_at + out_len > *len {

@@ -436,6 +436,8 @@ impl Progress {
                 let (i_at, o_at) = in_place_offsets(in_len, out_len, self.rank);
                 Some(((buf, i_at), len.saturating_sub(i_at), (buf, o_at), len.saturating_sub(o_at)))
             }
+            // The engine checks that each buffer fits its region from there.
+            Bufs::RegisteredAt { input, output } => Some((input, in_len, output, out_len)),
             _ => None,
         };
         if let Some((input, in_room, output, out_room)) = registered {
@@ -481,7 +483,9 @@ impl Progress {
                     Bufs::Owned { input, output } => format!("got {} and {}", input.len(), output.len()),
                     Bufs::Borrowed { in_len, out_len, .. } => format!("got {in_len} and {out_len}"),
                     Bufs::InPlace { len, .. } => format!("got one in-place buffer of {len}"),
-                    Bufs::Registered { .. } | Bufs::RegisteredInPlace { .. } => String::new(),
+                    Bufs::Registered { .. } | Bufs::RegisteredInPlace { .. } | Bufs::RegisteredAt { .. } => {
+                        String::new()
+                    }
                 };
                 let _ = reply.send(Err(CommError::Invalid(format!(
                     "{} needs a {}-byte input and a {}-byte output (in place: one buffer of the larger), {got}",
