@@ -8,8 +8,8 @@
 //! and reported as a hang), tear the testbed down (also on error or panic) and check the
 //! expectation. Logs of every rank stay in `target/e2e/<scenario>/rank<i>.{out,err}`.
 //!
-//! Scenario format: a TOML subset, one `key = value` per line, `#` comments; values are a
-//! `"string"`, a number, or a one-line array of strings.
+//! Scenario format: TOML read into a struct (serde; an unknown key is an error), every key but
+//! `args` optional:
 //!
 //! ```toml
 //! nodes = 4                      # nodes (namespaces), one rank each
@@ -72,7 +72,7 @@
 //! missing root is an error: CI runs the real testbed (and three scenarios on the fallback).
 
 use crate::testbed::{self, Fault, Spec};
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -151,49 +151,6 @@ enum Launcher {
     Mpirun,
 }
 
-/// A value of the TOML subset.
-enum Value {
-    Str(String),
-    Bare(String),
-    List(Vec<String>),
-}
-
-/// Strip a `#` comment that is outside double quotes.
-fn strip_comment(line: &str) -> &str {
-    let mut quoted = false;
-    for (i, c) in line.char_indices() {
-        match c {
-            '"' => quoted = !quoted,
-            '#' if !quoted => return &line[..i],
-            _ => {}
-        }
-    }
-    line
-}
-
-fn parse_str(v: &str) -> Result<String> {
-    let inner = v
-        .strip_prefix('"')
-        .and_then(|s| s.strip_suffix('"'))
-        .with_context(|| format!("expected a \"string\", got `{v}`"))?;
-    if inner.contains('"') || inner.contains('\\') {
-        bail!("strings may not contain quotes or backslashes: `{v}`");
-    }
-    Ok(inner.to_owned())
-}
-
-fn parse_value(v: &str) -> Result<Value> {
-    if let Some(inner) = v.strip_prefix('[') {
-        let inner = inner.strip_suffix(']').with_context(|| format!("array must close on its line: `{v}`"))?;
-        let items = inner.split(',').map(str::trim).filter(|s| !s.is_empty()).map(parse_str);
-        return Ok(Value::List(items.collect::<Result<_>>()?));
-    }
-    if v.starts_with('"') {
-        return Ok(Value::Str(parse_str(v)?));
-    }
-    Ok(Value::Bare(v.to_owned()))
-}
-
 fn parse_fault(text: &str) -> Result<Step> {
     let f: Vec<&str> = text.split_whitespace().collect();
     let [at, node, nic, kind] = f[..] else {
@@ -214,113 +171,94 @@ fn parse_fault(text: &str) -> Result<Step> {
     })
 }
 
+/// A scenario file as written (TOML; every key but `args` optional, unknown keys refused).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScenarioFile {
+    nodes: Option<u32>,
+    nics: Option<u32>,
+    ranks_per_node: Option<u32>,
+    rate: Option<String>,
+    #[serde(default)]
+    args: String,
+    deadline_s: Option<u64>,
+    expect: Option<String>,
+    expect_error: Option<String>,
+    expect_recovery: Option<f64>,
+    failovers: Option<String>,
+    failed_nics: Option<Vec<String>>,
+    degraded: Option<f64>,
+    launcher: Option<String>,
+    #[serde(default)]
+    env: Vec<String>,
+    #[serde(default)]
+    faults: Vec<String>,
+}
+
+/// A fraction in (0, 1] named `key` in scenario `name`.
+fn fraction(name: &str, key: &str, v: Option<f64>) -> Result<Option<f64>> {
+    match v {
+        Some(f) if !(f > 0.0 && f <= 1.0) => bail!("{name}.toml: `{key}` must be a number in (0, 1], got {f}"),
+        v => Ok(v),
+    }
+}
+
 /// Parse one scenario file's text.
 fn parse(name: &str, text: &str) -> Result<Scenario> {
+    let f: ScenarioFile = toml::from_str(text).map_err(|e| anyhow!("{name}.toml: {e}"))?;
+    let at = || format!("{name}.toml");
     let mut sc = Scenario {
         name: name.to_owned(),
         spec: Spec { prefix: PREFIX.into(), ..Spec::default() },
-        args: Vec::new(),
-        deadline: Duration::from_secs(20),
-        expect: Expect::Success,
-        expect_error: None,
-        expect_recovery: None,
+        args: f.args.split_whitespace().map(str::to_owned).collect(),
+        deadline: Duration::from_secs(f.deadline_s.unwrap_or(20)),
+        expect: match f.expect.as_deref() {
+            None | Some("success") => Expect::Success,
+            Some("failure") => Expect::Failure,
+            Some(other) => bail!("{}: expect must be \"success\" or \"failure\", got `{other}`", at()),
+        },
+        expect_error: f.expect_error,
+        expect_recovery: fraction(name, "expect_recovery", f.expect_recovery)?,
         failovers: None,
         failed_nics: None,
-        degraded: None,
+        degraded: fraction(name, "degraded", f.degraded)?,
         env: Vec::new(),
-        launcher: Launcher::Direct,
-        faults: Vec::new(),
-        ranks_per_node: 1,
+        launcher: match f.launcher.as_deref() {
+            None | Some("direct") => Launcher::Direct,
+            Some("mpirun") => Launcher::Mpirun,
+            Some(other) => bail!("{}: launcher must be \"direct\" or \"mpirun\", got `{other}`", at()),
+        },
+        faults: f.faults.iter().map(|s| parse_fault(s)).collect::<Result<_>>().with_context(at)?,
+        ranks_per_node: match f.ranks_per_node.unwrap_or(1) {
+            n @ 1..=8 => n,
+            n => bail!("{}: `ranks_per_node` must be 1 to 8, got {n}", at()),
+        },
     };
-    for (n, raw) in text.lines().enumerate() {
-        let line = strip_comment(raw).trim();
-        if line.is_empty() {
-            continue;
+    if let Some(n) = f.nodes {
+        sc.spec.nodes = n;
+    }
+    if let Some(n) = f.nics {
+        sc.spec.nics = n;
+    }
+    if let Some(r) = f.rate {
+        sc.spec.rate = (r != "none").then_some(r);
+    }
+    if let Some(v) = f.failovers {
+        sc.failovers =
+            Some(CountRange::parse(&v).with_context(|| {
+                format!("{}: `failovers` must be \"N\", \"MIN..\" or \"MIN..MAX\", got `{v}`", at())
+            })?);
+    }
+    if let Some(mut items) = f.failed_nics {
+        if let Some(bad) = items.iter().find(|i| nic_name(i).is_none()) {
+            bail!("{}: failed_nics: `{bad}` is not a NIC name such as \"node1/nic0\"", at());
         }
-        let at = || format!("{name}.toml line {}", n + 1);
-        let (key, value) = line.split_once('=').with_context(|| format!("{}: expected `key = value`", at()))?;
-        let (key, value) = (key.trim(), parse_value(value.trim()).with_context(at)?);
-        let number = |v: &Value| -> Result<u64> {
-            match v {
-                Value::Bare(b) => b.parse().with_context(|| format!("{}: `{key}` must be a number", at())),
-                _ => bail!("{}: `{key}` must be a bare number", at()),
-            }
-        };
-        let fraction = |v: &Value| -> Result<f64> {
-            match v {
-                Value::Bare(b) => b.parse::<f64>().ok().filter(|f| *f > 0.0 && *f <= 1.0),
-                _ => None,
-            }
-            .with_context(|| format!("{}: `{key}` must be a bare number in (0, 1]", at()))
-        };
-        let string = |v: Value| -> Result<String> {
-            match v {
-                Value::Str(s) => Ok(s),
-                _ => bail!("{}: `{key}` must be a \"string\"", at()),
-            }
-        };
-        match key {
-            "nodes" => sc.spec.nodes = u32::try_from(number(&value)?).context("nodes")?,
-            "nics" => sc.spec.nics = u32::try_from(number(&value)?).context("nics")?,
-            "ranks_per_node" => match number(&value)? {
-                n @ 1..=8 => sc.ranks_per_node = n as u32,
-                n => bail!("{}: `ranks_per_node` must be 1 to 8, got {n}", at()),
-            },
-            "rate" => {
-                let r = string(value)?;
-                sc.spec.rate = (r != "none").then_some(r);
-            }
-            "args" => sc.args = string(value)?.split_whitespace().map(str::to_owned).collect(),
-            "deadline_s" => sc.deadline = Duration::from_secs(number(&value)?),
-            "expect" => {
-                sc.expect = match string(value)?.as_str() {
-                    "success" => Expect::Success,
-                    "failure" => Expect::Failure,
-                    other => bail!("{}: expect must be \"success\" or \"failure\", got `{other}`", at()),
-                }
-            }
-            "expect_error" => sc.expect_error = Some(string(value)?),
-            "expect_recovery" => sc.expect_recovery = Some(fraction(&value)?),
-            "failovers" => {
-                let v = string(value)?;
-                sc.failovers = Some(CountRange::parse(&v).with_context(|| {
-                    format!("{}: `failovers` must be \"N\", \"MIN..\" or \"MIN..MAX\", got `{v}`", at())
-                })?);
-            }
-            "failed_nics" => {
-                let Value::List(mut items) = value else {
-                    bail!("{}: failed_nics must be an array of \"nodeN/nicR\" strings", at())
-                };
-                if let Some(bad) = items.iter().find(|i| nic_name(i).is_none()) {
-                    bail!("{}: failed_nics: `{bad}` is not a NIC name such as \"node1/nic0\"", at());
-                }
-                items.sort();
-                sc.failed_nics = Some(items);
-            }
-            "degraded" => sc.degraded = Some(fraction(&value)?),
-            "launcher" => {
-                sc.launcher = match string(value)?.as_str() {
-                    "direct" => Launcher::Direct,
-                    "mpirun" => Launcher::Mpirun,
-                    other => bail!("{}: launcher must be \"direct\" or \"mpirun\", got `{other}`", at()),
-                }
-            }
-            "env" => {
-                let Value::List(items) = value else {
-                    bail!("{}: env must be an array of \"KEY=VALUE\" strings", at())
-                };
-                for item in items {
-                    let (k, v) =
-                        item.split_once('=').with_context(|| format!("{}: `{item}` is not KEY=VALUE", at()))?;
-                    sc.env.push((k.to_owned(), v.to_owned()));
-                }
-            }
-            "faults" => {
-                let Value::List(items) = value else { bail!("{}: faults must be an array of strings", at()) };
-                sc.faults = items.iter().map(|s| parse_fault(s)).collect::<Result<_>>().with_context(at)?;
-            }
-            other => bail!("{}: unknown key `{other}`", at()),
-        }
+        items.sort();
+        sc.failed_nics = Some(items);
+    }
+    for item in f.env {
+        let (k, v) = item.split_once('=').with_context(|| format!("{}: `{item}` is not KEY=VALUE", at()))?;
+        sc.env.push((k.to_owned(), v.to_owned()));
     }
     if sc.args.is_empty() {
         bail!("{name}.toml: `args` (the r2ccl-perf arguments) is required");
