@@ -125,7 +125,8 @@ impl MemRegion {
     /// A region holding a copy of `data`, mapped in every context of `contexts`.
     pub fn new(contexts: &[Arc<Context>], data: &[u8]) -> Result<Arc<Self>, UcxError> {
         let region = Self::zeroed(contexts, data.len())?;
-        region.write_at(0, data)?;
+        // SAFETY: the region is new: no request uses it yet.
+        unsafe { region.write_at(0, data)? };
         Ok(region)
     }
 
@@ -329,7 +330,12 @@ impl MemRegion {
     }
 
     /// Copy `data` into the region at `offset`.
-    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<(), UcxError> {
+    ///
+    /// # Safety
+    /// No request may be reading or writing `offset..offset + data.len()` meanwhile (no live
+    /// [`RegionSlice`] over it), and no other thread may access those bytes: the region is
+    /// `Sync`, so this rule is the caller's to keep (the transport's chunk bookkeeping does).
+    pub unsafe fn write_at(&self, offset: usize, data: &[u8]) -> Result<(), UcxError> {
         let end = offset.saturating_add(data.len());
         self.check(&(offset..end))?;
         // SAFETY: in bounds (checked); the region owns the memory; callers keep ranges in flight off-limits.
@@ -338,7 +344,11 @@ impl MemRegion {
     }
 
     /// Copy bytes of the region at `offset` into `out`.
-    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<(), UcxError> {
+    ///
+    /// # Safety
+    /// No request and no other thread may be writing `offset..offset + out.len()` meanwhile (see
+    /// [`MemRegion::write_at`]).
+    pub unsafe fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<(), UcxError> {
         let end = offset.saturating_add(out.len());
         self.check(&(offset..end))?;
         // SAFETY: in bounds (checked); see write_at.
@@ -347,7 +357,11 @@ impl MemRegion {
     }
 
     /// A copy of the whole region.
-    pub fn to_vec(&self) -> Vec<u8> {
+    ///
+    /// # Safety
+    /// No request and no other thread may be writing the region meanwhile (see
+    /// [`MemRegion::write_at`]).
+    pub unsafe fn to_vec(&self) -> Vec<u8> {
         let mut v = vec![0; self.len];
         // SAFETY: `v` has exactly `len` bytes; see write_at.
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), v.as_mut_ptr(), self.len) };
@@ -426,8 +440,9 @@ impl Drop for MemRegion {
             }
         }
         match &self.backing {
-            // SAFETY: ptr/len came from Box::<[u8]>::into_raw in `zeroed` and are freed once, after every unmap.
             Backing::Heap => {
+                // SAFETY: ptr/len came from Box::<[u8]>::into_raw in `zeroed` and are freed once,
+                // after every unmap.
                 drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len)) })
             }
             Backing::Shared { alias, map_len, .. } => {
@@ -539,16 +554,19 @@ mod tests {
         assert!(a.is_alias());
         write_through(&mut a, 0xAB);
         let mut got = vec![0; len];
-        region.read_at(0, &mut got).unwrap();
+        // SAFETY: no request and no other thread uses the range now.
+        unsafe { region.read_at(0, &mut got) }.unwrap();
         assert!(got[..PAGE].iter().all(|&b| b == 0));
         assert!(got[PAGE..3 * PAGE].iter().all(|&b| b == 0xAB));
         assert!(got[3 * PAGE..].iter().all(|&b| b == 0));
 
         // Given up: whatever the receive still writes goes to throwaway pages.
-        region.write_at(PAGE, &[0x11; 2 * PAGE]).unwrap();
+        // SAFETY: no request and no other thread uses the range now.
+        unsafe { region.write_at(PAGE, &[0x11; 2 * PAGE]) }.unwrap();
         region.poison(&a.range()).unwrap();
         write_through(&mut a, 0xCD);
-        region.read_at(0, &mut got).unwrap();
+        // SAFETY: no request and no other thread uses the range now.
+        unsafe { region.read_at(0, &mut got) }.unwrap();
         assert!(got[PAGE..3 * PAGE].iter().all(|&b| b == 0x11), "a poisoned alias range reached the region");
         assert!(!region.is_placeable(&(PAGE..3 * PAGE)));
         assert!(!region.is_placeable(&(2 * PAGE..4 * PAGE)), "overlaps the poisoned range");
@@ -557,7 +575,8 @@ mod tests {
         // The rest of the alias still reaches the region.
         let mut b = region.alias_slice(4 * PAGE..len).unwrap();
         write_through(&mut b, 0x77);
-        region.read_at(0, &mut got).unwrap();
+        // SAFETY: no request and no other thread uses the range now.
+        unsafe { region.read_at(0, &mut got) }.unwrap();
         assert!(got[4 * PAGE..].iter().all(|&b| b == 0x77));
         assert!(got[3 * PAGE..4 * PAGE].iter().all(|&b| b == 0));
     }
@@ -580,7 +599,8 @@ mod tests {
         assert!(!region.is_placeable(&(0..3 * PAGE)));
         write_through(&mut first, 0x42);
         let mut got = vec![0; len];
-        region.read_at(0, &mut got).unwrap();
+        // SAFETY: no request and no other thread uses the range now.
+        unsafe { region.read_at(0, &mut got) }.unwrap();
         assert!(got[..2 * PAGE].iter().all(|&b| b == 0x42), "healed pages write the region");
         assert!(got[2 * PAGE..].iter().all(|&b| b == 0), "a page still poisoned does not");
 
@@ -588,7 +608,8 @@ mod tests {
         assert!(region.heal(&(2 * PAGE..5 * PAGE)).unwrap());
         let mut all = region.alias_slice(0..len).unwrap();
         write_through(&mut all, 0x24);
-        region.read_at(0, &mut got).unwrap();
+        // SAFETY: no request and no other thread uses the range now.
+        unsafe { region.read_at(0, &mut got) }.unwrap();
         assert!(got.iter().all(|&b| b == 0x24));
         assert!(!MemRegion::zeroed(&[], 0).unwrap().heal(&(0..0)).unwrap(), "a heap region has no alias");
     }

@@ -212,8 +212,9 @@ impl Communicator {
         // In place, AllGather's input and ReduceScatter's output are this rank's block.
         let me = self.rank as usize;
         let (send, recv) = match (std::ptr::eq(send, recv), in_len.cmp(&out_len)) {
-            // SAFETY (of the offsets): inside the buffer, whose size was checked above.
+            // SAFETY: the offset is inside the buffer, whose size was checked above.
             (true, std::cmp::Ordering::Less) => (unsafe { recv.add(me * in_len) }, recv),
+            // SAFETY: as above.
             (true, std::cmp::Ordering::Greater) => (send, unsafe { send.add(me * out_len) }),
             _ => (send, recv),
         };

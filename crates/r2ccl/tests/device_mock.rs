@@ -171,6 +171,7 @@ fn grouped_send_recv_and_the_blocking_mode_on_device_buffers() {
             assert!(got == want, "rank {me}: memops={memops}: AllReduce");
             // One device per communicator.
             let other = MockDevice::new(memops);
+            // SAFETY: refused before it touches the buffers.
             let err = unsafe {
                 comm.start_device(
                     &other,

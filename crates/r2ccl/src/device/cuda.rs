@@ -331,10 +331,11 @@ impl Communicator {
     ) -> Result<DeviceHandle, CommError> {
         need_driver()?;
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: writes one handle; a null stream names the current context's default stream.
         if stream.is_null() {
+            // SAFETY: writes one handle; a null stream names the current context's default stream.
             check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
         } else {
+            // SAFETY: writes one handle of the caller's live stream.
             check("cuStreamGetCtx", unsafe { sys::cuStreamGetCtx(stream, &mut ctx) })?;
         }
         if ctx.is_null() {

@@ -203,8 +203,8 @@ impl Stream for MockStream {
     }
 
     unsafe fn write_flag(&self, addr: u64, value: u32) -> Result<(), DeviceError> {
-        // SAFETY: the flag outlives the stream's work (the caller's promise).
         self.push(Box::new(move || {
+            // SAFETY: the flag outlives the stream's work (the caller's promise).
             unsafe { flag(addr) }.store(value, Ordering::Release);
             Ok(())
         }))
