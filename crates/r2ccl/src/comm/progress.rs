@@ -408,7 +408,8 @@ impl Progress {
         // Plans are pure functions of (collective, size, agreed view): reuse them.
         let plan = match work {
             Work::Coll(coll) => {
-                let key = format!("{coll:?}|{dtype}|{count}|{:x}|{}", self.agreed.digest(), self.agreed.epoch().0);
+                let view = (self.agreed.digest(), self.agreed.epoch().0);
+                let key = PlanKey { coll: *coll, dtype, count, view };
                 match self.plan_cache.get(&key) {
                     Some(p) => Ok(p.clone()),
                     None => self.plan(*coll, dtype, count).inspect(|p| {

@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// What a planned schedule depends on: a plan is a pure function of these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct PlanKey {
+    pub(super) coll: r2ccl_algo::Collective,
+    pub(super) dtype: r2ccl_core::DType,
+    pub(super) count: u64,
+    /// The agreed health view's digest and epoch.
+    pub(super) view: (u64, u64),
+}
+
 pub(super) struct Progress {
     pub(super) rank: u32,
     pub(super) world: u32,
@@ -18,7 +28,7 @@ pub(super) struct Progress {
     /// OOB messages sent by channel as of the last export.
     pub(super) oob_sent_seen: [u64; 5],
     /// Schedules already planned, by collective, type, count and agreed view.
-    pub(super) plan_cache: BTreeMap<String, (r2ccl_algo::RankSchedule, Schedule)>,
+    pub(super) plan_cache: std::collections::HashMap<PlanKey, (r2ccl_algo::RankSchedule, Schedule)>,
     pub(super) transport: UcxTransport,
     pub(super) engine: Engine,
     pub(super) shared: Arc<Shared>,
@@ -330,7 +340,7 @@ impl Progress {
             wake_rx,
             nic_bytes_seen: Vec::new(),
             oob_sent_seen: [0; 5],
-            plan_cache: BTreeMap::new(),
+            plan_cache: std::collections::HashMap::new(),
         };
         progress.export_nic_capacity(&progress.agreed);
         Ok(progress)
