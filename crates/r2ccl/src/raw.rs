@@ -165,8 +165,12 @@ impl Communicator {
         input: &CommBuf<'_, T>,
         output: &mut CommBuf<'_, U>,
     ) -> Result<CollReport, CommError> {
-        let bufs =
-            Bufs::Registered { input: input.registration(&self.shared)?, output: output.registration(&self.shared)? };
+        let mem = Some((input.as_ptr().cast::<u8>(), output.as_mut_ptr().cast::<u8>()));
+        let bufs = Bufs::Registered {
+            input: input.registration(&self.shared)?,
+            output: output.registration(&self.shared)?,
+            mem,
+        };
         self.block(Call { work: Work::Coll(coll), dtype, count, bufs, access: None }, None)
     }
 
@@ -178,11 +182,10 @@ impl Communicator {
         count: u64,
         buf: &mut CommBuf<'_, T>,
     ) -> Result<CollReport, CommError> {
+        let mem = Some(buf.as_mut_ptr().cast::<u8>());
         let (buf, len) = buf.registration(&self.shared)?;
-        self.block(
-            Call { work: Work::Coll(coll), dtype, count, bufs: Bufs::RegisteredInPlace { buf, len }, access: None },
-            None,
-        )
+        let bufs = Bufs::RegisteredInPlace { buf, len, mem };
+        self.block(Call { work: Work::Coll(coll), dtype, count, bufs, access: None }, None)
     }
 
     /// Start a group of point-to-point operations without waiting (the non-blocking form of

@@ -13,8 +13,8 @@
 //! A call on registered buffers ([`crate::CommBuf`]) needs no slot: one of a single block
 //! (AllReduce, Broadcast, Reduce) larger than two slots runs as segments of two slots' bytes,
 //! each in place on a sub-range of the caller's regions, so the engine's workspace (room for
-//! private copies of late sends) is sized by a segment; registered calls of several blocks run
-//! whole.
+//! private copies of late sends) is sized by a segment; registered calls of several blocks
+//! (their blocks are not contiguous in a segment) go through the slots as caller memory does.
 //!
 //! The host lane is one worker thread per communicator, started by its first cut call: it
 //! copies a segment in while the one before runs, copies each result out after, and answers
@@ -190,7 +190,9 @@ impl Communicator {
             return Err(call);
         };
         let (Ok(in_len), Ok(out_len)) = (usize::try_from(in_len), usize::try_from(out_len)) else { return Err(call) };
-        if matches!(call.bufs, Bufs::Registered { .. } | Bufs::RegisteredInPlace { .. }) {
+        let one_block =
+            matches!(coll, Collective::AllReduce { .. } | Collective::Broadcast { .. } | Collective::Reduce { .. });
+        if one_block && matches!(call.bufs, Bufs::Registered { .. } | Bufs::RegisteredInPlace { .. }) {
             return self.parts_of(call, coll, (in_len, out_len), slot_len).map(Planned::InPlace);
         }
         let (send, recv, fits) = match &mut call.bufs {
@@ -201,6 +203,14 @@ impl Communicator {
             Bufs::Owned { input, output } => {
                 (input.as_mut_ptr(), output.as_mut_ptr(), input.len() == in_len && output.len() == out_len)
             }
+            // A registered call of several blocks (AllGather, ReduceScatter, AlltoAll): its
+            // blocks are not contiguous in a segment, so it goes through the slots as caller
+            // memory would (whole, its workspace would grow with the call: ReduceScatter's
+            // scratch is as large as its input).
+            Bufs::Registered { input, output, mem: Some((i, o)) } => {
+                (i.cast_mut(), *o, input.1 >= in_len && output.1 >= out_len)
+            }
+            Bufs::RegisteredInPlace { len, mem: Some(b), .. } => (*b, *b, *len >= in_len.max(out_len)),
             _ => return Err(call),
         };
         if slot_len == 0 || self.world < 2 || !fits || in_len.max(out_len) <= SLOTS * slot_len {
@@ -229,7 +239,7 @@ impl Communicator {
     /// A registered call of one block (AllReduce, Broadcast, Reduce) larger than two slots, cut
     /// into segments of two slots' bytes, each the same collective in place on a sub-range of
     /// the caller's regions: no copy, and the engine's workspace (room for private copies of
-    /// late sends) is sized by a segment, not by the call. Other calls run whole.
+    /// late sends) is sized by a segment, not by the call.
     fn parts_of(
         &self,
         call: Call,
@@ -237,16 +247,14 @@ impl Communicator {
         (in_len, out_len): (usize, usize),
         slot_len: usize,
     ) -> Result<Vec<Call>, Call> {
-        let one_block =
-            matches!(coll, Collective::AllReduce { .. } | Collective::Broadcast { .. } | Collective::Reduce { .. });
         let (input, output, fits) = match call.bufs {
-            Bufs::Registered { input, output } => (input.0, output.0, input.1 >= in_len && output.1 >= out_len),
-            Bufs::RegisteredInPlace { buf, len } => (buf, buf, len >= in_len.max(out_len)),
+            Bufs::Registered { input, output, .. } => (input.0, output.0, input.1 >= in_len && output.1 >= out_len),
+            Bufs::RegisteredInPlace { buf, len, .. } => (buf, buf, len >= in_len.max(out_len)),
             _ => return Err(call),
         };
         let elem = call.dtype.size();
         let per = (2 * slot_len / elem) as u64;
-        if !one_block || !fits || self.world < 2 || in_len != out_len || in_len <= 2 * slot_len || per == 0 {
+        if !fits || self.world < 2 || in_len != out_len || in_len <= 2 * slot_len || per == 0 {
             return Err(call);
         }
         let mut parts = Vec::new();
@@ -423,7 +431,7 @@ fn run_cut(
             work: Work::Coll(coll),
             dtype: cut.dtype,
             count,
-            bufs: Bufs::RegisteredInPlace { buf: slots[i % SLOTS].0, len },
+            bufs: Bufs::RegisteredInPlace { buf: slots[i % SLOTS].0, len, mem: None },
             access: None,
         };
         match sub.submit(part, Some(deadline.saturating_duration_since(Instant::now()))) {

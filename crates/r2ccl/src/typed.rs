@@ -62,7 +62,10 @@ impl Communicator {
         }
         let (si, ri) = (send.registration(&self.shared)?, recv.registration(&self.shared)?);
         let (bufs, access) = match (si, ri) {
-            (Some(i), Some(o)) => (Bufs::Registered { input: (i, send.bytes), output: (o, recv.bytes) }, None),
+            (Some(i), Some(o)) => {
+                let mem = Some((send.ptr.cast_const(), recv.ptr));
+                (Bufs::Registered { input: (i, send.bytes), output: (o, recv.bytes), mem }, None)
+            }
             _ => (
                 Bufs::Borrowed { input: send.ptr, in_len: send.bytes, output: recv.ptr, out_len: recv.bytes },
                 Some(Access::new()),
@@ -86,7 +89,7 @@ impl Communicator {
             }
         };
         let (bufs, access) = match buf.registration(&self.shared)? {
-            Some(h) => (Bufs::RegisteredInPlace { buf: h, len: buf.bytes }, None),
+            Some(h) => (Bufs::RegisteredInPlace { buf: h, len: buf.bytes, mem: Some(buf.ptr) }, None),
             None => (Bufs::InPlace { buf: buf.ptr, len: buf.bytes }, Some(Access::new())),
         };
         Ok(Call { work: Work::Coll(coll), dtype, count: count as u64, bufs, access })

@@ -127,15 +127,18 @@ pub(crate) enum Bufs {
         buf: *mut u8,
         len: usize,
     },
-    /// Registered regions ([`CommBuf`]), read and written where they are: (region, length).
+    /// Registered regions ([`CommBuf`]), read and written where they are: (region, length);
+    /// `mem`, where the caller's view of them starts (for a call cut through the slots).
     Registered {
         input: (MemHandle, usize),
         output: (MemHandle, usize),
+        mem: Option<(*const u8, *mut u8)>,
     },
     /// One registered region for both, with [`Bufs::InPlace`]'s convention.
     RegisteredInPlace {
         buf: MemHandle,
         len: usize,
+        mem: Option<*mut u8>,
     },
     /// Registered regions, read and written from these offsets (a segment of a registered call,
     /// `segmented.rs`, which checked that the collective fits).

@@ -432,8 +432,8 @@ impl Progress {
         let out_len = sched.output_len as usize;
         let in_len = sched.input_len as usize;
         let registered = match bufs {
-            Bufs::Registered { input, output } => Some(((input.0, 0), input.1, (output.0, 0), output.1)),
-            Bufs::RegisteredInPlace { buf, len } => {
+            Bufs::Registered { input, output, .. } => Some(((input.0, 0), input.1, (output.0, 0), output.1)),
+            Bufs::RegisteredInPlace { buf, len, .. } => {
                 let (i_at, o_at) = in_place_offsets(in_len, out_len, self.rank);
                 Some(((buf, i_at), len.saturating_sub(i_at), (buf, o_at), len.saturating_sub(o_at)))
             }

@@ -515,7 +515,7 @@ fn host_work(
     // caller-memory path (`access` keeps it safe should the wait give up first).
     let (work, count, bufs, access) = match (&seg.work, &slot(0).mem, &slot(1).mem) {
         (HostWork::Coll { coll, count, len }, SlotMem::Registered { handle, .. }, _) => {
-            (Work::Coll(*coll), *count, Bufs::RegisteredInPlace { buf: *handle, len: *len }, None)
+            (Work::Coll(*coll), *count, Bufs::RegisteredInPlace { buf: *handle, len: *len, mem: None }, None)
         }
         (HostWork::Coll { coll, count, len }, SlotMem::Pinned, _) => {
             (Work::Coll(*coll), *count, Bufs::InPlace { buf: slot(0).ptr, len: *len }, Some(Access::new()))
@@ -524,7 +524,12 @@ fn host_work(
             HostWork::Group { ops, in_len, out_len },
             SlotMem::Registered { handle: a, .. },
             SlotMem::Registered { handle: b, .. },
-        ) => (Work::Group(ops.clone()), 0, Bufs::Registered { input: (*a, *in_len), output: (*b, *out_len) }, None),
+        ) => (
+            Work::Group(ops.clone()),
+            0,
+            Bufs::Registered { input: (*a, *in_len), output: (*b, *out_len), mem: None },
+            None,
+        ),
         (HostWork::Group { ops, in_len, out_len }, _, _) => (
             Work::Group(ops.clone()),
             0,
