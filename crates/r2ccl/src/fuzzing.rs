@@ -60,7 +60,10 @@ pub fn oob_stream(bytes: &[u8], cuts: &[usize], sealed: bool) {
                 },
                 Channel::Agree => agree_view(from, &payload),
                 Channel::Abort | Channel::Control | Channel::Heartbeat => {
-                    let _ = String::from_utf8_lossy(&payload);
+                    if let Ok(m) = crate::oob::Msg::decode(channel, &payload) {
+                        let (c, p) = m.encode();
+                        assert_eq!(crate::oob::Msg::decode(c, &p), Ok(m), "OOB message round trip");
+                    }
                 }
             }
         }

@@ -17,7 +17,7 @@ use crate::bootstrap::{join, PeerInfo, Root, Secret};
 use crate::call::{Access, Reply};
 use crate::engine::{Engine, EngineConfig, EngineEvent};
 use crate::error::CommError;
-use crate::oob::{Channel, OobEvent, OobMesh};
+use crate::oob::{Msg, OobEvent, OobMesh};
 use crate::report::{CollReport, CommEvent, Schedule};
 use crate::wake::{WakeReceiver, Waker};
 use crossbeam_channel::{Receiver, Sender};

@@ -35,9 +35,7 @@ impl Progress {
             self.engine.abandon(now, &mut self.transport);
             // A failure only this rank saw must not leave the others waiting for their deadline.
             if e.is_local_failure() {
-                let mut msg = vec![ABORT_REASON];
-                msg.extend_from_slice(e.to_string().as_bytes());
-                self.mesh.broadcast(Channel::Abort, &msg);
+                self.broadcast(&Msg::Abort { reason: e.to_string() });
                 self.set_broken(CommError::Aborted(format!("rank {}: {e}", self.rank)));
             }
             let _ = c.reply.send(Err(e));
@@ -117,9 +115,7 @@ impl Progress {
                     return;
                 }
                 Ok(Req::Abort(reason)) => {
-                    let mut msg = vec![ABORT_REASON];
-                    msg.extend_from_slice(reason.as_bytes());
-                    self.mesh.broadcast(Channel::Abort, &msg);
+                    self.broadcast(&Msg::Abort { reason: reason.clone() });
                     let e = CommError::Aborted(reason);
                     self.set_broken(e.clone());
                     self.fail(&mut current, e);
@@ -139,9 +135,7 @@ impl Progress {
                     if let Some(e) = self.broken.clone().or(blocked) {
                         if self.broken.is_none() && e.is_local_failure() {
                             // Peers waiting in this collective must not wait for their deadline.
-                            let mut msg = vec![ABORT_REASON];
-                            msg.extend_from_slice(e.to_string().as_bytes());
-                            self.mesh.broadcast(Channel::Abort, &msg);
+                            self.broadcast(&Msg::Abort { reason: e.to_string() });
                             self.set_broken(CommError::Aborted(format!("rank {}: {e}", self.rank)));
                         }
                         if let Some((_, Req::Coll { reply, .. })) = queue.pop_front() {
@@ -260,9 +254,7 @@ impl Progress {
         // Bounded: a black-holed path never settles. Leaving at once (`destroy`) waits less.
         let settle = Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.min(if linger { 2000 } else { 200 }));
         self.transport.leave(settle);
-        let mut bye = vec![DEPART];
-        bye.extend_from_slice(&self.last_done.to_le_bytes());
-        self.mesh.broadcast(Channel::Abort, &bye);
+        self.broadcast(&Msg::Depart { last_done: self.last_done });
         self.departed.insert(self.rank);
         for &peer in self.departed.iter().filter(|&&r| r != self.rank) {
             self.transport.forget_peer(Rank(peer));
@@ -358,7 +350,7 @@ impl Progress {
         let seq = self.seq;
         // Contribute this rank's view to round `seq` (used by collective seq + 1).
         let local = self.local_view();
-        self.mesh.broadcast(Channel::Agree, &encode_view(seq, &local));
+        self.broadcast(&Msg::View(encode_view(seq, &local)));
         let mut a = Agreement::new(seq, self.rank, self.world, local);
         for (from, v) in self.stash.remove(&seq).unwrap_or_default() {
             let _ = a.handle_view(from, seq, &v);
@@ -385,9 +377,8 @@ impl Progress {
             }
         };
         for (to, desc) in sends {
-            let mut msg = seq.to_le_bytes().to_vec();
-            msg.extend_from_slice(desc.as_bytes());
-            let _ = self.mesh.send(to, Channel::Control, &msg);
+            let (channel, payload) = Msg::ArgCheck { seq, desc }.encode();
+            let _ = self.mesh.send(to, channel, &payload);
         }
         for (from, desc) in expects {
             match self.peer_descs.remove(&(seq, from)) {
@@ -609,22 +600,56 @@ impl Progress {
     }
 
     pub(super) fn broadcast_mismatch(&self, seq: u64, text: &str) {
-        let mut msg = vec![ABORT_MISMATCH];
-        msg.extend_from_slice(&seq.to_le_bytes());
-        msg.extend_from_slice(text.as_bytes());
-        self.mesh.broadcast(Channel::Abort, &msg);
+        self.broadcast(&Msg::Mismatch { seq, detail: text.to_owned() });
+    }
+
+    /// Send `msg` to every other rank.
+    pub(super) fn broadcast(&self, msg: &Msg) {
+        let (channel, payload) = msg.encode();
+        self.mesh.broadcast(channel, &payload);
     }
 
     pub(super) fn on_oob(&mut self, ev: OobEvent, current: &mut Option<Current>) {
         match ev {
-            OobEvent::Message { from, channel: Channel::Detect, payload } => {
+            OobEvent::Message { from, channel, payload } => match Msg::from_frame(channel, payload) {
+                Ok(msg) => self.on_msg(from, msg, current),
+                Err(e) => {
+                    crate::metrics::count_malformed("oob", 1);
+                    tracing::warn!(target: subsys::BOOTSTRAP, from, %e, "refused an OOB message");
+                    // An abort that cannot be read still ends the communicator (the mesh is
+                    // authenticated: only a rank of the job sent it).
+                    if channel == crate::oob::Channel::Abort {
+                        let e = CommError::Aborted(format!("rank {from} aborted"));
+                        self.set_broken(e.clone());
+                        self.fail(current, e);
+                    }
+                }
+            },
+            OobEvent::PeerLost { rank, .. } if self.departed.contains(&rank) => {
+                tracing::debug!(target: subsys::BOOTSTRAP, rank, "peer left the communicator");
+            }
+            OobEvent::PeerLost { rank, why } => {
+                // A lost rank will never say goodbye: do not wait for it when leaving.
+                self.departed.insert(rank);
+                let e = CommError::PeerLost { rank: Rank(rank), why };
+                self.note(e.to_string());
+                self.set_broken(e.clone());
+                self.fail(current, e);
+            }
+        }
+    }
+
+    /// One decoded OOB message from rank `from`.
+    fn on_msg(&mut self, from: u32, msg: Msg, current: &mut Option<Current>) {
+        match msg {
+            Msg::Engine(frame) => {
                 let now = self.now();
-                if let Err(e) = self.engine.handle_ctrl(now, &mut self.transport, Rank(from), &payload) {
+                if let Err(e) = self.engine.handle_ctrl(now, &mut self.transport, Rank(from), &frame) {
                     let seq = current.as_ref().map_or(0, |c| c.seq);
                     self.fail(current, CommError::from_engine(seq, &e));
                 }
             }
-            OobEvent::Message { from, channel: Channel::Agree, payload } => match decode_view(from, &payload) {
+            Msg::View(bytes) => match decode_view(from, &bytes) {
                 Ok((round, view)) => {
                     let mine = self.agreement.as_ref().map(Agreement::round);
                     if mine == Some(round) {
@@ -649,84 +674,57 @@ impl Progress {
                     tracing::warn!(target: subsys::BOOTSTRAP, from, %e, "malformed health view");
                 }
             },
-            OobEvent::Message { from, channel: Channel::Control, payload } => {
-                if payload.len() < 8 {
+            Msg::ArgCheck { seq, desc: theirs } => match self.descs.remove(&(seq, from)) {
+                Some(mine) if mine != theirs => {
+                    let text =
+                        format!("collective #{seq}: rank {from} called {theirs}, rank {} called {mine}", self.rank);
+                    self.broadcast_mismatch(seq, &text);
+                    self.set_broken(CommError::Mismatch { seq, detail: text.clone() });
+                    self.fail(current, CommError::Mismatch { seq, detail: text });
+                }
+                Some(_) => {}
+                // Kept for a collective this rank has not reached, at most PEER_AHEAD ahead.
+                None if seq >= self.seq && seq <= self.seq.saturating_add(PEER_AHEAD) => {
+                    self.peer_descs.insert((seq, from), theirs);
+                }
+                None => {
                     crate::metrics::count_malformed("oob", 1);
-                    return;
+                    tracing::debug!(target: subsys::BOOTSTRAP, from, seq, "dropped a description for a collective out of range");
                 }
-                let seq = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
-                // A description is a line of text: at most MAX_DESC bytes are kept.
-                let theirs = String::from_utf8_lossy(&payload[8..payload.len().min(8 + MAX_DESC)]).into_owned();
-                match self.descs.remove(&(seq, from)) {
-                    Some(mine) if mine != theirs => {
-                        let text =
-                            format!("collective #{seq}: rank {from} called {theirs}, rank {} called {mine}", self.rank);
-                        self.broadcast_mismatch(seq, &text);
-                        self.set_broken(CommError::Mismatch { seq, detail: text.clone() });
-                        self.fail(current, CommError::Mismatch { seq, detail: text });
-                    }
-                    Some(_) => {}
-                    // Kept for a collective this rank has not reached, at most PEER_AHEAD ahead.
-                    None if seq >= self.seq && seq <= self.seq.saturating_add(PEER_AHEAD) => {
-                        self.peer_descs.insert((seq, from), theirs);
-                    }
-                    None => {
-                        crate::metrics::count_malformed("oob", 1);
-                        tracing::debug!(target: subsys::BOOTSTRAP, from, seq, "dropped a description for a collective out of range");
-                    }
-                }
+            },
+            Msg::Address(_) => {
+                // Addresses are exchanged once, at setup.
+                crate::metrics::count_malformed("oob", 1);
             }
-            OobEvent::Message { from, channel: Channel::Abort, payload } if payload.first() == Some(&DEPART) => {
+            Msg::Depart { last_done } => {
                 self.departed.insert(from);
                 // Both sides are leaving: nothing more crosses the data paths between them.
                 if self.departed.contains(&self.rank) {
                     self.transport.forget_peer(Rank(from));
                 }
-                match payload.get(1..9).and_then(|b| <[u8; 8]>::try_from(b).ok()) {
-                    Some(b) => {
-                        self.departed_after.insert(from, u64::from_le_bytes(b));
-                    }
-                    None => crate::metrics::count_malformed("oob", 1),
-                }
+                self.departed_after.insert(from, last_done);
             }
-            OobEvent::Message { from, channel: Channel::Abort, payload } => {
-                let e = match payload.first() {
-                    Some(&ABORT_MISMATCH) if payload.len() >= 9 => CommError::Mismatch {
-                        seq: payload.get(1..9).and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, u64::from_le_bytes),
-                        detail: String::from_utf8_lossy(&payload[9..]).into_owned(),
-                    },
-                    Some(&ABORT_REASON) => {
-                        CommError::Aborted(format!("rank {from}: {}", String::from_utf8_lossy(&payload[1..])))
-                    }
-                    _ => CommError::Aborted(format!("rank {from} aborted")),
-                };
+            Msg::Mismatch { seq, detail } => {
+                let e = CommError::Mismatch { seq, detail };
                 // Ranks that found a mismatch at collective N had finished every collective before
                 // N; this rank's current one, if earlier, completes with what they sent: it ends
                 // with its own result, and the mismatch ends the communicator right after (no new
                 // collective starts in between), so a rank a little behind does not see an
                 // earlier call fail for a later one's arguments.
-                if let (CommError::Mismatch { seq, .. }, Some(c)) = (&e, current.as_ref()) {
-                    if c.seq < *seq && self.broken.is_none() {
-                        let grace = Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.min(2000));
-                        self.deferred_break.get_or_insert((e, Instant::now() + grace));
-                        return;
-                    }
+                if current.as_ref().is_some_and(|c| c.seq < seq) && self.broken.is_none() {
+                    let grace = Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.min(2000));
+                    self.deferred_break.get_or_insert((e, Instant::now() + grace));
+                    return;
                 }
                 self.set_broken(e.clone());
                 self.fail(current, e);
             }
-            OobEvent::Message { channel: Channel::Heartbeat, .. } => {}
-            OobEvent::PeerLost { rank, .. } if self.departed.contains(&rank) => {
-                tracing::debug!(target: subsys::BOOTSTRAP, rank, "peer left the communicator");
-            }
-            OobEvent::PeerLost { rank, why } => {
-                // A lost rank will never say goodbye: do not wait for it when leaving.
-                self.departed.insert(rank);
-                let e = CommError::PeerLost { rank: Rank(rank), why };
-                self.note(e.to_string());
+            Msg::Abort { reason } => {
+                let e = CommError::Aborted(format!("rank {from}: {reason}"));
                 self.set_broken(e.clone());
                 self.fail(current, e);
             }
+            Msg::Heartbeat => {}
         }
     }
 
@@ -737,8 +735,10 @@ impl Progress {
         while let Some((to, bytes)) = self.engine.poll_outbox() {
             batch.entry(to.0).or_default().push(bytes);
         }
+        // Each frame is a `Msg::Engine` payload as it stands (its encoding is the frame itself).
+        let (channel, _) = Msg::Engine(Vec::new()).encode();
         for (to, frames) in batch {
-            let _ = self.mesh.send_many(to, Channel::Detect, &frames);
+            let _ = self.mesh.send_many(to, channel, &frames);
         }
         while let Some(ev) = self.engine.poll_event() {
             match ev {

@@ -190,7 +190,8 @@ impl Progress {
         );
         let blob = transport.local_address_blob().map_err(|e| CommError::Transport(e.to_string()))?;
         // Allgather of UCX addresses over the OOB mesh.
-        mesh.broadcast(Channel::Control, &blob);
+        let (channel, payload) = Msg::Address(blob.clone()).encode();
+        mesh.broadcast(channel, &payload);
         let mut blobs: Vec<Option<Vec<u8>>> = vec![None; opts.world as usize];
         blobs[opts.rank as usize] = Some(blob);
         // Faster ranks may already send collective traffic (views, argument checks): keep it
@@ -198,10 +199,13 @@ impl Progress {
         let mut early_oob = Vec::new();
         while blobs.iter().any(Option::is_none) {
             match mesh.recv_deadline(deadline) {
-                Some(OobEvent::Message { from, channel: Channel::Control, payload })
-                    if blobs.get(from as usize).is_some_and(Option::is_none) =>
+                Some(OobEvent::Message { from, channel, payload })
+                    if blobs.get(from as usize).is_some_and(Option::is_none)
+                        && matches!(Msg::decode(channel, &payload), Ok(Msg::Address(_))) =>
                 {
-                    blobs[from as usize] = Some(payload);
+                    if let Ok(Msg::Address(blob)) = Msg::from_frame(channel, payload) {
+                        blobs[from as usize] = Some(blob);
+                    }
                 }
                 Some(OobEvent::PeerLost { rank, why }) => return Err(CommError::PeerLost { rank: Rank(rank), why }),
                 Some(ev) => early_oob.push(ev),
@@ -492,8 +496,6 @@ pub(super) fn nic_facts(nics: &[String], configured: u64, file: Option<&r2ccl_to
 /// How many collectives ahead of this rank a peer's health views and argument descriptions are
 /// kept (a peer runs ahead by the collectives already queued; the rest is dropped and counted).
 pub(super) const PEER_AHEAD: u64 = 4096;
-/// Longest argument description kept from a peer, bytes.
-pub(super) const MAX_DESC: usize = 4096;
 
 /// NUMA node "unknown" in a blob.
 pub(super) const NO_NUMA: u32 = u32::MAX;
@@ -597,8 +599,3 @@ pub(super) const IDLE_WAIT: Duration = Duration::from_millis(1);
 pub(super) const QUIET_WAIT: Duration = Duration::from_millis(100);
 /// How long after its last call a communicator counts as quiet.
 pub(super) const QUIET_AFTER: Duration = Duration::from_millis(100);
-
-pub(super) const ABORT_MISMATCH: u8 = 1;
-pub(super) const ABORT_REASON: u8 = 2;
-/// A rank is done with the communicator and leaves; its disconnect is not a failure.
-pub(super) const DEPART: u8 = 3;

@@ -17,8 +17,10 @@
 
 mod frame;
 mod hello;
+mod msg;
 
 pub(crate) use frame::{decode_frames, FrameKey};
+pub(crate) use msg::Msg;
 
 use crate::bootstrap::{PeerInfo, Secret};
 use r2ccl_core::subsys;
