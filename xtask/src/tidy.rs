@@ -197,7 +197,6 @@ const LONG_FILES: &[(&str, &str)] = &[
     ),
     ("crates/r2ccl-ucx/src/transport.rs", "UcxTransport: the Transport impl over UCX, fault injection and teardown"),
     ("crates/r2ccl-sim/src/engine.rs", "the simulator's event loop, mirroring the facade engine's control plane"),
-    ("xtask/src/e2e.rs", "scenarios, chaos and storm generators, the runner and the checks; to split by those"),
 ];
 
 pub(crate) fn check(root: &Path) -> Vec<String> {
