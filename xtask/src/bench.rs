@@ -78,8 +78,10 @@ const PAYLOAD_EFFICIENCY: f64 = (testbed::RAIL_MTU - 52) as f64 / (testbed::RAIL
 const FAULT_NODE: u32 = 1;
 /// See [`FAULT_NODE`].
 const FAULT_NIC: u32 = 0;
-/// The per-message latency the communicator's planner assumes, us (`LOOPBACK_ALPHA_S`).
-pub(crate) const LIBRARY_ALPHA_US: &str = "20";
+/// The per-message latency the communicator's planner assumes, us, for `r2ccl-plan --alpha-us`.
+pub(crate) fn library_alpha_us() -> String {
+    format!("{}", r2ccl_policy::COMMUNICATOR_ALPHA_S * 1e6)
+}
 /// The r2ccl curve of the `loopback` part that its ratios and targets use.
 const LOOPBACK_TARGET_CURVE: &str = "r2ccl -R 1 in place";
 /// The forced strategies of the `strategies` part (`auto` = the library's own choice).

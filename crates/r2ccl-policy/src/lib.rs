@@ -60,4 +60,7 @@ pub use plan::{
 };
 pub use r2ccl_algo::Collective;
 pub use rerank::{RingScore, EXACT_MAX_NODES};
-pub use topology::{NodeSpec, Topology, TopologyError, DEFAULT_ALPHA_S, DEFAULT_INTRA_GBPS, DEFAULT_SPINE_PERMILLE};
+pub use topology::{
+    NodeSpec, Topology, TopologyError, COMMUNICATOR_ALPHA_S, DEFAULT_ALPHA_S, DEFAULT_INTRA_GBPS,
+    DEFAULT_SPINE_PERMILLE,
+};

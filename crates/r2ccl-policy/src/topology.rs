@@ -85,6 +85,10 @@ const fn rerank_default() -> bool {
 
 /// Default per-hop latency: 5 microseconds (RDMA NIC to NIC through one switch, plus software).
 pub const DEFAULT_ALPHA_S: f64 = 5e-6;
+/// The per-message latency the r2ccl communicator plans with over its UCX transport: 20
+/// microseconds (TCP or RDMA through UCX, plus the engine's chunk handling). `cargo xtask bench`
+/// and `cargo xtask e2e` give `r2ccl-plan` the same, so their predictions are the library's.
+pub const COMMUNICATOR_ALPHA_S: f64 = 20e-6;
 /// Default intra-node bandwidth per rank in Gbit/s (NVLink-class, 300 GB/s).
 pub const DEFAULT_INTRA_GBPS: f64 = 2400.0;
 /// Default capacity of cross-rail traffic through the spine, per mille of the smaller

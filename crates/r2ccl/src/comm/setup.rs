@@ -287,7 +287,7 @@ impl Progress {
         let policy_topo = if contiguous {
             r2ccl_policy::Topology::uniform(nodes, nics, nic_mbps)
                 .and_then(|t| t.with_ranks_per_node(rpn as u32))
-                .and_then(|t| t.with_alpha(LOOPBACK_ALPHA_S))
+                .and_then(|t| t.with_alpha(r2ccl_policy::COMMUNICATOR_ALPHA_S))
                 // The UCX backend connects NIC r only to the peers' NIC r (a rail-only fabric, as
                 // on the namespace testbed): plans must not send across rails.
                 .and_then(|t| t.with_spine_permille(0))
@@ -550,10 +550,6 @@ pub(super) fn file_nics(node: &r2ccl_topo::NodeTopology) -> Vec<String> {
     nics.sort_by_key(|n| n.rail);
     nics.into_iter().map(|n| n.name.clone()).collect()
 }
-
-/// Per-message latency assumed by the planner's cost model, seconds (`cargo xtask bench` passes the same to
-/// `r2ccl-plan`: keep `LIBRARY_ALPHA_US` in xtask/src/bench.rs equal).
-pub(super) const LOOPBACK_ALPHA_S: f64 = 20e-6;
 
 /// Smallest part of a pipelined ring step per sending NIC, bytes (see [`pipeline_ring`]).
 pub(super) const RING_PART_MIN: u64 = 128 << 10;
