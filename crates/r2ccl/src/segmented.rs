@@ -13,8 +13,10 @@
 //! A call on registered buffers ([`crate::CommBuf`]) needs no slot: one of a single block
 //! (AllReduce, Broadcast, Reduce) larger than two slots runs as segments of two slots' bytes,
 //! each in place on a sub-range of the caller's regions, so the engine's workspace (room for
-//! private copies of late sends) is sized by a segment; registered calls of several blocks
-//! (their blocks are not contiguous in a segment) go through the slots as caller memory does.
+//! private copies of late sends) is sized by a segment; a registered ReduceScatter (its blocks
+//! are not contiguous in a segment, and whole its scratch is as large as its input) goes through
+//! the slots as caller memory does; registered AllGather and AlltoAll run whole (their workspace
+//! does not grow with the call).
 //!
 //! The host lane is one worker thread per communicator, started by its first cut call: it
 //! copies a segment in while the one before runs, copies each result out after, and answers
@@ -192,6 +194,7 @@ impl Communicator {
         let (Ok(in_len), Ok(out_len)) = (usize::try_from(in_len), usize::try_from(out_len)) else { return Err(call) };
         let one_block =
             matches!(coll, Collective::AllReduce { .. } | Collective::Broadcast { .. } | Collective::Reduce { .. });
+        let is_rs = matches!(coll, Collective::ReduceScatter { .. });
         if one_block && matches!(call.bufs, Bufs::Registered { .. } | Bufs::RegisteredInPlace { .. }) {
             return self.parts_of(call, coll, (in_len, out_len), slot_len).map(Planned::InPlace);
         }
@@ -203,14 +206,14 @@ impl Communicator {
             Bufs::Owned { input, output } => {
                 (input.as_mut_ptr(), output.as_mut_ptr(), input.len() == in_len && output.len() == out_len)
             }
-            // A registered call of several blocks (AllGather, ReduceScatter, AlltoAll): its
-            // blocks are not contiguous in a segment, so it goes through the slots as caller
-            // memory would (whole, its workspace would grow with the call: ReduceScatter's
-            // scratch is as large as its input).
-            Bufs::Registered { input, output, mem: Some((i, o)) } => {
+            // A registered ReduceScatter: whole, its scratch would be as large as its input, and
+            // its blocks are not contiguous in a segment, so it goes through the slots as caller
+            // memory does. Registered AllGather and AlltoAll run whole: their workspace does not
+            // grow with the call (no scratch, no send a later step overwrites).
+            Bufs::Registered { input, output, mem: Some((i, o)) } if is_rs => {
                 (i.cast_mut(), *o, input.1 >= in_len && output.1 >= out_len)
             }
-            Bufs::RegisteredInPlace { len, mem: Some(b), .. } => (*b, *b, *len >= in_len.max(out_len)),
+            Bufs::RegisteredInPlace { len, mem: Some(b), .. } if is_rs => (*b, *b, *len >= in_len.max(out_len)),
             _ => return Err(call),
         };
         if slot_len == 0 || self.world < 2 || !fits || in_len.max(out_len) <= SLOTS * slot_len {
