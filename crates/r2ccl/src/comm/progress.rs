@@ -735,10 +735,9 @@ impl Progress {
         while let Some((to, bytes)) = self.engine.poll_outbox() {
             batch.entry(to.0).or_default().push(bytes);
         }
-        // Each frame is a `Msg::Engine` payload as it stands (its encoding is the frame itself).
-        let (channel, _) = Msg::Engine(Vec::new()).encode();
+        // Each frame is a `Msg::Engine` payload as it stands: its encoding is the frame itself.
         for (to, frames) in batch {
-            let _ = self.mesh.send_many(to, channel, &frames);
+            let _ = self.mesh.send_many(to, crate::oob::Channel::Detect, &frames);
         }
         while let Some(ev) = self.engine.poll_event() {
             match ev {

@@ -195,16 +195,16 @@ impl Progress {
         let mut blobs: Vec<Option<Vec<u8>>> = vec![None; opts.world as usize];
         blobs[opts.rank as usize] = Some(blob);
         // Faster ranks may already send collective traffic (views, argument checks): keep it
-        // for the progress loop; only a rank's first control message is its address.
+        // for the progress loop; the address is the one `Msg::Address` a rank sends.
         let mut early_oob = Vec::new();
         while blobs.iter().any(Option::is_none) {
             match mesh.recv_deadline(deadline) {
                 Some(OobEvent::Message { from, channel, payload })
-                    if blobs.get(from as usize).is_some_and(Option::is_none)
-                        && matches!(Msg::decode(channel, &payload), Ok(Msg::Address(_))) =>
+                    if blobs.get(from as usize).is_some_and(Option::is_none) =>
                 {
-                    if let Ok(Msg::Address(blob)) = Msg::from_frame(channel, payload) {
-                        blobs[from as usize] = Some(blob);
+                    match Msg::decode(channel, &payload) {
+                        Ok(Msg::Address(blob)) => blobs[from as usize] = Some(blob),
+                        _ => early_oob.push(OobEvent::Message { from, channel, payload }),
                     }
                 }
                 Some(OobEvent::PeerLost { rank, why }) => return Err(CommError::PeerLost { rank: Rank(rank), why }),
