@@ -53,7 +53,7 @@
 //! # Ok::<(), r2ccl::CommError>(())
 //! ```
 
-mod agree;
+pub mod agree;
 pub mod bootstrap;
 mod buffers;
 mod builder;
@@ -72,6 +72,7 @@ mod raw;
 mod report;
 mod scope;
 mod segmented;
+pub mod switch;
 mod typed;
 mod wake;
 

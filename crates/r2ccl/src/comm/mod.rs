@@ -5,20 +5,19 @@
 //! node numbering from the node names, one UCX context per data NIC, an allgather of UCX
 //! addresses over the OOB mesh, then the engine. Every step has a deadline.
 //!
-//! Per collective: the schedule is planned from the health view agreed in the previous
-//! round (every rank contributes its local view at the start of each collective, off the
-//! critical path; the next collective uses the merge, so every rank plans from the same
-//! view), the arguments are checked against the ring neighbour's, and the engine runs the
-//! schedule. NIC failures are repaired under the call; a lost peer, an abort or mismatched
+//! Per collective: the schedule is planned from the agreed health view (a change of any rank's
+//! local view starts one round of the switch protocol, `switch.rs`, and every rank plans with
+//! the merge from the same collective on; a fault-free collective exchanges no view), the
+//! arguments are checked against the ring neighbour's, and the engine runs the schedule. NIC failures are repaired under the call; a lost peer, an abort or mismatched
 //! arguments end the call with an error naming them.
 
-use crate::agree::{decode_view, encode_view, Agreement};
 use crate::bootstrap::{join, PeerInfo, Root, Secret};
 use crate::call::{Access, Reply};
 use crate::engine::{Engine, EngineConfig, EngineEvent};
 use crate::error::CommError;
 use crate::oob::{Msg, OobEvent, OobMesh};
 use crate::report::{CollReport, CommEvent, Schedule};
+use crate::switch::{Switch, LEADER};
 use crate::wake::{WakeReceiver, Waker};
 use crossbeam_channel::{Receiver, Sender};
 use r2ccl_algo::{

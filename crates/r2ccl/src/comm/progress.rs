@@ -167,6 +167,7 @@ impl Progress {
                 self.fail(&mut current, CommError::from_engine(seq, &e));
             }
             self.flush_engine();
+            self.drive_switch();
             if let Some(c) = &current {
                 if self.engine.take_finished() == Some(c.seq) {
                     if let Some(c) = current.take() {
@@ -286,20 +287,24 @@ impl Progress {
                 });
             }
         }
-        let a = self.agreement.as_ref()?;
-        if a.is_complete() {
-            return None;
-        }
-        let missing = a.missing();
+        let (round, missing) = self.switch.waiting_for()?;
         if let Some(&rank) = missing.iter().find(|r| self.departed.contains(r)) {
-            let why = format!("it left the communicator before collective #{next}");
+            let why = format!("it left the communicator during health round {round}, before collective #{next}");
             return Some(CommError::PeerLost { rank: Rank(rank), why });
+        }
+        if self.rank != LEADER && self.departed.contains(&LEADER) {
+            let why = format!("it coordinates health round {round} and left the communicator");
+            return Some(CommError::PeerLost { rank: Rank(LEADER), why });
         }
         let waited = queued.elapsed();
         (waited > self.coll_deadline()).then(|| CommError::Timeout {
             seq: next,
             waited_ms: waited.as_millis() as u64,
-            waiting: format!("the health views of rank(s) {missing:?} (they have not called collective #{next})"),
+            waiting: if missing.is_empty() {
+                format!("rank {LEADER}'s decision on health round {round}")
+            } else {
+                format!("the health views of rank(s) {missing:?} for round {round}")
+            },
         })
     }
 
@@ -309,54 +314,53 @@ impl Progress {
         Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.max(1000) * 12)
     }
 
-    /// Whether the previous round's views are all in (so the next plan can be made).
+    /// Whether the next collective may be planned (no health round this rank joined is open).
     pub(super) fn ready_to_plan(&mut self, is_coll: bool) -> bool {
-        if !is_coll {
-            return true;
+        !is_coll || self.switch.may_start()
+    }
+
+    /// Give the switch protocol this rank's view when the engine's down NICs changed, repeat what
+    /// is unanswered, and send what it has to send.
+    pub(super) fn drive_switch(&mut self) {
+        let now = self.now();
+        if *self.engine.down_nics() != self.fed_down {
+            self.fed_down = self.engine.down_nics().clone();
+            let local = self.local_view();
+            self.switch.handle_local(now, local);
         }
-        match &self.agreement {
-            None => true,
-            Some(a) => a.is_complete(),
+        self.switch.handle_timeout(now);
+        while let Some((to, msg)) = self.switch.poll_transmit() {
+            let (channel, payload) = Msg::Switch(msg).encode();
+            let _ = self.mesh.send(to, channel, &payload);
         }
     }
 
     pub(super) fn start_coll(&mut self, call: Call, deadline: Instant, reply: Sender<Reply>) -> Option<Current> {
         let Call { work, dtype, count, bufs, access } = call;
         let work = &work;
-        // Adopt the view agreed in the previous round.
-        if let Some(a) = self.agreement.take() {
-            if let Some(mut v) = a.result() {
-                let changed = v.failed_nics() != self.agreed.failed_nics() || v.nodes() != self.agreed.nodes();
-                if changed {
-                    v.set_epoch(self.agreed.epoch().next());
-                    self.metrics.epoch(v.epoch().0, true);
-                    self.export_nic_capacity(&v);
-                    for nic in v.failed_nics() {
-                        self.export_nic_up(nic, false);
-                    }
-                    self.note(format!(
-                        "health {}: failed NICs {:?}; re-planning",
-                        v.epoch(),
-                        v.failed_nics().iter().map(ToString::to_string).collect::<Vec<_>>()
-                    ));
-                    if let Ok(mut f) = self.shared.failed.lock() {
-                        *f = v.failed_nics();
-                    }
-                    self.agreed = v;
-                }
-            }
-        }
         self.seq += 1;
         let seq = self.seq;
-        // Contribute this rank's view to round `seq` (used by collective seq + 1).
-        let local = self.local_view();
-        self.broadcast(&Msg::View(encode_view(seq, &local)));
-        let mut a = Agreement::new(seq, self.rank, self.world, local);
-        for (from, v) in self.stash.remove(&seq).unwrap_or_default() {
-            let _ = a.handle_view(from, seq, &v);
+        // Adopt the view decided for this collective, if one takes effect here.
+        if let Some(mut v) = self.switch.start(seq) {
+            let changed = v.failed_nics() != self.agreed.failed_nics() || v.nodes() != self.agreed.nodes();
+            if changed {
+                v.set_epoch(self.agreed.epoch().next());
+                self.metrics.epoch(v.epoch().0, true);
+                self.export_nic_capacity(&v);
+                for nic in v.failed_nics() {
+                    self.export_nic_up(nic, false);
+                }
+                self.note(format!(
+                    "health {}: failed NICs {:?}; re-planning",
+                    v.epoch(),
+                    v.failed_nics().iter().map(ToString::to_string).collect::<Vec<_>>()
+                ));
+                if let Ok(mut f) = self.shared.failed.lock() {
+                    *f = v.failed_nics();
+                }
+                self.agreed = v;
+            }
         }
-        self.agreement = Some(a);
-        self.stash.retain(|&r, _| r > seq);
         // Argument check: a collective with the ring neighbours (each rank sends its call to the
         // next and compares with the previous); a group with every other rank (the operations
         // between two ranks must mirror each other, so both describe the pair the same way).
@@ -649,31 +653,14 @@ impl Progress {
                     self.fail(current, CommError::from_engine(seq, &e));
                 }
             }
-            Msg::View(bytes) => match decode_view(from, &bytes) {
-                Ok((round, view)) => {
-                    let mine = self.agreement.as_ref().map(Agreement::round);
-                    if mine == Some(round) {
-                        if let Some(a) = &mut self.agreement {
-                            if let Err(e) = a.handle_view(from, round, &view) {
-                                crate::metrics::count_malformed("oob", 1);
-                                tracing::warn!(target: subsys::BOOTSTRAP, from, %e, "refused a health view");
-                            }
-                        }
-                    } else if mine.is_none_or(|m| round > m) && round <= self.seq.saturating_add(PEER_AHEAD) {
-                        // Bounded: rounds at most PEER_AHEAD ahead, one view per peer and round.
-                        let views = self.stash.entry(round).or_default();
-                        views.retain(|(f, _)| *f != from);
-                        views.push((from, view));
-                    } else {
-                        crate::metrics::count_malformed("oob", 1);
-                        tracing::debug!(target: subsys::BOOTSTRAP, from, round, "dropped a health view for a round too far ahead");
-                    }
-                }
-                Err(e) => {
+            Msg::Switch(m) => {
+                let now = self.now();
+                if let Err(e) = self.switch.handle_msg(now, from, m) {
                     crate::metrics::count_malformed("oob", 1);
-                    tracing::warn!(target: subsys::BOOTSTRAP, from, %e, "malformed health view");
+                    tracing::warn!(target: subsys::BOOTSTRAP, from, %e, "refused a health-switch message");
                 }
-            },
+                self.drive_switch();
+            }
             Msg::ArgCheck { seq, desc: theirs } => match self.descs.remove(&(seq, from)) {
                 Some(mine) if mine != theirs => {
                     let text =

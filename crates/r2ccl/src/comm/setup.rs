@@ -35,8 +35,10 @@ pub(super) struct Progress {
     pub(super) start: Instant,
     pub(super) cfg: Config,
     pub(super) agreed: HealthView,
-    pub(super) agreement: Option<Agreement>,
-    pub(super) stash: BTreeMap<u64, Vec<(u32, HealthView)>>,
+    /// When every rank switches to a new view (rounds only when a local view changes).
+    pub(super) switch: Switch,
+    /// The engine's down NICs as last given to `switch` (a change is a new local view).
+    pub(super) fed_down: std::collections::BTreeSet<NicId>,
     pub(super) seq: u64,
     /// This rank's argument descriptions waiting for a peer's: (collective, peer) -> text.
     pub(super) descs: BTreeMap<(u64, u32), String>,
@@ -314,6 +316,7 @@ impl Progress {
             }
         }
         tracing::info!(target: subsys::INIT, rank = opts.rank, world = opts.world, nodes, nics, nic_mbps, "communicator ready");
+        let switch_retry = Duration::from_millis(cfg.detect.oob_retry_ms.max(10));
         let progress = Self {
             rank: opts.rank,
             world: opts.world,
@@ -326,9 +329,9 @@ impl Progress {
             shared,
             start: Instant::now(),
             cfg,
+            switch: Switch::new(opts.rank, opts.world, agreed.clone(), switch_retry),
+            fed_down: dead.iter().copied().collect(),
             agreed,
-            agreement: None,
-            stash: BTreeMap::new(),
             seq: 0,
             descs: BTreeMap::new(),
             peer_descs: BTreeMap::new(),

@@ -2,12 +2,15 @@
 //! is built by [`Msg::encode`] and read by [`Msg::decode`], nowhere by hand.
 //!
 //! Wire form: the [`Channel`] of the frame, then a payload per channel. `Control` and `Abort`
-//! payloads start with a kind byte; `Agree` carries a health view (`agree::encode_view`) and
-//! `Detect` the engine's own frames, which their decoders read (this module only carries them).
+//! and `Agree` payloads start with a kind byte (`Agree` carries the health-view switch, its views
+//! as `agree::encode_view` writes them); `Detect` carries the engine's own frames, which their
+//! decoders read (this module only carries them).
 //! A payload that does not decode is a [`MsgError`], counted and dropped by the caller, never a
 //! panic.
 
 use super::Channel;
+use crate::agree::{decode_view, encode_view, AgreeError};
+use crate::switch::SwitchMsg;
 
 /// `Control`: a rank's UCX address blob (setup).
 const ADDRESS: u8 = 1;
@@ -20,6 +23,13 @@ const REASON: u8 = 2;
 /// `Abort`: the sender leaves the communicator (its disconnect is not a failure).
 const DEPART: u8 = 3;
 
+/// `Agree`: a rank's view and first collective not started, to the leader.
+const JOIN: u8 = 1;
+/// `Agree`: the leader opens a round.
+const FREEZE: u8 = 2;
+/// `Agree`: the leader's decision.
+const DECIDE: u8 = 3;
+
 /// The longest argument description kept (a line of text).
 pub(crate) const MAX_DESC: usize = 4096;
 
@@ -30,8 +40,8 @@ pub(crate) enum Msg {
     Address(Vec<u8>),
     /// How the sender called collective `seq` (compared with this rank's call).
     ArgCheck { seq: u64, desc: String },
-    /// A health view for agreement round `round` (`agree::encode_view`'s bytes).
-    View(Vec<u8>),
+    /// A message of the health-view switch.
+    Switch(SwitchMsg),
     /// An engine frame (control or detection protocol), decoded by the engine.
     Engine(Vec<u8>),
     /// The sender found an argument mismatch at collective `seq`.
@@ -56,6 +66,9 @@ pub(crate) enum MsgError {
     /// The payload ends before its fixed fields.
     #[error("a truncated {0} message")]
     Truncated(&'static str),
+    /// A health view that does not decode.
+    #[error("a malformed health view: {0}")]
+    View(&'static str),
 }
 
 fn u64_at(bytes: &[u8], what: &'static str) -> Result<u64, MsgError> {
@@ -87,7 +100,13 @@ impl Msg {
         match self {
             Msg::Address(blob) => (Channel::Control, with(ADDRESS, &[], blob)),
             Msg::ArgCheck { seq, desc } => (Channel::Control, with(ARG_CHECK, &seq.to_le_bytes(), desc.as_bytes())),
-            Msg::View(bytes) => (Channel::Agree, bytes.clone()),
+            Msg::Switch(SwitchMsg::Join { round, next, view }) => {
+                (Channel::Agree, with(JOIN, &next.to_le_bytes(), &encode_view(*round, view)))
+            }
+            Msg::Switch(SwitchMsg::Freeze { round }) => (Channel::Agree, with(FREEZE, &round.to_le_bytes(), &[])),
+            Msg::Switch(SwitchMsg::Decide { round, at, view }) => {
+                (Channel::Agree, with(DECIDE, &at.to_le_bytes(), &encode_view(*round, view)))
+            }
             Msg::Engine(bytes) => (Channel::Detect, bytes.clone()),
             Msg::Mismatch { seq, detail } => (Channel::Abort, with(MISMATCH, &seq.to_le_bytes(), detail.as_bytes())),
             Msg::Abort { reason } => (Channel::Abort, with(REASON, &[], reason.as_bytes())),
@@ -96,11 +115,10 @@ impl Msg {
         }
     }
 
-    /// The message a received frame carries, taking its payload (views and engine frames are
-    /// passed on without a copy).
+    /// The message a received frame carries, taking its payload (engine frames are passed on
+    /// without a copy).
     pub(crate) fn from_frame(channel: Channel, payload: Vec<u8>) -> Result<Msg, MsgError> {
         match channel {
-            Channel::Agree => Ok(Msg::View(payload)),
             Channel::Detect => Ok(Msg::Engine(payload)),
             _ => Self::decode(channel, &payload),
         }
@@ -111,7 +129,27 @@ impl Msg {
         let kinded = || payload.split_first().ok_or(MsgError::Empty(channel));
         Ok(match channel {
             Channel::Heartbeat => Msg::Heartbeat,
-            Channel::Agree => Msg::View(payload.to_vec()),
+            Channel::Agree => {
+                let view = |rest: &[u8]| {
+                    decode_view(0, rest).map_err(|e| match e {
+                        AgreeError::Malformed { why, .. } => MsgError::View(why),
+                        _ => MsgError::View("unreadable"),
+                    })
+                };
+                match kinded()? {
+                    (&JOIN, rest) => {
+                        let (round, view) = view(rest.get(8..).unwrap_or(&[]))?;
+                        Msg::Switch(SwitchMsg::Join { round, next: u64_at(rest, "join")?, view })
+                    }
+                    (&FREEZE, rest) => Msg::Switch(SwitchMsg::Freeze { round: u64_at(rest, "freeze")? }),
+                    (&DECIDE, rest) => {
+                        let at = u64_at(rest, "decision")?;
+                        let (round, view) = view(rest.get(8..).unwrap_or(&[]))?;
+                        Msg::Switch(SwitchMsg::Decide { round, at, view })
+                    }
+                    (&kind, _) => return Err(MsgError::UnknownKind { channel, kind }),
+                }
+            }
             Channel::Detect => Msg::Engine(payload.to_vec()),
             Channel::Control => match kinded()? {
                 (&ADDRESS, blob) => Msg::Address(blob.to_vec()),
@@ -136,13 +174,18 @@ impl Msg {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use r2ccl_core::HealthView;
 
     #[test]
     fn every_message_round_trips_and_bad_payloads_are_named() {
+        let mut failed = HealthView::uniform(3, 2, 1000);
+        let _ = failed.set_failed(r2ccl_core::NicId::new(2, 1));
         for m in [
             Msg::Address(vec![1, 2, 3]),
             Msg::ArgCheck { seq: 7, desc: "AllReduce f32 count=3".into() },
-            Msg::View(vec![9; 20]),
+            Msg::Switch(SwitchMsg::Join { round: 3, next: 9, view: HealthView::uniform(2, 3, 100) }),
+            Msg::Switch(SwitchMsg::Freeze { round: u64::MAX }),
+            Msg::Switch(SwitchMsg::Decide { round: 4, at: 11, view: failed }),
             Msg::Engine(vec![0xC0, 1]),
             Msg::Mismatch { seq: u64::MAX, detail: "rank 1 called x".into() },
             Msg::Abort { reason: "a caller gave up".into() },
@@ -158,6 +201,8 @@ mod tests {
             Err(MsgError::UnknownKind { channel: Channel::Control, kind: 9 })
         );
         assert_eq!(Msg::decode(Channel::Abort, &[DEPART, 1, 2]), Err(MsgError::Truncated("departure")));
+        assert_eq!(Msg::decode(Channel::Agree, &[JOIN, 1, 2]), Err(MsgError::View("truncated")));
+        assert_eq!(Msg::decode(Channel::Agree, &[FREEZE, 1]), Err(MsgError::Truncated("freeze")));
         // A description is cut at MAX_DESC bytes, at a character boundary; a cut one round-trips.
         let long = Msg::ArgCheck { seq: 1, desc: "x".repeat(MAX_DESC + 10) };
         let (c, p) = long.encode();

@@ -1,5 +1,6 @@
 //! Tests of the crate's private parts: the engines of every rank over the in-memory fabric,
-//! and the OOB mesh over loopback.
+//! the OOB mesh over loopback, and the health-view switch against a reference model.
 
 mod engine_fabric;
 mod oob;
+mod switch;
