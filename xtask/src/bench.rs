@@ -15,10 +15,12 @@
 //! - `loopback`: no shaping, 4 ranks on this host, float32 AllReduce size sweep, r2ccl beside
 //!   OpenMPI (`bench/peers/mpi_allreduce.c`) and Gloo (`bench/peers/gloo_allreduce.cc`), which are
 //!   compiled here into `target/bench/`.
+//! - `scale`: 8 B and 4 KiB AllReduce latency at 4, 16 and 32 ranks on this host, r2ccl beside
+//!   OpenMPI and Gloo, with r2ccl's init time and OOB messages per collective (`bench/scale.rs`).
 //! - `memory`: PSS and peak RSS per rank of a 64 MiB and a 256 MiB AllReduce on loopback, r2ccl
 //!   beside OpenMPI and Gloo (`bench/memory.rs`).
 //!
-//! All but `loopback` and `memory` need root (network namespaces, prefix `r2b`, distinct from e2e's `r2e` and the
+//! All but `loopback`, `scale` and `memory` need root (network namespaces, prefix `r2b`, distinct from e2e's `r2e` and the
 //! interactive `r2t`); without it they are reported SKIPPED. Every child runs in its own process group
 //! with a deadline; a child still running then is killed and reported as a hang. Failed runs are
 //! reported in the report and make the command exit non-zero; missed performance targets do not.
@@ -49,6 +51,7 @@ mod parse;
 mod pause;
 mod plot;
 mod procs;
+mod scale;
 mod strategies;
 mod timeline;
 pub(crate) use faultfree::testbed_size;
@@ -96,11 +99,12 @@ enum Part {
     Pause,
     Timeline,
     Memory,
+    Scale,
 }
 
 impl Part {
-    const ALL: [Part; 6] =
-        [Part::FaultFree, Part::Strategies, Part::Pause, Part::Loopback, Part::Timeline, Part::Memory];
+    const ALL: [Part; 7] =
+        [Part::FaultFree, Part::Strategies, Part::Pause, Part::Loopback, Part::Timeline, Part::Memory, Part::Scale];
 
     const fn name(self) -> &'static str {
         match self {
@@ -110,6 +114,7 @@ impl Part {
             Part::Pause => "pause",
             Part::Timeline => "timeline",
             Part::Memory => "memory",
+            Part::Scale => "scale",
         }
     }
 
@@ -121,18 +126,21 @@ impl Part {
             Part::Loopback => "4. Loopback, 4 ranks, float32 AllReduce: r2ccl vs OpenMPI vs Gloo",
             Part::Timeline => "5. Bus bandwidth across a NIC failure and its recovery",
             Part::Memory => "6. Memory per rank, 4 ranks, AllReduce of 64 and 256 MiB: r2ccl vs OpenMPI vs Gloo",
+            Part::Scale => {
+                "7. Small-message latency at 4 to 32 ranks, init time and OOB messages: r2ccl vs OpenMPI vs Gloo"
+            }
         }
     }
 
     const fn needs_root(self) -> bool {
-        !matches!(self, Part::Loopback | Part::Memory)
+        !matches!(self, Part::Loopback | Part::Memory | Part::Scale)
     }
 }
 
 pub(crate) const USAGE: &str =
     "usage: cargo xtask bench [--quick] [--part P[,P...]]... [--rate RATE] [--reps N] [--loopback-nics K]
        cargo xtask bench --micro      the criterion-style micro benchmarks (cargo bench --workspace)
-parts: faultfree strategies pause loopback timeline memory (default: all); all but loopback and memory need root
+parts: faultfree strategies pause loopback timeline memory scale (default: all); all but loopback, memory and scale need root
 --quick            CI-sized smoke (small sizes, short runs; under 2 minutes with a healthy library)
 --rate RATE        tbf rate per NIC of the testbed parts (default 100mbit; kbit/mbit/gbit)
 --nics K           NICs per node of the 4-node testbed (default 2; 2..=8)
@@ -563,6 +571,7 @@ fn unmeasured(part: Part, why: &str) -> Vec<Target> {
         Part::Pause => vec![t("nic_down_pause_p50_ms", "pause after a NIC goes down, p50 (ms)", 50.0, Cmp::AtMost)],
         Part::Timeline => vec![],
         Part::Memory => memory::targets(t),
+        Part::Scale => scale::targets(t),
     }
 }
 
@@ -627,6 +636,7 @@ fn run_part(ctx: &Ctx, part: Part, root: bool) -> PartResult {
             Part::Timeline => part_timeline(ctx),
             Part::Loopback => part_loopback(ctx),
             Part::Memory => memory::part_memory(ctx),
+            Part::Scale => scale::part_scale(ctx),
         };
         match out {
             Ok(mut r) => {

@@ -45,6 +45,9 @@ pub struct Row {
     pub in_place: Measure,
     /// Whether results were checked (`-c 1`); the `#wrong` columns say `N/A` otherwise.
     pub checked: bool,
+    /// OOB control-plane messages rank 0 sent per timed out-of-place call (every channel but
+    /// the heartbeat, which is timed, not per call), from `Communicator::oob_messages_sent`.
+    pub oob_per_call: f64,
 }
 
 /// Column header lines.
@@ -132,12 +135,15 @@ pub struct Report {
     pub avg_busbw: f64,
     /// Free-form events (failovers, strategy changes) seen during the run.
     pub events: Vec<String>,
+    /// Milliseconds rank 0 spent in `init` (bootstrap, OOB mesh, UCX, engine: until every rank
+    /// had joined), 0 where not measured.
+    pub init_ms: f64,
 }
 
 impl Report {
     /// A report over `rows`.
     pub fn new(collective: Coll, nranks: u32, rows: Vec<Row>, events: Vec<String>) -> Self {
-        Self { collective, nranks, wrong: wrong_total(&rows), avg_busbw: avg_busbw(&rows), rows, events }
+        Self { collective, nranks, wrong: wrong_total(&rows), avg_busbw: avg_busbw(&rows), rows, events, init_ms: 0.0 }
     }
 }
 
@@ -156,6 +162,7 @@ mod tests {
             out_of_place: m,
             in_place: m,
             checked: true,
+            oob_per_call: 0.0,
         }
     }
 

@@ -367,7 +367,9 @@ fn rank_main(argv: &[String]) -> Result<bool> {
     if root.is_some() {
         builder = builder.root(root);
     }
+    let init_started = Instant::now();
     let comm = builder.init()?;
+    let init_ms = init_started.elapsed().as_secs_f64() * 1e3;
     let timeout = if args.timeout_s == 0 { Duration::from_secs(120) } else { Duration::from_secs(args.timeout_s) };
     let main = rank == 0;
     let gpu = match args.device {
@@ -422,6 +424,7 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                     )?;
                     // (seconds per call, wrong values) out of place, then in place.
                     let mut raw = Vec::new();
+                    let mut oob_per_call = 0.0;
                     for in_place in [false, true] {
                         let out_init = if in_place { in_place_init(&c, rank) } else { vec![0u8; c.out_len] };
                         // In place: the receive buffer starts as the send buffer and is passed as both.
@@ -466,6 +469,7 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                         // buffer, untimed, gives the result that is checked. A reset between
                         // timed runs would take the CPU from the other ranks' collectives.
                         let mut spent = Duration::ZERO;
+                        let oob_before = oob_total(&comm);
                         for _ in 0..args.iters {
                             drill(&extra, rank, &mut calls);
                             let t = Instant::now();
@@ -479,6 +483,9 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                                 (None, None) => run_once(&comm, &c, dtype, in_place, &mut last)?,
                             }
                             spent += t.elapsed();
+                        }
+                        if !in_place && args.iters > 0 {
+                            oob_per_call = (oob_total(&comm) - oob_before) as f64 / f64::from(args.iters);
                         }
                         if in_place {
                             drill(&extra, rank, &mut calls);
@@ -522,6 +529,7 @@ fn rank_main(argv: &[String]) -> Result<bool> {
                         out_of_place: measures[0],
                         in_place: measures[1],
                         checked: args.check,
+                        oob_per_call,
                     };
                     if main {
                         println!("{}", report::format_row(&row));
@@ -540,12 +548,18 @@ fn rank_main(argv: &[String]) -> Result<bool> {
             println!("# event {e}");
         }
         if let Some(path) = &args.json {
-            std::fs::write(path, serde_json::to_string_pretty(&Report::new(coll, world, rows, events))?)?;
+            let report = Report { init_ms, ..Report::new(coll, world, rows, events) };
+            std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
         }
     } else if !ok {
         eprintln!("r2ccl-perf: rank {rank}: {} wrong elements", report::wrong_total(&rows));
     }
     Ok(ok)
+}
+
+/// OOB messages this rank has sent, every channel but the (timed) heartbeat.
+fn oob_total(comm: &Communicator) -> u64 {
+    comm.oob_messages_sent().into_iter().filter(|(c, _)| *c != "heartbeat").map(|(_, n)| n).sum()
 }
 
 /// Every rank's (seconds, wrong values) of one row, combined as nccl-tests' `-a` says (0 this
