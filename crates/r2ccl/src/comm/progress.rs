@@ -830,6 +830,18 @@ mod tests {
     }
 
     #[test]
+    pub(super) fn the_descriptor_limit_is_raised_only_when_short_and_never_past_the_hard_one() {
+        use super::super::setup::{nofile_needed, nofile_target};
+        assert_eq!(nofile_needed(4, 2), 3 + 24 + 256);
+        // The default 1,024 soft limit falls short from 87 ranks with 2 NICs.
+        assert!(nofile_needed(86, 2) <= 1024 && nofile_needed(87, 2) > 1024);
+        assert_eq!(nofile_target(1024, 1 << 20, 500), None, "enough already");
+        assert_eq!(nofile_target(1024, 1 << 20, 5000), Some(5000));
+        assert_eq!(nofile_target(1024, 4096, 5000), Some(4096), "up to the hard limit");
+        assert_eq!(nofile_target(4096, 4096, 5000), None, "nothing to raise");
+    }
+
+    #[test]
     pub(super) fn a_split_between_two_nodes_is_planned_with_their_failed_nics_and_other_failures_stay() {
         let topo = r2ccl_policy::Topology::uniform(4, 2, 1000).and_then(|t| t.with_spine_permille(0)).unwrap();
         let coll = Collective::AllReduce { op: ReduceOp::Sum };

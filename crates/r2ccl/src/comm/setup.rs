@@ -95,6 +95,7 @@ impl Progress {
     ) -> Result<Self, CommError> {
         let cfg = opts.config.clone();
         let deadline = Instant::now() + Duration::from_millis(cfg.bootstrap.connect_timeout_ms);
+        raise_nofile_limit(opts.rank, opts.world, opts.nics.len());
         let bind_ip = if cfg.bootstrap.oob_iface.is_empty() {
             oob_bind_addr(&opts.root)
         } else {
@@ -598,3 +599,40 @@ pub(super) const IDLE_WAIT: Duration = Duration::from_millis(1);
 pub(super) const QUIET_WAIT: Duration = Duration::from_millis(100);
 /// How long after its last call a communicator counts as quiet.
 pub(super) const QUIET_AFTER: Duration = Duration::from_millis(100);
+
+/// Descriptors a rank of `world` with `nics` data NICs holds: an OOB connection per peer, and per
+/// NIC and peer a data and a probe endpoint each way (UCX TCP: a socket each), plus slack for
+/// the process's own files.
+pub(super) const fn nofile_needed(world: u32, nics: usize) -> u64 {
+    let peers = world.saturating_sub(1) as u64;
+    peers + 4 * nics as u64 * peers + 256
+}
+
+/// The soft `RLIMIT_NOFILE` to set for `needed` descriptors under limits `(soft, hard)`: `None`
+/// when the soft one suffices, else the smaller of `needed` and the hard limit.
+pub(super) fn nofile_target(soft: u64, hard: u64, needed: u64) -> Option<u64> {
+    (soft < needed).then(|| needed.min(hard)).filter(|&t| t > soft)
+}
+
+/// Raise the soft descriptor limit when this communicator needs more than it allows (the default
+/// of 1,024 is reached from 87 ranks with 2 NICs); never above the hard limit, which only
+/// the administrator raises: short of it, a warning says what to raise.
+fn raise_nofile_limit(rank: u32, world: u32, nics: usize) {
+    let needed = nofile_needed(world, nics);
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct it is given, which lives for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    let (soft, hard) = (lim.rlim_cur, lim.rlim_max);
+    if let Some(target) = nofile_target(soft, hard, needed) {
+        let new = libc::rlimit { rlim_cur: target, rlim_max: hard };
+        // SAFETY: setrlimit reads the struct it is given, which lives for the call.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } == 0 {
+            tracing::info!(target: subsys::INIT, rank, from = soft, to = target, needed, "raised the soft RLIMIT_NOFILE");
+        }
+    }
+    if hard < needed {
+        tracing::warn!(target: subsys::INIT, rank, hard, needed, "RLIMIT_NOFILE's hard limit is below the descriptors this communicator may hold: raise it (ulimit -Hn, or LimitNOFILE= in systemd)");
+    }
+}
