@@ -190,7 +190,6 @@ const LONG_FILES: &[(&str, &str)] = &[
         "crates/r2ccl-detect/src/detector.rs",
         "the detector's one state machine and its handlers; the table is in health.rs",
     ),
-    ("crates/r2ccl-policy/src/plan.rs", "the planner with its tests (two thirds of the file)"),
     (
         "crates/r2ccl-transport/src/session.rs",
         "the session state machine: striping, replay and delivery share its state",
