@@ -859,13 +859,21 @@ mod tests {
         let out = "noise\nR2B peer=mpi size=1024 count=256 iters=5 time_us=60.5 algbw=0.01 busbw=0.02 wrong=0\nR2B peer=gloo size=x\n";
         assert_eq!(parse_peer(out), vec![PeerRow { size: 1024, time_us: 60.5, busbw: 0.02, wrong: 0 }]);
         let j = r#"{"collective":"all_reduce","nranks":4,"rows":[{"bytes":1024,"count":256,"dtype":"float","op":"sum","root":null,
-            "out_of_place":{"time_us":10.0,"algbw":0.1,"busbw":0.15,"wrong":0},"in_place":{"time_us":11.0,"algbw":0.09,"busbw":0.14,"wrong":2}}],
-            "wrong":2,"avg_busbw":0.145,"events":["12 ms failover x"]}"#;
-        let (rows, ev) = parse_perf_json(j).unwrap();
-        let want =
-            PerfRow { bytes: 1024, time_us: 10.0, busbw: 0.15, time_in_place_us: 11.0, busbw_in_place: 0.14, wrong: 2 };
-        assert_eq!(rows, vec![want]);
-        assert_eq!(ev, vec!["12 ms failover x".to_owned()]);
+            "out_of_place":{"time_us":10.0,"algbw":0.1,"busbw":0.15,"wrong":0},"in_place":{"time_us":11.0,"algbw":0.09,"busbw":0.14,"wrong":2},
+            "oob_per_call":3.0}],"wrong":2,"avg_busbw":0.145,"events":["12 ms failover x"],"init_ms":16.5}"#;
+        let r = parse_perf_json(j).unwrap();
+        let want = PerfRow {
+            bytes: 1024,
+            time_us: 10.0,
+            busbw: 0.15,
+            time_in_place_us: 11.0,
+            busbw_in_place: 0.14,
+            wrong: 2,
+            oob_per_call: 3.0,
+        };
+        assert_eq!(r.rows, vec![want]);
+        assert_eq!(r.events, vec!["12 ms failover x".to_owned()]);
+        assert_eq!(r.init_ms, Some(16.5));
         assert!(parse_perf_json("{}").is_err());
     }
 

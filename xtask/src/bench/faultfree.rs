@@ -149,13 +149,10 @@ pub(super) fn part_faultfree(ctx: &Ctx) -> Result<PartResult> {
         let out = run_job(ctx, &spec, &job, &logs)?;
         res.problems.extend(out.problems.iter().cloned());
         let parsed = parse_perf_json(&read(&json_path));
-        let (rows, events) = match parsed {
-            Ok(x) => x,
-            Err(err) => {
-                res.problems.push(format!("{coll}: no results ({err:#})"));
-                (Vec::new(), Vec::new())
-            }
-        };
+        let PerfReport { rows, events, .. } = parsed.unwrap_or_else(|err| {
+            res.problems.push(format!("{coll}: no results ({err:#})"));
+            PerfReport::default()
+        });
         let failovers = events.iter().filter(|e| e.contains("failover")).count();
         for r in &rows {
             let _ = writeln!(

@@ -69,7 +69,7 @@ pub(super) fn part_loopback(ctx: &Ctx) -> Result<PartResult> {
             res.problems.push(format!("{tag}: {err:#}"));
         }
         match parse_perf_json(&read(&json_path)) {
-            Ok((rows, _)) => {
+            Ok(PerfReport { rows, .. }) => {
                 let oop =
                     rows.iter().map(|r| PeerRow { size: r.bytes, time_us: r.time_us, busbw: r.busbw, wrong: r.wrong });
                 if registered {

@@ -157,9 +157,19 @@ pub(super) struct PerfRow {
     pub(super) time_in_place_us: f64,
     pub(super) busbw_in_place: f64,
     pub(super) wrong: u64,
+    /// OOB messages rank 0 sent per timed out-of-place call (NaN from an older r2ccl-perf).
+    pub(super) oob_per_call: f64,
 }
 
-pub(super) fn parse_perf_json(text: &str) -> Result<(Vec<PerfRow>, Vec<String>)> {
+/// r2ccl-perf's `--json` report: its rows, its events, and rank 0's init time (ms).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct PerfReport {
+    pub(super) rows: Vec<PerfRow>,
+    pub(super) events: Vec<String>,
+    pub(super) init_ms: Option<f64>,
+}
+
+pub(super) fn parse_perf_json(text: &str) -> Result<PerfReport> {
     let v: Value = serde_json::from_str(text).context("r2ccl-perf --json output is not JSON")?;
     let rows = v["rows"].as_array().context("r2ccl-perf --json output has no `rows`")?;
     let f = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
@@ -172,10 +182,11 @@ pub(super) fn parse_perf_json(text: &str) -> Result<(Vec<PerfRow>, Vec<String>)>
             time_in_place_us: f(&r["in_place"]["time_us"]),
             busbw_in_place: f(&r["in_place"]["busbw"]),
             wrong: r["out_of_place"]["wrong"].as_u64().unwrap_or(0) + r["in_place"]["wrong"].as_u64().unwrap_or(0),
+            oob_per_call: f(&r["oob_per_call"]),
         })
         .collect();
     let events = v["events"].as_array().map(|e| e.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect());
-    Ok((out, events.unwrap_or_default()))
+    Ok(PerfReport { rows: out, events: events.unwrap_or_default(), init_ms: v["init_ms"].as_f64() })
 }
 
 /// Nearest-rank percentile of `v` (`p` in 0..=1); None when empty.

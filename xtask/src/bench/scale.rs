@@ -9,11 +9,11 @@
 //! much as its control plane.
 
 use super::{
-    build_peer, clean_env, have, opt, parse_peer, read, run_to_end, unmeasured, wait_all, Cmp, Ctx, End, Part,
-    PartResult, PeerRow, Proc,
+    build_peer, clean_env, have, opt, parse_peer, parse_perf_json, read, run_to_end, unmeasured, wait_all, Cmp, Ctx,
+    End, Part, PartResult, PeerRow, Proc,
 };
-use anyhow::{Context as _, Result};
-use serde_json::{json, Value};
+use anyhow::Result;
+use serde_json::json;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
@@ -38,22 +38,12 @@ impl Run {
     }
 }
 
-/// r2ccl's rows, init time and OOB messages per call from `r2ccl-perf --json`.
+/// r2ccl's rows (out of place), init time and OOB messages per call at 8 B from `r2ccl-perf --json`.
 fn parse_r2ccl(text: &str) -> Result<Run> {
-    let v: Value = serde_json::from_str(text).context("r2ccl-perf --json output is not JSON")?;
-    let rows = v["rows"].as_array().context("no `rows`")?;
-    let f = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
-    let peer_rows = rows
-        .iter()
-        .map(|r| PeerRow {
-            size: r["bytes"].as_u64().unwrap_or(0),
-            time_us: f(&r["out_of_place"]["time_us"]),
-            busbw: f(&r["out_of_place"]["busbw"]),
-            wrong: r["out_of_place"]["wrong"].as_u64().unwrap_or(0) + r["in_place"]["wrong"].as_u64().unwrap_or(0),
-        })
-        .collect();
-    let oob = rows.iter().find(|r| r["bytes"].as_u64() == Some(SMALL)).map(|r| f(&r["oob_per_call"]));
-    Ok(Run { rows: peer_rows, init_ms: v["init_ms"].as_f64(), oob_per_call: oob })
+    let r = parse_perf_json(text)?;
+    let oob = r.rows.iter().find(|x| x.bytes == SMALL).map(|x| x.oob_per_call);
+    let rows = r.rows.iter().map(|x| PeerRow { size: x.bytes, time_us: x.time_us, busbw: x.busbw, wrong: x.wrong });
+    Ok(Run { rows: rows.collect(), init_ms: r.init_ms, oob_per_call: oob })
 }
 
 pub(super) fn part_scale(ctx: &Ctx) -> Result<PartResult> {
