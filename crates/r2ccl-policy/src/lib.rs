@@ -12,7 +12,10 @@
 //! ([`Plan::schedule_request`]) that, on [`schedule_fabric`], builds exactly the schedule
 //! whose cost was predicted:
 //! `plan(..) -> Plan::schedule_request() -> r2ccl_algo::build_rank_schedule(&schedule_fabric(..)?, ..)`.
-//! The `r2ccl-plan` binary (`crates/r2ccl-policy/src/bin/r2ccl-plan.rs`) prints plans.
+//! A communicator asks one [`Planner`] per call: it adds the forced strategy, the fallback for
+//! layouts the model does not cover, ring pipelining and a schedule cache, and returns the
+//! rank's schedule. The `r2ccl-plan` binary (`crates/r2ccl-policy/src/bin/r2ccl-plan.rs`)
+//! prints plans.
 //!
 //! Vocabulary: collectives are [`r2ccl_algo::Collective`] (re-exported as [`Collective`]);
 //! NIC splits, level plans and closed forms are `r2ccl_algo`'s ([`r2ccl_algo::Fabric::split`],
@@ -51,12 +54,17 @@
 mod fabric;
 mod mirror;
 mod plan;
+mod planner;
 mod rerank;
 mod topology;
 
 pub use plan::{
     plan, plan_payload, rerank, rerank_exact, rerank_heuristic, ring_score, schedule_fabric, Candidate, NicBytes, Plan,
     PlanError, Strategy, StrategyParams, FOUR_STAGE_SHARED_RING,
+};
+pub use planner::{
+    communicator_topology, pipeline_ring, plan_bridging_splits, Choice, Planned, Planner, PlannerError,
+    FALLBACK_TREE_BELOW, PLAN_CACHE, RING_PARTS_MAX, RING_PART_MIN, RING_PART_TIME_US,
 };
 pub use r2ccl_algo::Collective;
 pub use rerank::{RingScore, EXACT_MAX_NODES};

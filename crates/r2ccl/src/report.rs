@@ -31,6 +31,17 @@ impl Schedule {
     }
 }
 
+impl From<r2ccl_policy::Choice> for Schedule {
+    fn from(c: r2ccl_policy::Choice) -> Self {
+        match c {
+            r2ccl_policy::Choice::Planned(s) => Schedule::Planned(s),
+            r2ccl_policy::Choice::FallbackTree => Schedule::FallbackTree,
+            r2ccl_policy::Choice::FallbackBalance => Schedule::FallbackBalance,
+            r2ccl_policy::Choice::Group => Schedule::Group,
+        }
+    }
+}
+
 impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -20,11 +20,10 @@ use crate::report::{CollReport, CommEvent, Schedule};
 use crate::switch::{Switch, LEADER};
 use crate::wake::{WakeReceiver, Waker};
 use crossbeam_channel::{Receiver, Sender};
-use r2ccl_algo::{
-    build_p2p_group, build_rank_schedule, Algorithm, Collective, Fabric, Layout, P2pOp, ScheduleRequest, Strategy,
-};
+use r2ccl_algo::{Collective, Layout, P2pOp};
 use r2ccl_config::Config;
 use r2ccl_core::{subsys, DType, HealthView, NicId, NodeId, Rank};
+use r2ccl_policy::{Choice, PlannerError};
 use r2ccl_transport::{MemHandle, SessionConfig, Topology, Transport as _};
 use r2ccl_ucx::{ContextConfig, UcxTransport, UcxTransportConfig};
 use std::collections::BTreeMap;

@@ -60,11 +60,6 @@ impl Progress {
         v
     }
 
-    pub(super) fn layout(&self) -> Result<Layout, CommError> {
-        Layout::from_rank_nodes(self.node_of.iter().map(|&n| NodeId(n)).collect(), self.nics)
-            .map_err(|e| CommError::Invalid(e.to_string()))
-    }
-
     pub(super) fn run(mut self, rx: &Receiver<Req>) {
         let mut current: Option<Current> = None;
         for ev in std::mem::take(&mut self.early_oob) {
@@ -400,23 +395,24 @@ impl Progress {
                 }
             }
         }
-        // Plans are pure functions of (collective, size, agreed view): reuse them.
-        let plan = match work {
-            Work::Coll(coll) => {
-                let view = (self.agreed.digest(), self.agreed.epoch().0);
-                let key = PlanKey { coll: *coll, dtype, count, view };
-                match self.plan_cache.get(&key) {
-                    Some(p) => Ok(p.clone()),
-                    None => self.plan(*coll, dtype, count).inspect(|p| {
-                        if self.plan_cache.len() >= PLAN_CACHE {
-                            self.plan_cache.clear();
-                        }
-                        self.plan_cache.insert(key, p.clone());
-                    }),
-                }
-            }
-            Work::Group(ops) => self.plan_group(dtype, ops),
+        let failed = |seq: u64, e: PlannerError| match e {
+            PlannerError::Build(e) => CommError::Invalid(e.to_string()),
+            e @ PlannerError::Plan(_) => CommError::Failed { seq, why: e.to_string() },
         };
+        let plan = match work {
+            Work::Coll(coll) => self.planner.collective(&self.agreed, *coll, dtype, count).inspect(|p| {
+                if p.bridged {
+                    tracing::info!(target: subsys::COLL, seq, "no usable rail in common between two nodes: planned with their failed NICs, which the engine steers around");
+                }
+                if let Choice::Planned(strategy) = p.choice {
+                    tracing::debug!(target: subsys::COLL, seq, strategy = strategy.name(), chunks = p.chunks,
+                        predicted_s = p.predicted_s, lower_bound_s = p.lower_bound_s, "planned");
+                }
+            }),
+            Work::Group(ops) => self.planner.group(&self.agreed, dtype, ops),
+        }
+        .map(|p| (p.schedule, Schedule::from(p.choice)))
+        .map_err(|e| failed(seq, e));
         let (sched, strategy) = match plan {
             Ok(p) => p,
             Err(e) => {
@@ -538,69 +534,6 @@ impl Progress {
         let ptr = self.transport.region_mut(h).map_err(|e| failed(e.to_string()))?.as_mut_ptr() as usize;
         let region = self.transport.region_arc(h).ok_or_else(|| failed("no mapping".into()))?;
         Ok((h, ptr, region))
-    }
-
-    /// This rank's schedule for a collective: the planner's choice when the layout is one the
-    /// planner models (ranks numbered node by node, the same count on every node), forced by
-    /// `policy.strategy` when that is not `auto`; otherwise Balance on the agreed view.
-    pub(super) fn plan(
-        &self,
-        coll: Collective,
-        dtype: DType,
-        count: u64,
-    ) -> Result<(r2ccl_algo::RankSchedule, Schedule), CommError> {
-        let failed = |why: String| CommError::Failed { seq: self.seq, why };
-        if let Some(topo) = &self.policy_topo {
-            let (plan, view) =
-                plan_bridging_splits(topo, &self.agreed, coll, dtype, count).map_err(|e| failed(e.to_string()))?;
-            let forced = r2ccl_policy::Strategy::ALL.into_iter().find(|s| s.name() == self.cfg.policy.strategy);
-            let strategy = match forced {
-                Some(s) if plan.candidate(s).is_some() => s,
-                _ => plan.chosen,
-            };
-            let req = plan.request_for(strategy).map_err(|e| failed(e.to_string()))?;
-            let req = pipeline_ring(req, self.node_of.len(), self.nics, self.nic_mbps);
-            tracing::debug!(
-                target: subsys::COLL,
-                seq = self.seq,
-                strategy = strategy.name(),
-                chunks = req.chunks,
-                predicted_s = plan.candidate(strategy).map_or(f64::NAN, |c| c.time_s),
-                lower_bound_s = plan.lower_bound_s,
-                "planned"
-            );
-            let fabric = r2ccl_policy::schedule_fabric(topo, &view).map_err(|e| failed(e.to_string()))?;
-            let sched =
-                build_rank_schedule(&fabric, &req, Rank(self.rank)).map_err(|e| CommError::Invalid(e.to_string()))?;
-            return Ok((sched, Schedule::Planned(strategy)));
-        }
-        let fabric = Fabric::new(self.layout()?, self.agreed.clone()).map_err(|e| failed(e.to_string()))?;
-        let bytes = count * dtype.size() as u64;
-        let small = bytes < 64 * 1024
-            && matches!(coll, Collective::AllReduce { .. } | Collective::Broadcast { .. } | Collective::Reduce { .. });
-        let algorithm = if small { Algorithm::Tree } else { Algorithm::Ring };
-        let req = ScheduleRequest::new(coll, dtype, count).with_algorithm(algorithm).with_strategy(Strategy::Balance);
-        let req = pipeline_ring(req, self.node_of.len(), self.nics, self.nic_mbps);
-        let sched =
-            build_rank_schedule(&fabric, &req, Rank(self.rank)).map_err(|e| CommError::Invalid(e.to_string()))?;
-        Ok((sched, if small { Schedule::FallbackTree } else { Schedule::FallbackBalance }))
-    }
-
-    /// This rank's schedule for a point-to-point group on the agreed view (sends split over
-    /// the NICs by Balance weights).
-    pub(super) fn plan_group(
-        &self,
-        dtype: DType,
-        ops: &[P2pOp],
-    ) -> Result<(r2ccl_algo::RankSchedule, Schedule), CommError> {
-        let failed = |why: String| CommError::Failed { seq: self.seq, why };
-        let fabric = match &self.policy_topo {
-            Some(topo) => r2ccl_policy::schedule_fabric(topo, &self.agreed).map_err(|e| failed(e.to_string()))?,
-            None => Fabric::new(self.layout()?, self.agreed.clone()).map_err(|e| failed(e.to_string()))?,
-        };
-        let sched =
-            build_p2p_group(&fabric, Rank(self.rank), dtype, ops).map_err(|e| CommError::Invalid(e.to_string()))?;
-        Ok((sched, Schedule::Group))
     }
 
     pub(super) fn broadcast_mismatch(&self, seq: u64, text: &str) {
@@ -789,45 +722,9 @@ impl Progress {
     }
 }
 
-/// The plan of a collective on `agreed`, and the view it was planned from. Two nodes without a
-/// usable rail in common (views of a flap taken at different instants, or a split that may heal)
-/// do not fail the plan: their failed NICs count as usable for planning, and the engine moves
-/// their lanes at run time, waiting up to the no-path timeout for a NIC to come back before it
-/// fails the collective with NoCommonRail. Every rank starts from the same agreed view, so every
-/// rank plans from the same view.
-pub(super) fn plan_bridging_splits(
-    topo: &r2ccl_policy::Topology,
-    agreed: &HealthView,
-    coll: Collective,
-    dtype: DType,
-    count: u64,
-) -> Result<(r2ccl_policy::Plan, HealthView), r2ccl_policy::PlanError> {
-    let mut view = agreed.clone();
-    loop {
-        match r2ccl_policy::plan_payload(topo, &view, coll, dtype, count) {
-            Err(r2ccl_policy::PlanError::NoPath { a, b }) => {
-                let stuck: Vec<NicId> = view.failed_nics().into_iter().filter(|n| n.node == a || n.node == b).collect();
-                if stuck.is_empty() {
-                    return Err(r2ccl_policy::PlanError::NoPath { a, b });
-                }
-                tracing::info!(target: subsys::COLL, %a, %b, "no usable rail in common: planned with their failed NICs, which the engine steers around");
-                for nic in stuck {
-                    let _ = view.set_healthy(nic);
-                }
-            }
-            other => return other.map(|plan| (plan, view)),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use r2ccl_core::ReduceOp;
-
-    pub(super) fn allreduce(bytes: u64) -> ScheduleRequest {
-        ScheduleRequest::new(Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, bytes / 4)
-    }
 
     #[test]
     pub(super) fn the_descriptor_limit_is_raised_only_when_short_and_never_past_the_hard_one() {
@@ -839,32 +736,6 @@ mod tests {
         assert_eq!(nofile_target(1024, 1 << 20, 5000), Some(5000));
         assert_eq!(nofile_target(1024, 4096, 5000), Some(4096), "up to the hard limit");
         assert_eq!(nofile_target(4096, 4096, 5000), None, "nothing to raise");
-    }
-
-    #[test]
-    pub(super) fn a_split_between_two_nodes_is_planned_with_their_failed_nics_and_other_failures_stay() {
-        let topo = r2ccl_policy::Topology::uniform(4, 2, 1000).and_then(|t| t.with_spine_permille(0)).unwrap();
-        let coll = Collective::AllReduce { op: ReduceOp::Sum };
-        let mut view = HealthView::uniform(4, 2, 1000);
-        // Nodes 0 and 1 share no rail; with four nodes a ring order still avoids that pair.
-        view.set_failed(NicId::new(0, 0)).unwrap();
-        view.set_failed(NicId::new(1, 1)).unwrap();
-        let (_, planned) = plan_bridging_splits(&topo, &view, coll, DType::F32, 1 << 20).unwrap();
-        assert_eq!(planned, view, "a ring order that avoids the pair needs no bridging");
-        // On two nodes nothing avoids it: their failed NICs count as usable for planning.
-        let topo2 = r2ccl_policy::Topology::uniform(2, 2, 1000).and_then(|t| t.with_spine_permille(0)).unwrap();
-        let mut view2 = HealthView::uniform(2, 2, 1000);
-        view2.set_failed(NicId::new(0, 0)).unwrap();
-        view2.set_failed(NicId::new(1, 1)).unwrap();
-        assert!(matches!(
-            r2ccl_policy::plan_payload(&topo2, &view2, coll, DType::F32, 1 << 20),
-            Err(r2ccl_policy::PlanError::NoPath { .. })
-        ));
-        let (_, planned) = plan_bridging_splits(&topo2, &view2, coll, DType::F32, 1 << 20).unwrap();
-        assert!(planned.failed_nics().is_empty(), "{:?}", planned.failed_nics());
-        // A node with no usable NIC at all is still an error.
-        view2.set_failed(NicId::new(0, 1)).unwrap();
-        assert!(plan_bridging_splits(&topo2, &view2, coll, DType::F32, 1 << 20).is_err());
     }
 
     #[test]
@@ -945,32 +816,5 @@ mod tests {
             assert_eq!(c.validate(), Ok(()), "{d:?} -> {c:?}");
             assert!(c.probe_timeout >= DETECT_PROBE_TIMEOUT);
         }
-    }
-
-    #[test]
-    pub(super) fn large_plain_rings_are_pipelined_in_parts_of_a_millisecond_per_nic() {
-        // 100 Mbit/s NICs: the 128 KiB floor. 64 MiB over 4 ranks: 16 MiB steps; 2 NICs: 64
-        // parts (the cap); 4 MiB: 1 MiB steps, 4 parts of 256 KiB (128 KiB per NIC).
-        assert_eq!(pipeline_ring(allreduce(64 << 20), 4, 2, 100).chunks, RING_PARTS_MAX);
-        assert_eq!(pipeline_ring(allreduce(4 << 20), 4, 2, 100).chunks, 4);
-        assert_eq!(pipeline_ring(allreduce(4 << 20), 4, 1, 100).chunks, 8);
-        // 100 Gbit/s: 12.5 MB per NIC and part, so 64 MiB over 4 ranks on 1 NIC is one part.
-        assert_eq!(pipeline_ring(allreduce(64 << 20), 4, 1, 100_000).chunks, 1);
-        assert_eq!(pipeline_ring(allreduce(1 << 30), 4, 1, 100_000).chunks, 21);
-        // Never below one part.
-        assert_eq!(pipeline_ring(allreduce(1 << 20), 4, 2, 100).chunks, 1);
-        let ag = ScheduleRequest::new(Collective::AllGather, DType::F32, (8 << 20) / 4);
-        assert_eq!(pipeline_ring(ag, 4, 2, 100).chunks, 32);
-    }
-
-    #[test]
-    pub(super) fn other_algorithms_and_planned_chunks_are_left_alone() {
-        let tree = allreduce(64 << 20).with_algorithm(Algorithm::Tree);
-        assert_eq!(pipeline_ring(tree, 4, 2, 100).chunks, 1);
-        let planned = allreduce(64 << 20).with_chunks(4);
-        assert_eq!(pipeline_ring(planned, 4, 2, 100).chunks, 4);
-        let bcast = ScheduleRequest::new(Collective::Broadcast { root: Rank(0) }, DType::F32, 16 << 20);
-        assert_eq!(pipeline_ring(bcast, 4, 2, 100).chunks, 1);
-        assert_eq!(pipeline_ring(allreduce(64 << 20), 1, 2, 100).chunks, 1);
     }
 }

@@ -3,23 +3,10 @@
 
 use super::*;
 
-/// What a planned schedule depends on: a plan is a pure function of these.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(super) struct PlanKey {
-    pub(super) coll: r2ccl_algo::Collective,
-    pub(super) dtype: r2ccl_core::DType,
-    pub(super) count: u64,
-    /// The agreed health view's digest and epoch.
-    pub(super) view: (u64, u64),
-}
-
 pub(super) struct Progress {
     pub(super) rank: u32,
     pub(super) world: u32,
     pub(super) node_of: Vec<u32>,
-    pub(super) nics: usize,
-    /// The planner's NIC rate, Mbit/s (the slowest any rank reported at bootstrap).
-    pub(super) nic_mbps: u64,
     pub(super) mesh: OobMesh,
     /// Readable when a caller or an OOB reader has something for this thread.
     pub(super) wake_rx: WakeReceiver,
@@ -27,8 +14,6 @@ pub(super) struct Progress {
     pub(super) nic_bytes_seen: Vec<(u64, u64)>,
     /// OOB messages sent by channel as of the last export.
     pub(super) oob_sent_seen: [u64; 5],
-    /// Schedules already planned, by collective, type, count and agreed view.
-    pub(super) plan_cache: std::collections::HashMap<PlanKey, (r2ccl_algo::RankSchedule, Schedule)>,
     pub(super) transport: UcxTransport,
     pub(super) engine: Engine,
     pub(super) shared: Arc<Shared>,
@@ -45,7 +30,8 @@ pub(super) struct Progress {
     /// Peers' argument descriptions that came before this rank's: (collective, peer) -> text.
     pub(super) peer_descs: BTreeMap<(u64, u32), String>,
     pub(super) broken: Option<CommError>,
-    pub(super) policy_topo: Option<r2ccl_policy::Topology>,
+    /// Every planning decision: strategy, fallback, pipelining, the plan cache.
+    pub(super) planner: r2ccl_policy::Planner,
     /// OOB messages that arrived during init, before the progress loop ran.
     pub(super) early_oob: Vec<OobEvent>,
     pub(super) departed: std::collections::BTreeSet<u32>,
@@ -283,22 +269,15 @@ impl Progress {
             let names: Vec<String> = dead.iter().map(ToString::to_string).collect();
             tracing::warn!(target: subsys::INIT, rank = opts.rank, nics = ?names, "NICs unusable since the start; planning without them");
         }
-        // The planner models ranks numbered node by node with the same count on every node.
-        let rpn = opts.world as usize / nodes.max(1);
-        let contiguous = rpn * nodes == opts.world as usize
-            && node_of.iter().enumerate().all(|(r, &n)| n as usize == r / rpn.max(1));
-        let policy_topo = if contiguous {
-            r2ccl_policy::Topology::uniform(nodes, nics, nic_mbps)
-                .and_then(|t| t.with_ranks_per_node(rpn as u32))
-                .and_then(|t| t.with_alpha(r2ccl_policy::COMMUNICATOR_ALPHA_S))
-                // The UCX backend connects NIC r only to the peers' NIC r (a rail-only fabric, as
-                // on the namespace testbed): plans must not send across rails.
-                .and_then(|t| t.with_spine_permille(0))
-                .map(|t| t.with_rerank(cfg.policy.rerank))
-                .ok()
-        } else {
-            None
-        };
+        let layout = Layout::from_rank_nodes(node_of.iter().map(|&n| NodeId(n)).collect(), nics)
+            .map_err(|e| CommError::Invalid(e.to_string()))?;
+        let planner = r2ccl_policy::Planner::for_communicator(
+            Rank(opts.rank),
+            layout,
+            nic_mbps,
+            cfg.policy.rerank,
+            &cfg.policy.strategy,
+        );
         // Only this node's NICs: every rank exporting every node's would make the job's series
         // grow with the square of its size.
         let my_node = node_of.get(opts.rank as usize).copied().unwrap_or(0);
@@ -322,8 +301,6 @@ impl Progress {
             rank: opts.rank,
             world: opts.world,
             node_of,
-            nics,
-            nic_mbps,
             mesh,
             transport,
             engine,
@@ -337,7 +314,7 @@ impl Progress {
             descs: BTreeMap::new(),
             peer_descs: BTreeMap::new(),
             broken: None,
-            policy_topo,
+            planner,
             early_oob,
             departed: std::collections::BTreeSet::new(),
             departed_after: std::collections::BTreeMap::new(),
@@ -348,7 +325,6 @@ impl Progress {
             wake_rx,
             nic_bytes_seen: Vec::new(),
             oob_sent_seen: [0; 5],
-            plan_cache: std::collections::HashMap::new(),
         };
         progress.export_nic_capacity(&progress.agreed);
         Ok(progress)
@@ -555,39 +531,6 @@ pub(super) fn file_nics(node: &r2ccl_topo::NodeTopology) -> Vec<String> {
     nics.into_iter().map(|n| n.name.clone()).collect()
 }
 
-/// Smallest part of a pipelined ring step per sending NIC, bytes (see [`pipeline_ring`]).
-pub(super) const RING_PART_MIN: u64 = 128 << 10;
-/// A part of a pipelined ring step carries at least this much of a NIC's time (see
-/// [`pipeline_ring`]), so the per-message cost stays small next to the transfer.
-pub(super) const RING_PART_TIME_US: u64 = 1000;
-/// Most parts a ring step is pipelined in.
-pub(super) const RING_PARTS_MAX: u32 = 64;
-
-/// Pipeline a plain ring (AllReduce, ReduceScatter, AllGather under Ring, Balance or single
-/// backup, one part per step as planned) in parts of at least [`RING_PART_MIN`] bytes and
-/// [`RING_PART_TIME_US`] of NIC time (at `nic_mbps`) per NIC: a step's next part leaves as
-/// soon as its previous part arrived, so the NICs keep sending across step boundaries, where
-/// one part per step left every link idle until its slowest lane finished (4 nodes x 2 NICs
-/// at 100 mbit, 64 MiB AllReduce: about 0.1 s per step).
-pub(super) fn pipeline_ring(req: ScheduleRequest, ranks: usize, nics: usize, nic_mbps: u64) -> ScheduleRequest {
-    let plain = matches!(req.strategy, Strategy::Balance | Strategy::SingleBackup);
-    let step_elems = match req.collective {
-        Collective::AllReduce { .. } => req.count / (ranks.max(1) as u64),
-        Collective::ReduceScatter { .. } | Collective::AllGather => req.count,
-        _ => return req,
-    };
-    if req.algorithm != Algorithm::Ring || !plain || req.chunks != 1 || ranks < 2 {
-        return req;
-    }
-    let step_bytes = step_elems.saturating_mul(req.dtype.size() as u64);
-    let part = RING_PART_MIN.max(nic_mbps.saturating_mul(RING_PART_TIME_US) / 8);
-    let parts = step_bytes / part.saturating_mul(nics.max(1) as u64);
-    let parts = u32::try_from(parts).unwrap_or(u32::MAX).clamp(1, RING_PARTS_MAX);
-    req.with_chunks(parts)
-}
-
-/// Most plans a communicator keeps (the cache starts over when full).
-pub(super) const PLAN_CACHE: usize = 64;
 /// Progress rounds without movement before the progress thread sleeps.
 pub(super) const IDLE_SPINS: u32 = 8;
 /// Longest sleep of an idle progress thread while calls are running or queued (bounds every
