@@ -41,6 +41,10 @@ fn nic_rates_come_from_the_topology_file_and_unlisted_nodes_are_refused() {
     }
     let view = std::fs::read_to_string(&dump).unwrap();
     assert!(view.contains("speed_mbps = 1000"), "the agreed rate is the file's slowest NIC: {view}");
+    // The view loads back as a valid cluster topology: one placement per rank.
+    let back = r2ccl_topo::load_cluster_file(std::path::Path::new(&dump)).unwrap();
+    assert_eq!(back.ranks().len(), 2, "{view}");
+    assert!(back.nodes().iter().all(|n| n.nics.iter().all(|nic| nic.speed_mbps == 1000)), "{view}");
 
     // A node the file does not list.
     let file = site(&dir, &["node1"]);

@@ -344,26 +344,35 @@ pub(super) fn dump_cluster_view(
     if !contiguous {
         return Err("ranks are not numbered node by node; the description format needs that".into());
     }
-    let mut text = format!(
-        "name = \"r2ccl-communicator\"\ndescription = \"cluster view of a communicator: {} ranks on {} nodes\"\nrails = {}\n",
-        node_of.len(),
-        names.len(),
-        nics.len()
-    );
+    let mut nodes = Vec::with_capacity(names.len());
+    let mut ranks = Vec::with_capacity(node_of.len());
     for (n, name) in names.iter().enumerate() {
-        let ranks = node_of.iter().filter(|&&x| x as usize == n).count();
-        text.push_str(&format!("\n[[nodes]]\nhostname = {name:?}\nranks = {ranks}\nnuma_nodes = [{{ id = 0 }}]\n"));
+        let mut node = r2ccl_topo::NodeTopology::empty(*name);
+        node.numa_nodes.push(r2ccl_topo::NumaNode { id: 0, cpus: None, memory_bytes: None });
         for (r, nic) in nics.iter().enumerate() {
             // Several rails on one interface (loopback runs) still need distinct NIC names.
             let unique = nics.iter().filter(|x| *x == nic).count() == 1;
-            let nic_name = if unique { nic.clone() } else { format!("{nic}.{r}") };
-            text.push_str(&format!(
-                "\n[[nodes.nics]]\nname = {nic_name:?}\nrail = {r}\nspeed_mbps = {mbps}\nvirtual = true\nnuma = 0\n"
-            ));
+            node.nics.push(r2ccl_topo::Nic {
+                name: if unique { nic.clone() } else { format!("{nic}.{r}") },
+                rail: r2ccl_core::RailId(r as u16),
+                speed_mbps: mbps,
+                link_up: true,
+                is_virtual: true,
+                numa: Some(0),
+                pci: None,
+                host_bridge: None,
+                switches: Vec::new(),
+            });
+        }
+        nodes.push(node);
+        for _ in node_of.iter().filter(|&&x| x as usize == n) {
+            let rank = Rank(ranks.len() as u32);
+            ranks.push(r2ccl_topo::RankPlacement { rank, node: NodeId(n as u32), gpu: None, numa: Some(0) });
         }
     }
-    let desc = r2ccl_topo::description::TopologyDescription::from_toml_str(&text).map_err(|e| e.to_string())?;
-    let cluster = desc.resolve().map_err(|e| e.to_string())?;
+    let rails = u16::try_from(nics.len()).map_err(|_| format!("{} NICs per node", nics.len()))?;
+    let cluster = r2ccl_topo::ClusterTopology::new(Some("r2ccl-communicator".into()), rails, nodes, ranks)
+        .map_err(|e| e.to_string())?;
     r2ccl_topo::write_cluster_view(std::path::Path::new(path), &cluster, None).map_err(|e| e.to_string())
 }
 
