@@ -161,6 +161,26 @@ impl NodeTopology {
     pub fn nic_mbps(&self) -> u64 {
         self.nics.iter().map(|n| n.speed_mbps).sum()
     }
+
+    /// The order in which the node's other NICs take over the traffic of the NIC on `rail`:
+    /// nearest to it first (same PCIe switch, host bridge, NUMA node, then the rest; unknown
+    /// locality counts as the rest), each class in rail order going up from `rail`
+    /// (cyclically), so that the NICs of one class back each other up in turn. A pure function
+    /// of the node, so every rank computes the same chains. Empty for a rail the node lacks.
+    pub fn backup_chain(&self, rail: RailId) -> Vec<RailId> {
+        let Some(me) = self.nic_on_rail(rail) else { return Vec::new() };
+        let here = me.locality();
+        let k = self.nics.iter().map(|n| u32::from(n.rail.0) + 1).max().unwrap_or(1);
+        let distance = |r: RailId| (u32::from(r.0) + k - u32::from(rail.0) % k) % k;
+        let mut others: Vec<(PathClass, u32, RailId)> = self
+            .nics
+            .iter()
+            .filter(|n| n.rail != rail)
+            .map(|n| (here.class_to(&n.locality()), distance(n.rail), n.rail))
+            .collect();
+        others.sort_unstable();
+        others.into_iter().map(|(_, _, r)| r).collect()
+    }
 }
 
 /// Where a rank runs: its node, its GPU (if any) and its NUMA node (if known).

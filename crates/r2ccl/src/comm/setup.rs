@@ -347,23 +347,7 @@ pub(super) fn dump_cluster_view(
     let mut nodes = Vec::with_capacity(names.len());
     let mut ranks = Vec::with_capacity(node_of.len());
     for (n, name) in names.iter().enumerate() {
-        let mut node = r2ccl_topo::NodeTopology::empty(*name);
-        node.numa_nodes.push(r2ccl_topo::NumaNode { id: 0, cpus: None, memory_bytes: None });
-        for (r, nic) in nics.iter().enumerate() {
-            // Several rails on one interface (loopback runs) still need distinct NIC names.
-            let unique = nics.iter().filter(|x| *x == nic).count() == 1;
-            node.nics.push(r2ccl_topo::Nic {
-                name: if unique { nic.clone() } else { format!("{nic}.{r}") },
-                rail: r2ccl_core::RailId(r as u16),
-                speed_mbps: mbps,
-                link_up: true,
-                is_virtual: true,
-                numa: Some(0),
-                pci: None,
-                host_bridge: None,
-                switches: Vec::new(),
-            });
-        }
+        let node = communicator_node(name, nics, mbps, &vec![Some(0); nics.len()]);
         nodes.push(node);
         for _ in node_of.iter().filter(|&&x| x as usize == n) {
             let rank = Rank(ranks.len() as u32);
@@ -427,9 +411,41 @@ pub(super) fn detect_config(d: &r2ccl_config::DetectConfig) -> r2ccl_detect::Det
     }
 }
 
-/// The transport topology: every node has `nics` NICs; each NIC's backup chain is the
-/// node's other NICs by locality: those on the same NUMA node first (`numa[node][rail]`, from
-/// the node's first rank's blob), then the others, each group in rail order starting after it.
+/// A node of the communicator as r2ccl-topo models it: one virtual NIC per rail named after
+/// `nics` (made distinct when several rails share an interface, as loopback runs do), at `mbps`,
+/// on the NUMA nodes `numa[rail]` (unknown: `None`).
+pub(super) fn communicator_node(
+    hostname: &str,
+    nics: &[String],
+    mbps: u64,
+    numa: &[Option<u32>],
+) -> r2ccl_topo::NodeTopology {
+    let mut node = r2ccl_topo::NodeTopology::empty(hostname);
+    let mut ids: Vec<u32> = numa.iter().flatten().copied().collect();
+    ids.sort_unstable();
+    ids.dedup();
+    node.numa_nodes = ids.into_iter().map(|id| r2ccl_topo::NumaNode { id, cpus: None, memory_bytes: None }).collect();
+    for (r, nic) in nics.iter().enumerate() {
+        let unique = nics.iter().filter(|x| *x == nic).count() == 1;
+        node.nics.push(r2ccl_topo::Nic {
+            name: if unique { nic.clone() } else { format!("{nic}.{r}") },
+            rail: r2ccl_core::RailId(r as u16),
+            speed_mbps: mbps,
+            link_up: true,
+            is_virtual: true,
+            numa: numa.get(r).copied().flatten(),
+            pci: None,
+            host_bridge: None,
+            switches: Vec::new(),
+        });
+    }
+    node
+}
+
+/// The transport topology: every node has `nics` NICs; each NIC's backup chain is r2ccl-topo's
+/// ([`r2ccl_topo::NodeTopology::backup_chain`]) on the NICs' NUMA nodes (`numa[node][rail]`,
+/// from the node's first rank's blob): the same NUMA node first, then the others, each group in
+/// rail order starting after the NIC.
 pub(super) fn transport_topology(
     node_of: &[u32],
     nics: usize,
@@ -437,14 +453,15 @@ pub(super) fn transport_topology(
 ) -> Result<Topology, CommError> {
     let nodes = node_of.iter().max().map_or(0, |&m| m as usize + 1);
     let k = u16::try_from(nics).map_err(|_| CommError::Invalid(format!("{nics} NICs")))?;
+    let names: Vec<String> = (0..k).map(|r| format!("rail{r}")).collect();
     let mut chains = BTreeMap::new();
     for n in 0..nodes as u32 {
-        let numa_of = |rail: u16| numa.get(n as usize).and_then(|v| v.get(usize::from(rail))).copied().flatten();
+        let node_numa: Vec<Option<u32>> =
+            (0..usize::from(k)).map(|r| numa.get(n as usize).and_then(|v| v.get(r)).copied().flatten()).collect();
+        let node = communicator_node("", &names, 1, &node_numa);
         for r in 0..k {
-            let mut others: Vec<u16> = (1..k).map(|d| (r + d) % k).collect();
-            // Stable: rail order within each group.
-            others.sort_by_key(|&x| !(numa_of(r).is_some() && numa_of(x) == numa_of(r)));
-            chains.insert(NicId::new(n, r), others.into_iter().map(|x| NicId::new(n, x)).collect());
+            let chain = node.backup_chain(r2ccl_core::RailId(r));
+            chains.insert(NicId::new(n, r), chain.into_iter().map(|x| NicId { node: NodeId(n), rail: x }).collect());
         }
     }
     Topology::new(node_of.iter().map(|&n| NodeId(n)).collect(), vec![k; nodes], chains)
