@@ -243,9 +243,9 @@ pub fn gpt3_2p7b() -> Result<Table, SimError> {
     sc.failures.push(Failure { node: 1, rail: 5, kind: FailureKind::Down, at_s: 0.0, until_s: None });
     sc.strategies = vec![Strategy::Balance, Strategy::Recursive];
     let two = sc.run()?;
-    let base = one.rows.first().map_or(0.0, sc_tokens);
-    let mut rows = vec![vec!["no failure".into(), format!("{base:.0}"), "314,618".into(), "-".into(), "-".into()]];
-    push_scheduled_rows(&mut sc, &mut rows, 1)?;
+    let mut rows = Vec::new();
+    let base = push_scheduled_rows(&mut sc, &mut rows, 1)?;
+    rows.insert(0, vec!["no failure".into(), format!("{base:.0}"), "314,618".into(), "-".into(), "-".into()]);
     let paper = [
         (Strategy::AdapCc, "AdapCC-like", "289,565", "-8.0%"),
         (Strategy::HotRepair, "hot repair only", "300,151", "-4.6%"),
@@ -260,7 +260,7 @@ pub fn gpt3_2p7b() -> Result<Table, SimError> {
                 label.into(),
                 format!("{:.0}", r.tokens_per_s),
                 ptok.into(),
-                pct(-r.overhead_pct / (1.0 + r.overhead_pct / 100.0)),
+                loss(r.tokens_per_s, base),
                 ploss.into(),
             ]);
         }
@@ -274,7 +274,7 @@ pub fn gpt3_2p7b() -> Result<Table, SimError> {
                 label.into(),
                 format!("{:.0}", r.tokens_per_s),
                 ptok.into(),
-                pct(-r.overhead_pct / (1.0 + r.overhead_pct / 100.0)),
+                loss(r.tokens_per_s, base),
                 ploss.into(),
             ]);
         }
@@ -287,8 +287,9 @@ pub fn gpt3_2p7b() -> Result<Table, SimError> {
 }
 
 /// Rows of the r2ccl-algo schedules (planner's choice and algo Balance) for the scenario's first `failures`
-/// failures; the scenario's strategies and failures are restored afterwards.
-fn push_scheduled_rows(sc: &mut Scenario, rows: &mut Vec<Vec<String>>, failures: usize) -> Result<(), SimError> {
+/// failures; the scenario's strategies and failures are restored afterwards. Returns the planner's fault-free
+/// tokens per second: every table's baseline, against which each row's loss is given.
+fn push_scheduled_rows(sc: &mut Scenario, rows: &mut Vec<Vec<String>>, failures: usize) -> Result<f64, SimError> {
     let (strategies, all_failures) = (sc.strategies.clone(), sc.failures.clone());
     sc.strategies = vec![Strategy::Planner, Strategy::AlgoBalance];
     sc.failures.truncate(failures);
@@ -296,6 +297,7 @@ fn push_scheduled_rows(sc: &mut Scenario, rows: &mut Vec<Vec<String>>, failures:
     sc.strategies = strategies;
     sc.failures = all_failures;
     let r = r?;
+    let base = row_of(&r, Strategy::Planner).map_or(f64::NAN, sc_tokens);
     for (s, label) in [
         (Strategy::Planner, "planner's choice (r2ccl-algo schedule)"),
         (Strategy::AlgoBalance, "Balance (r2ccl-algo schedule)"),
@@ -305,16 +307,28 @@ fn push_scheduled_rows(sc: &mut Scenario, rows: &mut Vec<Vec<String>>, failures:
                 label.into(),
                 format!("{:.0}", x.tokens_per_s),
                 "-".into(),
-                pct(-x.overhead_pct / (1.0 + x.overhead_pct / 100.0)),
+                loss(x.tokens_per_s, base),
                 "-".into(),
             ]);
         }
     }
-    Ok(())
+    Ok(base)
 }
 
 fn sc_tokens(r: &crate::scenario::StrategyReport) -> f64 {
     r.healthy_tokens_per_s
+}
+
+/// A row's throughput against the planner's fault-free `base`, as a signed percentage (a loss is negative).
+fn loss(tokens_per_s: f64, base: f64) -> String {
+    pct((tokens_per_s / base - 1.0) * 100.0)
+}
+
+/// A row's iteration time against the planner's fault-free iteration in `r` (its `Planner` row), as a signed
+/// percentage; the row's own fault-free time when the report has no planner row.
+fn over_planner(r: &Report, x: &crate::scenario::StrategyReport) -> String {
+    let base = row_of(r, Strategy::Planner).map_or(x.healthy_seconds, |p| p.healthy_seconds);
+    pct((x.seconds / base - 1.0) * 100.0)
 }
 
 /// 13B tensor + pipeline parallel (section 8).
@@ -324,9 +338,9 @@ pub fn gpt3_13b() -> Result<Table, SimError> {
     sc.failures.push(Failure { node: 1, rail: 5, kind: FailureKind::Down, at_s: 0.0, until_s: None });
     sc.strategies = vec![Strategy::Balance];
     let two = sc.run()?;
-    let base = one.rows.first().map_or(0.0, sc_tokens);
-    let mut rows = vec![vec!["no failure".into(), format!("{base:.0}"), "8,340".into(), "-".into(), "-".into()]];
-    push_scheduled_rows(&mut sc, &mut rows, 1)?;
+    let mut rows = Vec::new();
+    let base = push_scheduled_rows(&mut sc, &mut rows, 1)?;
+    rows.insert(0, vec!["no failure".into(), format!("{base:.0}"), "8,340".into(), "-".into(), "-".into()]);
     for (s, label, ptok, ploss) in [
         (Strategy::HotRepair, "hot repair only", "8,233", "-1.3%"),
         (Strategy::Balance, "Balance", "8,309", "-0.37%"),
@@ -339,7 +353,7 @@ pub fn gpt3_13b() -> Result<Table, SimError> {
                 label.into(),
                 format!("{:.0}", r.tokens_per_s),
                 ptok.into(),
-                pct(-r.overhead_pct / (1.0 + r.overhead_pct / 100.0)),
+                loss(r.tokens_per_s, base),
                 ploss.into(),
             ]);
         }
@@ -349,7 +363,7 @@ pub fn gpt3_13b() -> Result<Table, SimError> {
             "two failures (Balance)".into(),
             format!("{:.0}", r.tokens_per_s),
             "8,257".into(),
-            pct(-r.overhead_pct / (1.0 + r.overhead_pct / 100.0)),
+            loss(r.tokens_per_s, base),
             "-1.0%".into(),
         ]);
     }
@@ -397,7 +411,7 @@ pub fn scale_512(max: u32, four_stage_at: &[u32]) -> Result<Table, SimError> {
         let r = sc.run()?;
         let mut row = vec![f.to_string()];
         for s in [Strategy::HotRepair, Strategy::Balance, Strategy::Recursive, Strategy::FourStage, Strategy::Planner] {
-            row.push(row_of(&r, s).map_or("-".into(), |x| pct(x.overhead_pct)));
+            row.push(row_of(&r, s).map_or("-".into(), |x| over_planner(&r, x)));
         }
         let paper = match f {
             1 => "1.5%",
@@ -436,7 +450,7 @@ pub fn scale_1024() -> Result<Table, SimError> {
         rows.push(vec![
             x.strategy.name().into(),
             format!("{:.3}", x.healthy_seconds),
-            pct(x.overhead_pct),
+            if x.seconds.is_finite() { over_planner(&r, x) } else { pct(x.overhead_pct) },
             format!("{:.1}", x.failure_induced_s),
             ratio,
         ]);
@@ -463,8 +477,13 @@ pub fn inference() -> Result<Table, SimError> {
     ] {
         sc.failures = vec![Failure { node: 1, rail: 0, kind, at_s: 0.0, until_s: None }];
         let r = sc.run()?;
-        let mut row =
-            vec![label.to_string(), format!("{:.3} ms", r.rows.first().map_or(0.0, |x| x.healthy_seconds) * 1e3)];
+        let mut row = vec![
+            label.to_string(),
+            format!(
+                "{:.3} ms",
+                row_of(&r, Strategy::Planner).or(r.rows.first()).map_or(0.0, |x| x.healthy_seconds) * 1e3
+            ),
+        ];
         for s in [
             Strategy::HotRepair,
             Strategy::Balance,
@@ -473,7 +492,7 @@ pub fn inference() -> Result<Table, SimError> {
             Strategy::FourStage,
             Strategy::Planner,
         ] {
-            row.push(row_of(&r, s).map_or("-".into(), |x| pct(x.overhead_pct)));
+            row.push(row_of(&r, s).map_or("-".into(), |x| over_planner(&r, x)));
         }
         rows.push(row);
     }
