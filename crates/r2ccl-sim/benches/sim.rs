@@ -2,7 +2,7 @@
 #![allow(clippy::print_stdout, clippy::unwrap_used, reason = "benchmark output")]
 #![allow(clippy::disallowed_methods, reason = "benchmarks measure wall-clock time")]
 
-use r2ccl_sim::collective::{build_allreduce, AllReduceJob, Strategy};
+use r2ccl_sim::collective::{build_allreduce, AllReduceJob, Scheme};
 use r2ccl_sim::convert::{append_allreduce_with, Choice, MergeRails};
 use r2ccl_sim::engine::{simulate, Dag};
 use r2ccl_sim::workload::plan_health;
@@ -15,7 +15,7 @@ fn main() {
     let fails = [Failure::known_down(3, 2), Failure::down_at(70, 5, 0.002)];
     let e = EngineConfig::with_repair(RepairMode::Spread);
     let mut exact_planner = f64::NAN;
-    for s in [Strategy::Balance, Strategy::HotRepair, Strategy::Recursive, Strategy::Planner, Strategy::AlgoBalance] {
+    for s in [Scheme::Balance, Scheme::HotRepair, Scheme::Recursive, Scheme::Planner, Scheme::AlgoBalance] {
         // What `workload::allreduce_run` does, timed in two parts: the schedule (planning, r2ccl-algo's
         // build and the conversion, or the formula builder) and the simulation.
         let t = Instant::now();
@@ -41,7 +41,7 @@ fn main() {
         let built = t.elapsed().as_secs_f64();
         let r = simulate(&fab, &dag, &fails, &EngineConfig { repair: s.repair_mode(), ..e }).unwrap();
         let wall = t.elapsed().as_secs_f64();
-        if s == Strategy::Planner {
+        if s == Scheme::Planner {
             exact_planner = r.makespan;
         }
         println!(

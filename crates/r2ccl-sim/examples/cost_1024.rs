@@ -15,7 +15,7 @@
 #![allow(clippy::disallowed_methods, reason = "it measures wall-clock time")]
 
 use r2ccl_core::Rank;
-use r2ccl_sim::collective::{build_allreduce, AllReduceJob, Strategy};
+use r2ccl_sim::collective::{build_allreduce, AllReduceJob, Scheme};
 use r2ccl_sim::convert::{
     append_allreduce, append_allreduce_with, append_schedules, plan_allreduce, Choice, MergeRails,
 };
@@ -37,7 +37,7 @@ fn main() -> Result<(), SimError> {
             let ks: Vec<u32> = args[1..].iter().filter_map(|a| a.parse().ok()).collect();
             chunks(&fab, &job, &fails, &ks)
         }
-        Some("planner") => phases(&fab, &job, &fails, &[Strategy::Planner]),
+        Some("planner") => phases(&fab, &job, &fails, &[Scheme::Planner]),
         Some("floor") => floor(&fab, &job, &fails),
         Some("merged") => {
             let known = args.iter().any(|a| a == "known");
@@ -48,12 +48,12 @@ fn main() -> Result<(), SimError> {
             &fab,
             &job,
             &fails,
-            &[Strategy::Balance, Strategy::HotRepair, Strategy::Recursive, Strategy::Planner, Strategy::AlgoBalance],
+            &[Scheme::Balance, Scheme::HotRepair, Scheme::Recursive, Scheme::Planner, Scheme::AlgoBalance],
         ),
     }
 }
 
-fn phases(fab: &Fabric, job: &AllReduceJob, fails: &[Failure], strategies: &[Strategy]) -> Result<(), SimError> {
+fn phases(fab: &Fabric, job: &AllReduceJob, fails: &[Failure], strategies: &[Scheme]) -> Result<(), SimError> {
     let h = plan_health(fab, fails);
     for &s in strategies {
         let t = Instant::now();
@@ -86,7 +86,7 @@ fn phases(fab: &Fabric, job: &AllReduceJob, fails: &[Failure], strategies: &[Str
 fn merged(fab: &Fabric, job: &AllReduceJob, fails: &[Failure], alone: bool) -> Result<(), SimError> {
     let h = plan_health(fab, fails);
     let merge = MergeRails::around(fab, fails);
-    let cfg = EngineConfig::with_repair(Strategy::Planner.repair_mode());
+    let cfg = EngineConfig::with_repair(Scheme::Planner.repair_mode());
     let mut runs = Vec::new();
     let modes = [("merged", Some(&merge)), ("exact", None)];
     for (name, m) in modes.into_iter().take(if alone { 1 } else { 2 }) {

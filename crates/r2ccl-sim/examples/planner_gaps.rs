@@ -8,7 +8,7 @@
 #![allow(clippy::print_stdout, reason = "an example that prints its measurements")]
 
 use r2ccl_policy::Strategy as P;
-use r2ccl_sim::collective::{AllReduceJob, Strategy};
+use r2ccl_sim::collective::{AllReduceJob, Scheme};
 use r2ccl_sim::convert::{append_allreduce, append_schedules, plan_allreduce, Choice};
 use r2ccl_sim::workload::{allreduce_run, plan_health};
 use r2ccl_sim::SimError;
@@ -143,7 +143,7 @@ fn gpt_2p7b(e: &EngineConfig) -> Result<(), SimError> {
     for rails in [vec![], vec![3], vec![1], vec![7], vec![3, 5], vec![3, 5, 6], vec![3, 5, 6, 7], vec![0], vec![0, 3]] {
         let f: Vec<Failure> = rails.iter().map(|&r| Failure::known_down(0, r)).collect();
         let live = 8 - rails.len();
-        let t = allreduce_run(&fab, Strategy::Planner, &job, &f, e)?.makespan;
+        let t = allreduce_run(&fab, Scheme::Planner, &job, &f, e)?.makespan;
         println!(
             "  failed NICs {rails:?} of node 0: NICs {:.2} ms at line rate; simulated {:.3} ms",
             ms(job.bytes / (live as f64 * fab.spec().nic_bytes_per_s())),
@@ -184,7 +184,7 @@ fn decode(e: &EngineConfig) -> Result<(), SimError> {
         for c in [P::Balance, P::SingleBackup] {
             show(&fab, &job, &fails, Choice::Candidate(c), &format!("  {label}, {c:?}"))?;
         }
-        let t = allreduce_run(&fab, Strategy::Balance, &job, &fails, e)?.makespan;
+        let t = allreduce_run(&fab, Scheme::Balance, &job, &fails, e)?.makespan;
         println!("  {label}, formula Balance: {:.4} ms", ms(t));
     }
     Ok(())
@@ -209,7 +209,7 @@ fn gpus_1024(e: &EngineConfig) -> Result<(), SimError> {
             show(&fab, &job, &known, Choice::Candidate(P::Balance), "  one failure known, algo Balance")?;
             show(&fab, &job, &both, Choice::Planner, "  known + in flight")?;
             show(&fab, &job, &both, Choice::Candidate(P::Balance), "  known + in flight, algo Balance")?;
-            for s in [Strategy::Balance, Strategy::FourStage] {
+            for s in [Scheme::Balance, Scheme::FourStage] {
                 for (l, f) in [("known", &known[..]), ("known + in flight", &both[..])] {
                     let t = allreduce_run(&fab, s, &job, f, e)?.makespan;
                     println!("  formula {}, {l}: {:.4} ms", s.name(), ms(t));

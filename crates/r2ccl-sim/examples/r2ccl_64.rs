@@ -7,7 +7,7 @@
 
 use r2ccl_algo::{Collective, R2cclParams, ScheduleRequest, Strategy as AlgoStrategy};
 use r2ccl_core::{DType, NodeId, ReduceOp};
-use r2ccl_sim::collective::{AllReduceJob, Strategy};
+use r2ccl_sim::collective::{AllReduceJob, Scheme};
 use r2ccl_sim::convert::{append_schedules, health_view, topology};
 use r2ccl_sim::workload::{allreduce_run, plan_health};
 use r2ccl_sim::{closed, simulate, Dag, EngineConfig, Fabric, FabricSpec, Failure, RepairMode, Sharing, SimError};
@@ -53,8 +53,8 @@ fn main() -> Result<(), SimError> {
         let job = AllReduceJob { nodes: (0..n).collect(), bytes: BYTES, intra: false, chunks: 8 };
         let e = EngineConfig::with_repair(RepairMode::Spread);
         let ms = |x: f64| x * 1e3;
-        let healthy_t = allreduce_run(&fab, Strategy::Planner, &job, &[], &e)?.makespan;
-        let bal = allreduce_run(&fab, Strategy::AlgoBalance, &job, &fails, &e)?.makespan;
+        let healthy_t = allreduce_run(&fab, Scheme::Planner, &job, &[], &e)?.makespan;
+        let bal = allreduce_run(&fab, Scheme::AlgoBalance, &job, &fails, &e)?.makespan;
         let planned = r2ccl_sim::convert::plan_allreduce(
             &fab,
             &plan_health(&fab, &fails),
@@ -83,7 +83,7 @@ fn main() -> Result<(), SimError> {
                 c.params.level_fractions,
             );
         }
-        for s in [Strategy::Planner, Strategy::AlgoRecursive, Strategy::AlgoR2cclAllReduce, Strategy::Balance] {
+        for s in [Scheme::Planner, Scheme::AlgoRecursive, Scheme::AlgoR2cclAllReduce, Scheme::Balance] {
             let t = allreduce_run(&fab, s, &job, &fails, &e)?.makespan;
             println!("  {:>22}: simulated {:.2} ms ({:.3}x healthy)", s.name(), ms(t), t / healthy_t);
         }

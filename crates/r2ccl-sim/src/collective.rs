@@ -31,9 +31,13 @@ pub fn node_fraction(h: &[f64]) -> f64 {
     h.iter().sum::<f64>() / h.len() as f64
 }
 
-/// The AllReduce strategies under test.
+/// How a simulated job handles failures: one of the paper's strategies as a formula schedule, a
+/// baseline (fail-stop, hot repair, AdapCC-like), or an exact r2ccl-algo schedule (the planner's
+/// choice, algo Balance, algo single backup). Not `r2ccl_policy::Strategy` (the planner's
+/// candidates, which [`Scheme::Planner`] runs) nor `r2ccl_algo::Strategy` (a schedule request's
+/// failure handling).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Strategy {
+pub enum Scheme {
     /// Fail-stop CCL: rings on fixed rails, no repair (a failure hangs the collective).
     #[serde(rename = "no_resilience")]
     NoResilience,
@@ -75,56 +79,56 @@ pub enum Strategy {
     AlgoFourStage,
 }
 
-impl Strategy {
+impl Scheme {
     /// Every strategy, in table order.
-    pub const ALL: [Strategy; 7] = [
-        Strategy::NoResilience,
-        Strategy::HotRepair,
-        Strategy::Balance,
-        Strategy::R2cclAllReduce,
-        Strategy::Recursive,
-        Strategy::FourStage,
-        Strategy::AdapCc,
+    pub const ALL: [Scheme; 7] = [
+        Scheme::NoResilience,
+        Scheme::HotRepair,
+        Scheme::Balance,
+        Scheme::R2cclAllReduce,
+        Scheme::Recursive,
+        Scheme::FourStage,
+        Scheme::AdapCc,
     ];
 
     /// Short name used in tables and scenario files.
     pub fn name(self) -> &'static str {
         match self {
-            Strategy::NoResilience => "no_resilience",
-            Strategy::HotRepair => "hot_repair",
-            Strategy::Balance => "balance",
-            Strategy::R2cclAllReduce => "r2ccl_allreduce",
-            Strategy::Recursive => "recursive",
-            Strategy::FourStage => "four_stage",
-            Strategy::AdapCc => "adapcc",
-            Strategy::Planner => "planner",
-            Strategy::AlgoBalance => "algo_balance",
-            Strategy::AlgoSingleBackup => "algo_single_backup",
-            Strategy::AlgoR2cclAllReduce => "algo_r2ccl_allreduce",
-            Strategy::AlgoRecursive => "algo_recursive",
-            Strategy::AlgoFourStage => "algo_four_stage",
+            Scheme::NoResilience => "no_resilience",
+            Scheme::HotRepair => "hot_repair",
+            Scheme::Balance => "balance",
+            Scheme::R2cclAllReduce => "r2ccl_allreduce",
+            Scheme::Recursive => "recursive",
+            Scheme::FourStage => "four_stage",
+            Scheme::AdapCc => "adapcc",
+            Scheme::Planner => "planner",
+            Scheme::AlgoBalance => "algo_balance",
+            Scheme::AlgoSingleBackup => "algo_single_backup",
+            Scheme::AlgoR2cclAllReduce => "algo_r2ccl_allreduce",
+            Scheme::AlgoRecursive => "algo_recursive",
+            Scheme::AlgoFourStage => "algo_four_stage",
         }
     }
 
     /// The strategies that run r2ccl-algo schedules converted by [`crate::convert`], in table order.
-    pub const SCHEDULED: [Strategy; 6] = [
-        Strategy::Planner,
-        Strategy::AlgoBalance,
-        Strategy::AlgoSingleBackup,
-        Strategy::AlgoR2cclAllReduce,
-        Strategy::AlgoRecursive,
-        Strategy::AlgoFourStage,
+    pub const SCHEDULED: [Scheme; 6] = [
+        Scheme::Planner,
+        Scheme::AlgoBalance,
+        Scheme::AlgoSingleBackup,
+        Scheme::AlgoR2cclAllReduce,
+        Scheme::AlgoRecursive,
+        Scheme::AlgoFourStage,
     ];
 
     /// For strategies that run r2ccl-algo schedules: which one (`None`: built here from formulas).
     pub fn schedule_choice(self) -> Option<Choice> {
         Some(match self {
-            Strategy::Planner => Choice::Planner,
-            Strategy::AlgoBalance => Choice::Candidate(PolicyStrategy::Balance),
-            Strategy::AlgoSingleBackup => Choice::Candidate(PolicyStrategy::SingleBackup),
-            Strategy::AlgoR2cclAllReduce => Choice::Candidate(PolicyStrategy::R2cclAllReduce),
-            Strategy::AlgoRecursive => Choice::Candidate(PolicyStrategy::Recursive),
-            Strategy::AlgoFourStage => Choice::Candidate(PolicyStrategy::FourStage),
+            Scheme::Planner => Choice::Planner,
+            Scheme::AlgoBalance => Choice::Candidate(PolicyStrategy::Balance),
+            Scheme::AlgoSingleBackup => Choice::Candidate(PolicyStrategy::SingleBackup),
+            Scheme::AlgoR2cclAllReduce => Choice::Candidate(PolicyStrategy::R2cclAllReduce),
+            Scheme::AlgoRecursive => Choice::Candidate(PolicyStrategy::Recursive),
+            Scheme::AlgoFourStage => Choice::Candidate(PolicyStrategy::FourStage),
             _ => return None,
         })
     }
@@ -132,8 +136,8 @@ impl Strategy {
     /// How the engine moves transfers on failed NICs for this strategy (in flight and at start).
     pub fn repair_mode(self) -> RepairMode {
         match self {
-            Strategy::NoResilience => RepairMode::None,
-            Strategy::HotRepair | Strategy::AdapCc | Strategy::AlgoSingleBackup => RepairMode::SingleBackup,
+            Scheme::NoResilience => RepairMode::None,
+            Scheme::HotRepair | Scheme::AdapCc | Scheme::AlgoSingleBackup => RepairMode::SingleBackup,
             _ => RepairMode::Spread,
         }
     }
@@ -573,7 +577,7 @@ pub fn build_allreduce(
     dag: &mut Dag,
     fabric: &Fabric,
     health: &PlanHealth,
-    strategy: Strategy,
+    strategy: Scheme,
     job: &AllReduceJob,
     start: Option<TaskId>,
 ) -> TaskId {
@@ -584,18 +588,18 @@ pub fn build_allreduce(
     let healthy_nodes: Vec<u32> = job.nodes.iter().copied().filter(|&x| !b.degraded(x)).collect();
     let n = job.nodes.len();
     match strategy {
-        Strategy::NoResilience | Strategy::HotRepair | Strategy::AdapCc => {
+        Scheme::NoResilience | Scheme::HotRepair | Scheme::AdapCc => {
             b.hierarchical(job, &chans, job.bytes, start, false)
         }
         // The scheduled strategies come from r2ccl-algo (`crate::convert::append_allreduce`); asked here, they
         // get the closest formula schedule.
-        Strategy::Balance | Strategy::Planner | Strategy::AlgoBalance | Strategy::AlgoSingleBackup => {
+        Scheme::Balance | Scheme::Planner | Scheme::AlgoBalance | Scheme::AlgoSingleBackup => {
             b.hierarchical(job, &chans, job.bytes, start, true)
         }
-        Strategy::AlgoR2cclAllReduce => build_allreduce(dag, fabric, health, Strategy::R2cclAllReduce, job, start),
-        Strategy::AlgoRecursive => build_allreduce(dag, fabric, health, Strategy::Recursive, job, start),
-        Strategy::AlgoFourStage => build_allreduce(dag, fabric, health, Strategy::FourStage, job, start),
-        Strategy::R2cclAllReduce => {
+        Scheme::AlgoR2cclAllReduce => build_allreduce(dag, fabric, health, Scheme::R2cclAllReduce, job, start),
+        Scheme::AlgoRecursive => build_allreduce(dag, fabric, health, Scheme::Recursive, job, start),
+        Scheme::AlgoFourStage => build_allreduce(dag, fabric, health, Scheme::FourStage, job, start),
+        Scheme::R2cclAllReduce => {
             if degraded.len() != 1 || n < 3 {
                 return b.hierarchical(job, &chans, job.bytes, start, true);
             }
@@ -640,7 +644,7 @@ pub fn build_allreduce(
             );
             b.dag.barrier(&ends)
         }
-        Strategy::FourStage => {
+        Scheme::FourStage => {
             if degraded.is_empty() || healthy_nodes.len() < 2 {
                 return b.hierarchical(job, &chans, job.bytes, start, true);
             }
@@ -663,12 +667,12 @@ pub fn build_allreduce(
             ends.extend(start);
             b.dag.barrier(&ends)
         }
-        Strategy::Recursive => build_recursive(dag, fabric, health, job, start, RecursiveVariant::default()),
+        Scheme::Recursive => build_recursive(dag, fabric, health, job, start, RecursiveVariant::default()),
     }
 }
 
 /// Append the recursive AllReduce of `job` (water-filled levels, [`recursive_levels`]) built with `variant`'s
-/// knobs to `dag`, after `start`; returns the end task. The default variant is [`Strategy::Recursive`].
+/// knobs to `dag`, after `start`; returns the end task. The default variant is [`Scheme::Recursive`].
 pub fn build_recursive(
     dag: &mut Dag,
     fabric: &Fabric,

@@ -4,7 +4,7 @@
 //! prints and times them.
 
 use crate::closed;
-use crate::collective::{healthy, AllReduceJob, Strategy};
+use crate::collective::{healthy, AllReduceJob, Scheme};
 use crate::engine::{EngineConfig, Failure, FailureKind, RepairMode, Sharing};
 use crate::error::SimError;
 use crate::fabric::{Fabric, FabricSpec};
@@ -61,7 +61,7 @@ fn pct(x: f64) -> String {
     }
 }
 
-fn row_of(r: &Report, s: Strategy) -> Option<&crate::scenario::StrategyReport> {
+fn row_of(r: &Report, s: Scheme) -> Option<&crate::scenario::StrategyReport> {
     r.rows.iter().find(|x| x.strategy == s)
 }
 
@@ -80,9 +80,9 @@ pub fn closed_form_table(chunks: u32) -> Result<Table, SimError> {
         let job = AllReduceJob { nodes: (0..n).collect(), bytes: d, intra: false, chunks };
         let fails: Vec<Failure> = (0..lost).map(|r| Failure::known_down(1, r)).collect();
         let e = EngineConfig::with_repair(RepairMode::Spread);
-        let bal = allreduce_run(&fab, Strategy::Balance, &job, &fails, &e)?.makespan / nf;
-        let r2 = allreduce_run(&fab, Strategy::R2cclAllReduce, &job, &fails, &e)?.makespan / nf;
-        let rec = allreduce_run(&fab, Strategy::Recursive, &job, &fails, &e)?.makespan / nf;
+        let bal = allreduce_run(&fab, Scheme::Balance, &job, &fails, &e)?.makespan / nf;
+        let r2 = allreduce_run(&fab, Scheme::R2cclAllReduce, &job, &fails, &e)?.makespan / nf;
+        let rec = allreduce_run(&fab, Scheme::Recursive, &job, &fails, &e)?.makespan / nf;
         let (_, _, _, r2k) = closed::r2ccl_allreduce(n as usize, d, b, x, chunks);
         // Lower bound: one NIC per node, the straggler's degraded to beta = 1 - X.
         let mut s1 = FabricSpec::new(n, 1, 1, 800.0);
@@ -96,7 +96,7 @@ pub fn closed_form_table(chunks: u32) -> Result<Table, SimError> {
             until_s: None,
         }];
         let job64 = AllReduceJob { chunks: 64, ..job.clone() };
-        let fs = allreduce_run(&f1, Strategy::FourStage, &job64, &deg, &e)?.makespan / nf;
+        let fs = allreduce_run(&f1, Scheme::FourStage, &job64, &deg, &e)?.makespan / nf;
         let lb = closed::lower_bound(n as usize, d, b, 1.0 - x) / nf;
         rows.push(vec![
             n.to_string(),
@@ -241,18 +241,18 @@ pub fn gpt3_2p7b() -> Result<Table, SimError> {
     let mut sc = scenario("gpt3_2p7b_dp")?;
     let one = sc.run()?;
     sc.failures.push(Failure { node: 1, rail: 5, kind: FailureKind::Down, at_s: 0.0, until_s: None });
-    sc.strategies = vec![Strategy::Balance, Strategy::Recursive];
+    sc.strategies = vec![Scheme::Balance, Scheme::Recursive];
     let two = sc.run()?;
     let mut rows = Vec::new();
     let base = push_scheduled_rows(&mut sc, &mut rows, 1)?;
     rows.insert(0, vec!["no failure".into(), format!("{base:.0}"), "314,618".into(), "-".into(), "-".into()]);
     let paper = [
-        (Strategy::AdapCc, "AdapCC-like", "289,565", "-8.0%"),
-        (Strategy::HotRepair, "hot repair only", "300,151", "-4.6%"),
-        (Strategy::Balance, "Balance", "310,516", "-1.3%"),
-        (Strategy::R2cclAllReduce, "R2CCL-AllReduce", "312,394", "-0.71%"),
-        (Strategy::Recursive, "recursive (ours)", "-", "-"),
-        (Strategy::FourStage, "four-stage (ours)", "-", "-"),
+        (Scheme::AdapCc, "AdapCC-like", "289,565", "-8.0%"),
+        (Scheme::HotRepair, "hot repair only", "300,151", "-4.6%"),
+        (Scheme::Balance, "Balance", "310,516", "-1.3%"),
+        (Scheme::R2cclAllReduce, "R2CCL-AllReduce", "312,394", "-0.71%"),
+        (Scheme::Recursive, "recursive (ours)", "-", "-"),
+        (Scheme::FourStage, "four-stage (ours)", "-", "-"),
     ];
     for (s, label, ptok, ploss) in paper {
         if let Some(r) = row_of(&one, s) {
@@ -266,8 +266,8 @@ pub fn gpt3_2p7b() -> Result<Table, SimError> {
         }
     }
     for (s, label, ptok, ploss) in [
-        (Strategy::Balance, "two failures (Balance)", "310,756", "-1.2%"),
-        (Strategy::Recursive, "two failures (recursive)", "-", "-"),
+        (Scheme::Balance, "two failures (Balance)", "310,756", "-1.2%"),
+        (Scheme::Recursive, "two failures (recursive)", "-", "-"),
     ] {
         if let Some(r) = row_of(&two, s) {
             rows.push(vec![
@@ -291,16 +291,16 @@ pub fn gpt3_2p7b() -> Result<Table, SimError> {
 /// tokens per second: every table's baseline, against which each row's loss is given.
 fn push_scheduled_rows(sc: &mut Scenario, rows: &mut Vec<Vec<String>>, failures: usize) -> Result<f64, SimError> {
     let (strategies, all_failures) = (sc.strategies.clone(), sc.failures.clone());
-    sc.strategies = vec![Strategy::Planner, Strategy::AlgoBalance];
+    sc.strategies = vec![Scheme::Planner, Scheme::AlgoBalance];
     sc.failures.truncate(failures);
     let r = sc.run();
     sc.strategies = strategies;
     sc.failures = all_failures;
     let r = r?;
-    let base = row_of(&r, Strategy::Planner).map_or(f64::NAN, sc_tokens);
+    let base = row_of(&r, Scheme::Planner).map_or(f64::NAN, sc_tokens);
     for (s, label) in [
-        (Strategy::Planner, "planner's choice (r2ccl-algo schedule)"),
-        (Strategy::AlgoBalance, "Balance (r2ccl-algo schedule)"),
+        (Scheme::Planner, "planner's choice (r2ccl-algo schedule)"),
+        (Scheme::AlgoBalance, "Balance (r2ccl-algo schedule)"),
     ] {
         if let Some(x) = row_of(&r, s) {
             rows.push(vec![
@@ -327,7 +327,7 @@ fn loss(tokens_per_s: f64, base: f64) -> String {
 /// A row's iteration time against the planner's fault-free iteration in `r` (its `Planner` row), as a signed
 /// percentage; the row's own fault-free time when the report has no planner row.
 fn over_planner(r: &Report, x: &crate::scenario::StrategyReport) -> String {
-    let base = row_of(r, Strategy::Planner).map_or(x.healthy_seconds, |p| p.healthy_seconds);
+    let base = row_of(r, Scheme::Planner).map_or(x.healthy_seconds, |p| p.healthy_seconds);
     pct((x.seconds / base - 1.0) * 100.0)
 }
 
@@ -336,17 +336,17 @@ pub fn gpt3_13b() -> Result<Table, SimError> {
     let mut sc = scenario("gpt3_13b_tp_pp")?;
     let one = sc.run()?;
     sc.failures.push(Failure { node: 1, rail: 5, kind: FailureKind::Down, at_s: 0.0, until_s: None });
-    sc.strategies = vec![Strategy::Balance];
+    sc.strategies = vec![Scheme::Balance];
     let two = sc.run()?;
     let mut rows = Vec::new();
     let base = push_scheduled_rows(&mut sc, &mut rows, 1)?;
     rows.insert(0, vec!["no failure".into(), format!("{base:.0}"), "8,340".into(), "-".into(), "-".into()]);
     for (s, label, ptok, ploss) in [
-        (Strategy::HotRepair, "hot repair only", "8,233", "-1.3%"),
-        (Strategy::Balance, "Balance", "8,309", "-0.37%"),
-        (Strategy::R2cclAllReduce, "R2CCL-AllReduce", "-", "-"),
-        (Strategy::Recursive, "recursive (ours)", "-", "-"),
-        (Strategy::FourStage, "four-stage (ours)", "-", "-"),
+        (Scheme::HotRepair, "hot repair only", "8,233", "-1.3%"),
+        (Scheme::Balance, "Balance", "8,309", "-0.37%"),
+        (Scheme::R2cclAllReduce, "R2CCL-AllReduce", "-", "-"),
+        (Scheme::Recursive, "recursive (ours)", "-", "-"),
+        (Scheme::FourStage, "four-stage (ours)", "-", "-"),
     ] {
         if let Some(r) = row_of(&one, s) {
             rows.push(vec![
@@ -358,7 +358,7 @@ pub fn gpt3_13b() -> Result<Table, SimError> {
             ]);
         }
     }
-    if let Some(r) = row_of(&two, Strategy::Balance) {
+    if let Some(r) = row_of(&two, Scheme::Balance) {
         rows.push(vec![
             "two failures (Balance)".into(),
             format!("{:.0}", r.tokens_per_s),
@@ -391,12 +391,12 @@ pub fn scale_512(max: u32, four_stage_at: &[u32]) -> Result<Table, SimError> {
     let nodes = sc.fabric.nodes;
     let k = sc.fabric.nics_per_node;
     let mut every_count = sc.strategies.clone();
-    every_count.push(Strategy::Planner);
+    every_count.push(Scheme::Planner);
     let mut rows = Vec::new();
     for f in 1..=max {
         sc.strategies.clone_from(&every_count);
         if four_stage_at.contains(&f) {
-            sc.strategies.push(Strategy::FourStage);
+            sc.strategies.push(Scheme::FourStage);
         }
         // Spread failures over the ring, on varied rails.
         sc.failures = (0..f)
@@ -410,7 +410,7 @@ pub fn scale_512(max: u32, four_stage_at: &[u32]) -> Result<Table, SimError> {
             .collect();
         let r = sc.run()?;
         let mut row = vec![f.to_string()];
-        for s in [Strategy::HotRepair, Strategy::Balance, Strategy::Recursive, Strategy::FourStage, Strategy::Planner] {
+        for s in [Scheme::HotRepair, Scheme::Balance, Scheme::Recursive, Scheme::FourStage, Scheme::Planner] {
             row.push(row_of(&r, s).map_or("-".into(), |x| over_planner(&r, x)));
         }
         let paper = match f {
@@ -442,7 +442,7 @@ pub fn scale_512(max: u32, four_stage_at: &[u32]) -> Result<Table, SimError> {
 pub fn scale_1024() -> Result<Table, SimError> {
     let sc = scenario("gpt3_175b_1024gpu")?;
     let r = sc.run()?;
-    let adapcc = row_of(&r, Strategy::AdapCc).map_or(f64::NAN, |x| x.failure_induced_s);
+    let adapcc = row_of(&r, Scheme::AdapCc).map_or(f64::NAN, |x| x.failure_induced_s);
     let mut rows = Vec::new();
     for x in &r.rows {
         let ratio = adapcc / x.failure_induced_s;
@@ -468,7 +468,7 @@ pub fn scale_1024() -> Result<Table, SimError> {
 /// LLM decode with single NIC failures.
 pub fn inference() -> Result<Table, SimError> {
     let mut sc = scenario("decode_tp16")?;
-    sc.strategies.push(Strategy::Planner);
+    sc.strategies.push(Scheme::Planner);
     let mut rows = Vec::new();
     for (label, kind) in [
         ("down", FailureKind::Down),
@@ -481,16 +481,16 @@ pub fn inference() -> Result<Table, SimError> {
             label.to_string(),
             format!(
                 "{:.3} ms",
-                row_of(&r, Strategy::Planner).or(r.rows.first()).map_or(0.0, |x| x.healthy_seconds) * 1e3
+                row_of(&r, Scheme::Planner).or(r.rows.first()).map_or(0.0, |x| x.healthy_seconds) * 1e3
             ),
         ];
         for s in [
-            Strategy::HotRepair,
-            Strategy::Balance,
-            Strategy::R2cclAllReduce,
-            Strategy::Recursive,
-            Strategy::FourStage,
-            Strategy::Planner,
+            Scheme::HotRepair,
+            Scheme::Balance,
+            Scheme::R2cclAllReduce,
+            Scheme::Recursive,
+            Scheme::FourStage,
+            Scheme::Planner,
         ] {
             row.push(row_of(&r, s).map_or("-".into(), |x| over_planner(&r, x)));
         }

@@ -3,7 +3,7 @@
 //! Parsing rejects unknown keys (serde `deny_unknown_fields`); validation rejects impossible topologies and
 //! failures of components that do not exist, naming them.
 
-use crate::collective::{AllReduceJob, Strategy};
+use crate::collective::{AllReduceJob, Scheme};
 use crate::engine::{EngineConfig, Failure, RepairMode, Sharing};
 use crate::error::SimError;
 use crate::fabric::{Fabric, FabricSpec};
@@ -75,7 +75,7 @@ pub struct Scenario {
     pub failures: Vec<Failure>,
     /// Strategies to compare (default: all).
     #[serde(default = "all_strategies")]
-    pub strategies: Vec<Strategy>,
+    pub strategies: Vec<Scheme>,
     /// Detection settings.
     #[serde(default)]
     pub detection: Detection,
@@ -83,15 +83,15 @@ pub struct Scenario {
     #[serde(default)]
     pub recovery: Recovery,
 }
-fn all_strategies() -> Vec<Strategy> {
-    Strategy::ALL.to_vec()
+fn all_strategies() -> Vec<Scheme> {
+    Scheme::ALL.to_vec()
 }
 
 /// One strategy's outcome.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StrategyReport {
-    /// Strategy.
-    pub strategy: Strategy,
+    /// Scheme.
+    pub strategy: Scheme,
     /// Step (iteration, token or collective) time with the failures, seconds (infinite: hangs).
     pub seconds: f64,
     /// Same without failures, seconds.

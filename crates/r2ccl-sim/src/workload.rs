@@ -6,7 +6,7 @@
 //! does not depend on the compute around it (no GPU interference is modeled), and the collectives of one
 //! job run one after another on one stream, so identical collectives are simulated once per health state.
 
-use crate::collective::{build_allreduce, healthy, AllReduceJob, PlanHealth, Strategy};
+use crate::collective::{build_allreduce, healthy, AllReduceJob, PlanHealth, Scheme};
 use crate::engine::{simulate, Dag, EngineConfig, Failure, Op, TaskId};
 use crate::error::SimError;
 use crate::fabric::{Endpoint, Fabric};
@@ -139,7 +139,7 @@ pub fn plan_health(fabric: &Fabric, failures: &[Failure]) -> PlanHealth {
 /// Simulate one AllReduce (`job`) under `strategy` and `failures`; returns the engine result.
 pub fn allreduce_run(
     fabric: &Fabric,
-    strategy: Strategy,
+    strategy: Scheme,
     job: &AllReduceJob,
     failures: &[Failure],
     engine: &EngineConfig,
@@ -158,7 +158,7 @@ pub fn allreduce_run(
     simulate(fabric, &dag, failures, &cfg)
 }
 
-fn ar_time(fabric: &Fabric, s: Strategy, job: &AllReduceJob, f: &[Failure], e: &EngineConfig) -> Result<f64, SimError> {
+fn ar_time(fabric: &Fabric, s: Scheme, job: &AllReduceJob, f: &[Failure], e: &EngineConfig) -> Result<f64, SimError> {
     let r = allreduce_run(fabric, s, job, f, e)?;
     Ok(if r.stalled { f64::INFINITY } else { r.makespan })
 }
@@ -238,7 +238,7 @@ impl Workload {
     pub fn step(
         &self,
         fabric: &Fabric,
-        strategy: Strategy,
+        strategy: Scheme,
         failures: &[Failure],
         engine: &EngineConfig,
     ) -> Result<StepTime, SimError> {
@@ -331,7 +331,7 @@ impl Workload {
     fn p2p_time(
         &self,
         fabric: &Fabric,
-        strategy: Strategy,
+        strategy: Scheme,
         failures: &[Failure],
         engine: &EngineConfig,
         bytes: f64,
@@ -341,7 +341,7 @@ impl Workload {
         let src = (0..s.nodes).find(|&n| h[n as usize].iter().any(|&x| x < 1.0)).unwrap_or(0);
         let dst = if src + 1 < s.nodes { src + 1 } else { src.saturating_sub(1) };
         let mut dag = Dag::new();
-        let balance = matches!(strategy, Strategy::NoResilience | Strategy::HotRepair | Strategy::AdapCc);
+        let balance = matches!(strategy, Scheme::NoResilience | Scheme::HotRepair | Scheme::AdapCc);
         for g in 0..s.gpus_per_node {
             let rail = fabric.rail_of_gpu(g);
             let degraded = h[src as usize].iter().chain(&h[dst as usize]).any(|&x| x < 1.0);
@@ -412,13 +412,13 @@ impl Default for Recovery {
 ///   and the step re-run; afterwards every step runs at its degraded time `degraded`;
 /// * R2CCL strategies: `hit_extra` (detection, migration, replay in the step that was hit) plus the
 ///   degraded steps.
-pub fn failure_induced(strategy: Strategy, rec: &Recovery, healthy: f64, degraded: f64, hit_extra: f64) -> f64 {
+pub fn failure_induced(strategy: Scheme, rec: &Recovery, healthy: f64, degraded: f64, hit_extra: f64) -> f64 {
     let window = rec.window_min * 60.0;
     let steps = (window / degraded.max(1e-12)).floor();
     let steady = steps * (degraded - healthy).max(0.0);
     match strategy {
-        Strategy::NoResilience => rec.restart_min * 60.0 + rec.checkpoint_interval_min * 60.0 / 2.0,
-        Strategy::AdapCc => rec.adapcc_timeout_s + rec.adapcc_reconfig_s + healthy / 2.0 + steady,
+        Scheme::NoResilience => rec.restart_min * 60.0 + rec.checkpoint_interval_min * 60.0 / 2.0,
+        Scheme::AdapCc => rec.adapcc_timeout_s + rec.adapcc_reconfig_s + healthy / 2.0 + steady,
         _ => hit_extra + steady,
     }
 }

@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 use r2ccl_sim::closed;
-use r2ccl_sim::collective::{build_allreduce, healthy, AllReduceJob, PlanHealth, Strategy};
+use r2ccl_sim::collective::{build_allreduce, healthy, AllReduceJob, PlanHealth, Scheme};
 use r2ccl_sim::{simulate, Dag, EngineConfig, Fabric, FabricSpec, Failure, FailureKind};
 
 const D: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -14,7 +14,7 @@ fn fabric(n: u32, k: u32) -> Fabric {
     Fabric::new(s).unwrap()
 }
 
-fn run(f: &Fabric, strategy: Strategy, failures: &[Failure], chunks: u32) -> f64 {
+fn run(f: &Fabric, strategy: Scheme, failures: &[Failure], chunks: u32) -> f64 {
     let mut h: PlanHealth = healthy(f);
     for x in failures {
         h[x.node as usize][x.rail as usize] = x.remaining();
@@ -37,7 +37,7 @@ fn fault_free_ring() {
     for n in [2, 4, 8] {
         let f = fabric(n, 4);
         let b = f.spec().node_bytes_per_s();
-        close(run(&f, Strategy::Balance, &[], 1), closed::t_nf(n as usize, D, b), "ring");
+        close(run(&f, Scheme::Balance, &[], 1), closed::t_nf(n as usize, D, b), "ring");
     }
 }
 
@@ -49,7 +49,7 @@ fn balance_is_one_over_one_minus_x() {
         let fails: Vec<Failure> = (0..lost).map(|r| Failure::known_down(1, r)).collect();
         let x = f64::from(lost) / f64::from(k);
         close(
-            run(&f, Strategy::Balance, &fails, 1),
+            run(&f, Scheme::Balance, &fails, 1),
             closed::t_nf(n as usize, D, b) * closed::balance_ratio(x),
             "balance",
         );
@@ -60,7 +60,7 @@ fn balance_is_one_over_one_minus_x() {
 fn hot_repair_doubles() {
     let f = fabric(4, 4);
     let b = f.spec().node_bytes_per_s();
-    close(run(&f, Strategy::HotRepair, &[Failure::known_down(2, 1)], 1), 2.0 * closed::t_nf(4, D, b), "hot repair");
+    close(run(&f, Scheme::HotRepair, &[Failure::known_down(2, 1)], 1), 2.0 * closed::t_nf(4, D, b), "hot repair");
 }
 
 #[test]
@@ -71,7 +71,7 @@ fn r2ccl_allreduce_with_k_chunks() {
         let fails: Vec<Failure> = (0..lost).map(|r| Failure::known_down(0, r)).collect();
         let x = f64::from(lost) / f64::from(k_nics);
         let (_, _, _, t) = closed::r2ccl_allreduce(n as usize, D, b, x, chunks);
-        close(run(&f, Strategy::R2cclAllReduce, &fails, chunks), t, "r2ccl-allreduce");
+        close(run(&f, Scheme::R2cclAllReduce, &fails, chunks), t, "r2ccl-allreduce");
     }
 }
 
@@ -83,6 +83,6 @@ fn four_stage_reaches_the_lower_bound() {
         let b = f.spec().node_bytes_per_s();
         let fails =
             [Failure { node: 0, rail: 0, kind: FailureKind::Degraded { fraction: beta }, at_s: -1.0, until_s: None }];
-        close(run(&f, Strategy::FourStage, &fails, 256), closed::lower_bound(n as usize, D, b, beta), "four-stage");
+        close(run(&f, Scheme::FourStage, &fails, 256), closed::lower_bound(n as usize, D, b, beta), "four-stage");
     }
 }

@@ -6,7 +6,7 @@
 use r2ccl_algo::{Algorithm, Collective, R2cclParams, ScheduleRequest, Strategy as AlgoStrategy, Traffic};
 use r2ccl_core::{DType, NicId, NodeId, ReduceOp};
 use r2ccl_sim::closed;
-use r2ccl_sim::collective::{healthy, AllReduceJob, PlanHealth, Strategy};
+use r2ccl_sim::collective::{healthy, AllReduceJob, PlanHealth, Scheme};
 use r2ccl_sim::convert::{
     append_allreduce, append_allreduce_with, append_schedules, health_view, topology, Choice, MergeRails,
 };
@@ -279,7 +279,7 @@ kind = "black_hole"
 at_s = 0.5
 "#;
     let rep = r2ccl_sim::scenario::Scenario::from_toml(text).unwrap().run().unwrap();
-    let get = |s: Strategy| rep.rows.iter().find(|r| r.strategy == s).unwrap();
+    let get = |s: Scheme| rep.rows.iter().find(|r| r.strategy == s).unwrap();
     for r in &rep.rows {
         assert!(r.seconds.is_finite() && r.seconds > 0.0, "{:?}", r);
         assert!(r.failure_induced_s.is_finite(), "in-flight failure is repaired: {:?}", r);
@@ -287,7 +287,7 @@ at_s = 0.5
     // Balance and single backup differ only in NIC weights: with one of two NICs lost both double. Their
     // busiest NICs carry the same bytes; node 3 uses one NIC under Balance (rail 1 is dropped everywhere) and
     // both under single backup, which moves the event-level time by about 2%.
-    let (ab, sb) = (get(Strategy::AlgoBalance), get(Strategy::AlgoSingleBackup));
+    let (ab, sb) = (get(Scheme::AlgoBalance), get(Scheme::AlgoSingleBackup));
     close(ab.seconds, sb.seconds, 0.03, "balance vs single backup with K = 2");
     assert!(ab.overhead_pct > 50.0, "losing half a node's NICs at least halves its ring speed: {ab:?}");
 }

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 use r2ccl_policy::Strategy as P;
-use r2ccl_sim::collective::{AllReduceJob, Strategy};
+use r2ccl_sim::collective::{AllReduceJob, Scheme};
 use r2ccl_sim::convert::{append_allreduce, plan_allreduce, Choice};
 use r2ccl_sim::workload::{allreduce_run, plan_health};
 use r2ccl_sim::{simulate, Dag, EngineConfig, Fabric, FabricSpec, Failure, RepairMode};
@@ -17,7 +17,7 @@ fn fabric(nvlink_gbps: f64, nic_latency_us: f64) -> Fabric {
     Fabric::new(s).unwrap()
 }
 
-fn run(fab: &Fabric, s: Strategy, job: &AllReduceJob, failed: &[(u32, u32)]) -> f64 {
+fn run(fab: &Fabric, s: Scheme, job: &AllReduceJob, failed: &[(u32, u32)]) -> f64 {
     let f: Vec<Failure> = failed.iter().map(|&(n, r)| Failure::known_down(n, r)).collect();
     let r = allreduce_run(fab, s, job, &f, &EngineConfig::with_repair(RepairMode::Spread)).unwrap();
     assert!(!r.stalled);
@@ -39,15 +39,15 @@ fn the_2p7b_bucket_runs_rail_parallel_and_is_bound_by_each_gpus_nvlink() {
         assert_eq!(p.request.algorithm, r2ccl_algo::Algorithm::Rails, "{failed:?}");
         assert!(p.request.chunks > 1, "pipelined: {} chunks", p.request.chunks);
     }
-    let healthy = run(&fab, Strategy::Planner, &job, &[]);
+    let healthy = run(&fab, Scheme::Planner, &job, &[]);
     assert!(healthy >= nvlink && healthy < 1.2 * nvlink, "healthy {healthy} against NVLink's {nvlink}");
     // A failed NIC moves its rail's share onto the other seven: the NIC phase grows by 8/7, still below the NVLink
     // phases, so the bucket slows by less than that.
-    let rail3 = run(&fab, Strategy::Planner, &job, &[(0, 3)]);
+    let rail3 = run(&fab, Scheme::Planner, &job, &[(0, 3)]);
     assert!(rail3 > healthy && rail3 < 8.0 / 7.0 * healthy, "NIC 3 failed {rail3} vs healthy {healthy}");
     // With NVLink 10x faster the NICs bind, and a failed NIC costs its 8/7.
     let fast = fabric(36000.0, 0.0);
-    let (h, f) = (run(&fast, Strategy::Planner, &job, &[]), run(&fast, Strategy::Planner, &job, &[(0, 3)]));
+    let (h, f) = (run(&fast, Scheme::Planner, &job, &[]), run(&fast, Scheme::Planner, &job, &[(0, 3)]));
     assert!((f / h - 8.0 / 7.0).abs() < 0.02, "fast NVLink: {f} / {h}");
 }
 
@@ -63,7 +63,7 @@ fn decode_runs_rail_parallel_as_fast_as_the_formula_balance() {
         let f: Vec<Failure> = failed.iter().map(|&(n, r)| Failure::known_down(n, r)).collect();
         let p = plan_allreduce(&fab, &plan_health(&fab, &f), &job, Choice::Planner).unwrap();
         assert_eq!(p.request.algorithm, r2ccl_algo::Algorithm::Rails, "{failed:?}");
-        let rails = run(&fab, Strategy::Planner, &job, &failed);
+        let rails = run(&fab, Scheme::Planner, &job, &failed);
         assert!((p.plan.time_s / rails - 1.0).abs() < 0.03, "predicted {}, simulated {rails}", p.plan.time_s);
         // Recursive doubling: three NVLink rounds, then every rank's whole buffer across the node pair at once
         // (8 MiB per node over the live NICs). The planner now charges that round's busiest NIC.
@@ -75,7 +75,7 @@ fn decode_runs_rail_parallel_as_fast_as_the_formula_balance() {
         assert!((rd_pred / rd - 1.0).abs() < 0.03, "recursive doubling predicted {rd_pred}, simulated {rd}");
         assert!(rails < 0.6 * rd, "rail-parallel {rails} vs recursive doubling {rd}");
         // The direct exchanges inside the node take one NVLink hop each, as the formula Balance models them.
-        let formula = run(&fab, Strategy::Balance, &job, &failed);
+        let formula = run(&fab, Scheme::Balance, &job, &failed);
         assert!((rails / formula - 1.0).abs() < 0.02, "rail-parallel {rails}, formula Balance {formula}");
         times.push(rails);
     }

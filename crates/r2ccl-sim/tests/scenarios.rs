@@ -1,7 +1,7 @@
 //! Scenario files: bad input is rejected with an error naming it; the bundled scenarios parse and run.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
-use r2ccl_sim::collective::Strategy;
+use r2ccl_sim::collective::Scheme;
 use r2ccl_sim::reproduce::SCENARIOS;
 use r2ccl_sim::scenario::Scenario;
 
@@ -96,9 +96,9 @@ fn failure_of_missing_component_is_named() {
 fn allreduce_scenario_orders_strategies_sensibly() {
     let f = "[[failures]]\nnode = 1\nrail = 0\nkind = \"black_hole\"\nat_s = 0.0\n";
     let rep = Scenario::from_toml(&format!("{BASE}{f}")).unwrap().run().unwrap();
-    let get = |s: Strategy| rep.rows.iter().find(|r| r.strategy == s).unwrap();
-    assert!(get(Strategy::Balance).seconds < get(Strategy::HotRepair).seconds);
-    assert!(get(Strategy::NoResilience).seconds.is_infinite(), "fail-stop hangs");
+    let get = |s: Scheme| rep.rows.iter().find(|r| r.strategy == s).unwrap();
+    assert!(get(Scheme::Balance).seconds < get(Scheme::HotRepair).seconds);
+    assert!(get(Scheme::NoResilience).seconds.is_infinite(), "fail-stop hangs");
 }
 
 #[test]
@@ -113,8 +113,8 @@ fn in_flight_failure_is_repaired_with_bounded_cost() {
     // A 2-node run hit mid-collective: live migration finishes; fail-stop hangs.
     let f = "[[failures]]\nnode = 0\nrail = 1\nkind = \"down\"\nat_s = 0.5\n";
     let rep = Scenario::from_toml(&format!("{BASE}{f}")).unwrap().run().unwrap();
-    let bal = rep.rows.iter().find(|r| r.strategy == Strategy::Balance).unwrap();
+    let bal = rep.rows.iter().find(|r| r.strategy == Scheme::Balance).unwrap();
     assert!(bal.failure_induced_s.is_finite() && bal.failure_induced_s > 0.0);
-    let nr = rep.rows.iter().find(|r| r.strategy == Strategy::NoResilience).unwrap();
+    let nr = rep.rows.iter().find(|r| r.strategy == Scheme::NoResilience).unwrap();
     assert!(nr.failure_induced_s > 3600.0, "crash and restart costs the restart time");
 }
