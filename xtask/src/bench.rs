@@ -81,7 +81,7 @@ const PAYLOAD_EFFICIENCY: f64 = (testbed::RAIL_MTU - 52) as f64 / (testbed::RAIL
 const FAULT_NODE: u32 = 1;
 /// See [`FAULT_NODE`].
 const FAULT_NIC: u32 = 0;
-/// The per-message latency the communicator's planner assumes, us, for `r2ccl-plan --alpha-us`.
+/// The per-message latency the communicator's planner assumes, us (what `r2ccl-plan --communicator` uses).
 pub(crate) fn library_alpha_us() -> String {
     format!("{}", r2ccl_policy::COMMUNICATOR_ALPHA_S * 1e6)
 }

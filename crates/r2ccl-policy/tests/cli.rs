@@ -90,3 +90,24 @@ fn zero_bytes_is_accepted() {
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["t_nf"].as_f64(), Some(0.0));
 }
+
+#[test]
+fn communicator_plans_as_a_communicator_does() {
+    // 3 nodes x 2 rails, rail-only: nodes 1 and 2 share no usable rail. A communicator plans
+    // with their failed NICs (its engine steers around them): the plain ring. The default
+    // topology has a spine, so the four-stage schedule crosses rails instead.
+    let args = ["--nodes", "3", "--nics", "2", "--fail", "1:0,2:1", "--bytes", "16M", "--json"];
+    let chosen = |extra: &[&str]| {
+        let (code, out, err) = run(&[&args[..], extra].concat());
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        v["chosen"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(chosen(&["--communicator"]), "ring");
+    assert_eq!(chosen(&[]), "four_stage");
+    // With one NIC lost the communicator's plan is the default topology's.
+    let one = ["--nodes", "4", "--nics", "2", "--fail", "1:0", "--bytes", "64M", "--json", "--alpha-us", "20"];
+    let (_, a, _) = run(&one);
+    let (_, b, _) = run(&[&one[..], &["--communicator"]].concat());
+    assert_eq!(a, b);
+}

@@ -9,9 +9,8 @@ pub(super) fn plan(ctx: &Ctx, logs: &Path, bytes: u64) -> Result<(f64, f64, Valu
     let mut cmd = Command::new(&ctx.plan);
     cmd.args(["--nodes", &spec.nodes.to_string(), "--nics", &spec.nics.to_string()])
         .args(["--fail", &format!("{FAULT_NODE}:{FAULT_NIC}"), "--nic-gbps", &format!("{:.6}", ctx.nic_line_gbps())])
-        // The communicator plans with r2ccl_policy::COMMUNICATOR_ALPHA_S per message:
-        // predict the plan it runs (the default 5 us picks twice its chunk count here).
-        .args(["--alpha-us", &library_alpha_us()])
+        // Predict the plan the communicator runs: its topology (per-message latency, rail-only).
+        .arg("--communicator")
         .args(["--bytes", &bytes.to_string(), "--json"]);
     let out = run_to_end(cmd, "r2ccl-plan", logs, Duration::from_secs(60))?;
     let v: Value = serde_json::from_str(out.trim()).context("r2ccl-plan --json output is not JSON")?;
@@ -165,7 +164,7 @@ pub(super) fn part_strategies(ctx: &Ctx) -> Result<PartResult> {
     }
     drop(bed);
     res.md = format!(
-        "AllReduce {size} per rank, {} nodes x {} NICs at {}, node {FAULT_NODE} NIC {FAULT_NIC} taken down (`ip link set down`) {t_fault} s into a {dur} s timeline run; time = median of the per-second windows after the fault window (failover windows excluded). Lower bound and predictions: `r2ccl-plan --fail {FAULT_NODE}:{FAULT_NIC} --nic-gbps {:.4} --alpha-us {}` (payload line rate, the communicator's per-message latency); its fault-free time t_nf = {:.1} ms, its choice: {chosen}.\n\n{table}",
+        "AllReduce {size} per rank, {} nodes x {} NICs at {}, node {FAULT_NODE} NIC {FAULT_NIC} taken down (`ip link set down`) {t_fault} s into a {dur} s timeline run; time = median of the per-second windows after the fault window (failover windows excluded). Lower bound and predictions: `r2ccl-plan --fail {FAULT_NODE}:{FAULT_NIC} --nic-gbps {:.4} --communicator` (payload line rate; the communicator's topology: {} us per message, rail-only); its fault-free time t_nf = {:.1} ms, its choice: {chosen}.\n\n{table}",
         spec.nodes,
         spec.nics,
         spec.rate.as_deref().unwrap_or("-"),

@@ -15,7 +15,7 @@ pub(super) fn predicted_ratio(sc: &Scenario, plan: &Path) -> Result<f64> {
     let mut cmd = Command::new(plan);
     cmd.args(["--nodes", &sc.spec.nodes.to_string(), "--nics", &sc.spec.nics.to_string()])
         .args(["--ranks-per-node", &sc.ranks_per_node.to_string()])
-        .args(["--nic-gbps", &format!("{gbps:.6}"), "--alpha-us", &crate::bench::library_alpha_us()])
+        .args(["--nic-gbps", &format!("{gbps:.6}"), "--communicator"])
         .args(["--bytes", &bytes.to_string(), "--json"]);
     if !failed.is_empty() {
         let spec: Vec<String> =

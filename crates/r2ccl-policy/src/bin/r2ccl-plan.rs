@@ -2,20 +2,24 @@
 //!
 //! ```text
 //! r2ccl-plan --nodes N --nics K [--ranks-per-node R] [--fail NODE:NIC,...] [--nic-gbps G]
-//!            [--alpha-us A] --bytes SIZE [--json]
+//!            [--alpha-us A] [--communicator] --bytes SIZE [--json]
 //! ```
+//! `--communicator` plans on the topology a communicator plans on
+//! ([`r2ccl_policy::communicator_topology`]: its per-message latency, a rail-only fabric), so the
+//! predictions are of the plan it runs (nodes without a usable rail in common planned with their
+//! failed NICs, as it does); `--alpha-us` still overrides the latency.
 //! SIZE is a byte count with an optional suffix. As in nccl-tests, K, M and G are binary
 //! (K = 1024); KiB, MiB and GiB mean the same; B or no suffix means bytes.
 //! Bad input prints one line `r2ccl-plan: error: ...` on stderr and exits with status 2.
 #![allow(clippy::print_stdout, clippy::print_stderr, reason = "command-line tool: its output is the point")]
 
 use anyhow::{anyhow, bail, Context, Result};
-use r2ccl_core::{HealthView, NicId, ReduceOp};
-use r2ccl_policy::{plan, Collective, Plan, Strategy, Topology};
+use r2ccl_core::{DType, HealthView, NicId, ReduceOp};
+use r2ccl_policy::{communicator_topology, plan, plan_bridging_splits, Collective, Plan, Strategy, Topology};
 use serde_json::{json, Map, Value};
 
 const USAGE: &str = "usage: r2ccl-plan --nodes N --nics K [--ranks-per-node R] [--fail NODE:NIC,...] \
-[--nic-gbps G] [--alpha-us A] --bytes SIZE [--json]   (SIZE: bytes with K/M/G or KiB/MiB/GiB, K = 1024)";
+[--nic-gbps G] [--alpha-us A] [--communicator] --bytes SIZE [--json]   (SIZE: bytes with K/M/G or KiB/MiB/GiB, K = 1024)";
 
 struct Args {
     nodes: usize,
@@ -24,6 +28,7 @@ struct Args {
     fail: Vec<(u32, u16)>,
     nic_gbps: f64,
     alpha_us: Option<f64>,
+    communicator: bool,
     bytes: u64,
     json: bool,
 }
@@ -68,6 +73,7 @@ fn parse_args(argv: &[String]) -> Result<Args> {
         fail: Vec::new(),
         nic_gbps: 400.0,
         alpha_us: None,
+        communicator: false,
         bytes: 0,
         json: false,
     };
@@ -87,6 +93,7 @@ fn parse_args(argv: &[String]) -> Result<Args> {
             "--alpha-us" => a.alpha_us = Some(val("--alpha-us")?.parse().context("--alpha-us must be a number")?),
             "--bytes" => bytes = Some(parse_size(&val("--bytes")?)?),
             "--json" => a.json = true,
+            "--communicator" => a.communicator = true,
             "-h" | "--help" => bail!("{USAGE}"),
             other => bail!("unknown argument {other:?}; {USAGE}"),
         }
@@ -111,7 +118,11 @@ fn parse_args(argv: &[String]) -> Result<Args> {
 
 fn build(a: &Args) -> Result<Plan> {
     let mbps = (a.nic_gbps * 1000.0).round() as u64;
-    let mut topo = Topology::uniform(a.nodes, a.nics, mbps.max(1))?.with_ranks_per_node(a.ranks_per_node)?;
+    let mut topo = if a.communicator {
+        communicator_topology(a.nodes, a.nics, mbps.max(1), a.ranks_per_node, true)?
+    } else {
+        Topology::uniform(a.nodes, a.nics, mbps.max(1))?.with_ranks_per_node(a.ranks_per_node)?
+    };
     if let Some(us) = a.alpha_us {
         topo = topo.with_alpha(us * 1e-6)?;
     }
@@ -125,7 +136,13 @@ fn build(a: &Args) -> Result<Plan> {
         }
         view.set_failed(NicId::new(node, nic))?;
     }
-    Ok(plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, a.bytes)?)
+    let allreduce = Collective::AllReduce { op: ReduceOp::Sum };
+    if a.communicator {
+        // As the communicator does: nodes without a usable rail in common are planned with
+        // their failed NICs, which its engine steers around at run time.
+        return Ok(plan_bridging_splits(&topo, &view, allreduce, DType::U8, a.bytes)?.0);
+    }
+    Ok(plan(&topo, &view, allreduce, a.bytes)?)
 }
 
 fn fmt_time(s: f64) -> String {
