@@ -25,17 +25,38 @@ pub const PLAN_CACHE: usize = 64;
 /// Reduce as a latency-optimal tree.
 pub const FALLBACK_TREE_BELOW: u64 = 64 * 1024;
 
-/// How a call was planned.
+/// How a call was planned (the facade reports it as `r2ccl::Schedule`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Choice {
-    /// The cost model's strategy, chosen from the agreed view, or the one forced.
+    /// The cost model's strategy, chosen from the agreed view, or the one `policy.strategy`
+    /// forces when the plan offers it.
     Planned(Strategy),
-    /// A layout the cost model does not cover: a latency-optimal tree for small messages.
+    /// A layout the cost model does not cover (ranks not numbered node by node, or uneven
+    /// nodes): a latency-optimal tree for messages under [`FALLBACK_TREE_BELOW`] bytes.
     FallbackTree,
     /// A layout the cost model does not cover: a ring whose NIC shares follow bandwidth.
     FallbackBalance,
     /// A grouped point-to-point step, sends split over the NICs by bandwidth.
     Group,
+}
+
+impl Choice {
+    /// The snake_case name used in logs, metrics and r2ccl-perf's output.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Choice::Planned(s) => s.name(),
+            Choice::FallbackTree => "tree",
+            Choice::FallbackBalance => "balance",
+            Choice::Group => "group",
+        }
+    }
+}
+
+impl std::fmt::Display for Choice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Why a call could not be planned or built.
@@ -62,8 +83,9 @@ pub struct Planned {
     pub predicted_s: f64,
     /// The cost model's lower bound, seconds (NaN for a fallback).
     pub lower_bound_s: f64,
-    /// Nodes without a usable rail in common were planned with their failed NICs, which the
-    /// engine steers around at run time.
+    /// This call was planned now (not taken from the cache) with the failed NICs of nodes that
+    /// share no usable rail counted as usable; the engine steers around them at run time. Set
+    /// once per plan, so a caller that logs it logs each bridged plan once.
     pub bridged: bool,
 }
 

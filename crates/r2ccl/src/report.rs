@@ -1,52 +1,8 @@
 //! What a finished call reports besides its data: [`CollReport`], [`Schedule`], [`CommEvent`].
 
-use r2ccl_policy::Strategy;
-use std::fmt;
-
-/// How a call was scheduled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Schedule {
-    /// The planner's strategy (r2ccl-policy), chosen from the agreed health view, or the one
-    /// `policy.strategy` forces when it applies.
-    Planned(Strategy),
-    /// A layout the planner does not model (ranks not numbered node by node, or uneven nodes):
-    /// a latency-optimal tree for messages under 64 KiB.
-    FallbackTree,
-    /// A layout the planner does not model: a ring whose NIC shares follow bandwidth.
-    FallbackBalance,
-    /// A grouped point-to-point step, sends split over the NICs by bandwidth.
-    Group,
-}
-
-impl Schedule {
-    /// The snake_case name used in logs, metrics and r2ccl-perf's output.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Schedule::Planned(s) => s.name(),
-            Schedule::FallbackTree => "tree",
-            Schedule::FallbackBalance => "balance",
-            Schedule::Group => "group",
-        }
-    }
-}
-
-impl From<r2ccl_policy::Choice> for Schedule {
-    fn from(c: r2ccl_policy::Choice) -> Self {
-        match c {
-            r2ccl_policy::Choice::Planned(s) => Schedule::Planned(s),
-            r2ccl_policy::Choice::FallbackTree => Schedule::FallbackTree,
-            r2ccl_policy::Choice::FallbackBalance => Schedule::FallbackBalance,
-            r2ccl_policy::Choice::Group => Schedule::Group,
-        }
-    }
-}
-
-impl fmt::Display for Schedule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// How a call was scheduled: the planner's [`r2ccl_policy::Choice`] (its strategy, a fallback
+/// for layouts the cost model does not cover, or a point-to-point group).
+pub use r2ccl_policy::Choice as Schedule;
 
 /// What a finished collective reports besides its data.
 #[derive(Clone, Debug, PartialEq)]

@@ -411,7 +411,7 @@ impl Progress {
             }),
             Work::Group(ops) => self.planner.group(&self.agreed, dtype, ops),
         }
-        .map(|p| (p.schedule, Schedule::from(p.choice)))
+        .map(|p| (p.schedule, p.choice))
         .map_err(|e| failed(seq, e));
         let (sched, strategy) = match plan {
             Ok(p) => p,
