@@ -1,18 +1,21 @@
 //! A deterministic test driver: sessions of every rank over one [`MemFabric`], with an instant
-//! control plane standing in for `r2ccl-detect` and the OOB channel.
+//! control plane standing in for `r2ccl-detect` and the OOB channel; migrations run the real
+//! protocol ([`crate::migrate`]) with its messages delivered at once.
 //!
 //! Each [`Harness::step`] drives every session at the current simulated time, then plays the
 //! control plane: path failures are told to the peer (bilateral awareness), local link changes
 //! are broadcast, paths whose sends made no progress for `stall_timeout` are marked down, down
 //! paths are probed every `probe_interval` and marked up when a probe answers, lanes that need
-//! a migration get boundary `min(sender_done, receiver held)` and the first usable path of
-//! their backup chain, and lanes offered a better path are moved back (fail-back). Every
+//! a migration go through the sender's [`Migrations`] and the receiver's [`Receiver`] (boundary
+//! `min(sender_done, receiver held)`, the first usable path of their backup chain; a lane with no
+//! usable path waits in the machine), and lanes offered a better path are moved back (fail-back). Every
 //! migration is recorded with a check that the receiver really holds the bytes below the
 //! boundary. The clock then jumps to the next thing that can happen.
 
+use crate::migrate::{MigrateConfig, MigrateOutput, Migrations, Receiver, ReqOutcome};
 use crate::{
-    Buffer, FabricConfig, LaneId, MemFabric, MemHandle, MigrationRequest, MoveReason, PathFault, PathId, Session,
-    SessionConfig, SessionError, SessionEvent, Topology, TopologyError, TransferKey, Transport, TransportError,
+    Buffer, FabricConfig, LaneId, MemFabric, MemHandle, MoveReason, PathFault, PathId, Session, SessionConfig,
+    SessionError, SessionEvent, Topology, TopologyError, TransferKey, Transport, TransportError,
 };
 use r2ccl_core::Rank;
 use std::collections::BTreeMap;
@@ -62,6 +65,9 @@ pub enum HarnessError {
     /// The fabric refused a call.
     #[error(transparent)]
     Transport(#[from] TransportError),
+    /// The migration machine was fed an event its table does not allow.
+    #[error(transparent)]
+    Migrate(#[from] crate::migrate::IllegalMigration),
     /// The topology could not be built.
     #[error(transparent)]
     Topology(#[from] TopologyError),
@@ -122,7 +128,11 @@ pub struct Harness {
     sessions: Vec<Session>,
     cfg: HarnessConfig,
     now: Duration,
-    pending: Vec<(Rank, MigrationRequest)>,
+    /// The migration protocol per rank: sender side, receiver side.
+    migrations: Vec<Migrations>,
+    receivers: Vec<Receiver>,
+    /// What each receiver held when it applied (lane, epoch), and whether its prefix was exact.
+    agreed: BTreeMap<(LaneId, u32), (u32, bool)>,
     probes: BTreeMap<(Rank, PathId), Duration>,
     xfers: BTreeMap<TransferKey, Xfer>,
     records: Vec<MigrationRecord>,
@@ -145,12 +155,17 @@ impl Harness {
         let sessions = (0..fabric.nodes * fabric.ranks_per_node)
             .map(|r| Session::new(Rank(r), cfg.session, topo.clone(), &HARNESS_KEY).map_err(serr(Rank(r))))
             .collect::<Result<Vec<_>, _>>()?;
+        // Messages are delivered at once, so nothing is resent; a lane waits for a path as long
+        // as the run lasts (`run`'s limit reports it as stuck).
+        let migrate = MigrateConfig { retry: cfg.probe_interval, no_path_timeout: Duration::from_secs(86_400) };
         Ok(Self {
             fabric: MemFabric::new(fabric),
+            migrations: sessions.iter().map(|_| Migrations::new(migrate)).collect(),
+            receivers: sessions.iter().map(|_| Receiver::new()).collect(),
+            agreed: BTreeMap::new(),
             sessions,
             cfg,
             now: Duration::ZERO,
-            pending: Vec::new(),
             probes: BTreeMap::new(),
             xfers: BTreeMap::new(),
             records: Vec::new(),
@@ -250,7 +265,7 @@ impl Harness {
                 return Err(HarnessError::Stuck {
                     now: self.now,
                     unfinished: self.unfinished(),
-                    pending: self.pending.len(),
+                    pending: self.migrations.iter().map(|m| m.pending().count()).sum(),
                 });
             }
             self.step()?;
@@ -359,17 +374,12 @@ impl Harness {
                 }
             }
         }
-        // Migrations waiting for a path.
-        let pending = std::mem::take(&mut self.pending);
-        for (rank, req) in pending {
-            if self.xfers.get(&req.lane.transfer).is_none_or(|x| x.received) {
-                continue;
-            }
-            if !self.migrate(now, rank, req)? {
-                self.pending.push((rank, req));
-            }
+        // Migrations waiting for a path, then the protocol's messages.
+        for r in 0..self.sessions.len() {
+            let session = &self.sessions[r];
+            self.migrations[r].handle_timeout(now, |req| session.choose_path(req.lane))?;
         }
-        Ok(())
+        self.pump(now)
     }
 
     fn on_event(&mut self, now: Duration, rank: Rank, ev: SessionEvent) -> Result<(), HarnessError> {
@@ -378,6 +388,12 @@ impl Harness {
             SessionEvent::RecvComplete(key) => {
                 if let Some(x) = self.xfers.get_mut(&key) {
                     x.received = true;
+                }
+                if let Some(m) = self.migrations.get_mut(key.src.index()) {
+                    m.handle_released(now, key)?;
+                }
+                if let Some(r) = self.receivers.get_mut(key.dst.index()) {
+                    r.release(key);
                 }
                 if let Some(s) = self.sessions.get_mut(key.src.index()) {
                     s.release_send(key);
@@ -407,7 +423,11 @@ impl Harness {
                     }
                 }
             }
-            SessionEvent::MigrationNeeded(req) => self.pending.push((rank, req)),
+            SessionEvent::MigrationNeeded(req) => {
+                let path = self.sessions[rank.index()].choose_path(req.lane);
+                self.migrations[rank.index()].handle_stopped(now, req, now, path)?;
+                self.pump(now)?;
+            }
             SessionEvent::BetterPath { lane, .. } => {
                 let mut port = self.fabric.port(rank)?;
                 match self.sessions[rank.index()].handle_move(now, &mut port, lane) {
@@ -429,30 +449,74 @@ impl Harness {
         Ok(())
     }
 
-    /// Agrees on a boundary and moves the lane; false when no path is usable yet.
-    fn migrate(&mut self, now: Duration, rank: Rank, req: MigrationRequest) -> Result<bool, HarnessError> {
-        let key = req.lane.transfer;
-        let Some(to) = self.sessions[rank.index()].choose_path(req.lane) else { return Ok(false) };
-        let dst = key.dst;
-        let held = self.sessions[dst.index()].held(key, req.start, req.end).map_err(serr(dst))?;
-        let boundary = req.sender_done.min(held);
-        let prefix_exact = self.prefix_exact(key, req.start, boundary)?;
-        self.sessions[dst.index()]
-            .handle_peer_migrate(now, key, req.start, req.end, to.mirror(rank), boundary)
-            .map_err(serr(dst))?;
-        self.sessions[rank.index()].handle_migrate(now, req.lane, to, boundary).map_err(serr(rank))?;
-        self.records.push(MigrationRecord {
-            at: now,
-            lane: req.lane,
-            from: req.from,
-            to,
-            reason: req.reason,
-            sender_done: req.sender_done,
-            held,
-            boundary,
-            prefix_exact,
-        });
-        Ok(true)
+    /// Delivers the migration protocol's messages at once and carries out its decisions, until
+    /// no rank has anything left to send or apply.
+    fn pump(&mut self, now: Duration) -> Result<(), HarnessError> {
+        loop {
+            let mut busy = false;
+            for r in 0..self.sessions.len() {
+                let rank = Rank(u32::try_from(r).unwrap_or(u32::MAX));
+                while let Some((dst, req)) = self.migrations[r].poll_transmit() {
+                    busy = true;
+                    let key = req.lane.transfer;
+                    let held = match self.sessions[dst.index()].held(key, req.start, req.end) {
+                        Ok(h) => Some(h),
+                        Err(SessionError::UnknownTransfer(_)) => None,
+                        Err(e) => return Err(serr(dst)(e)),
+                    };
+                    let ack = match self.receivers[dst.index()].handle_req(&req, held) {
+                        ReqOutcome::Apply(ack) => {
+                            let prefix_exact = self.prefix_exact(key, req.start, ack.boundary)?;
+                            self.sessions[dst.index()]
+                                .handle_peer_migrate(
+                                    now,
+                                    key,
+                                    req.start,
+                                    req.end,
+                                    req.receiver_path(rank),
+                                    ack.boundary,
+                                )
+                                .map_err(serr(dst))?;
+                            self.agreed.insert((req.lane, req.epoch), (held.unwrap_or(req.start), prefix_exact));
+                            ack
+                        }
+                        ReqOutcome::AckOnly(ack) => ack,
+                        ReqOutcome::Stale => continue,
+                    };
+                    self.migrations[r].handle_ack(now, dst, ack)?;
+                }
+                while let Some(out) = self.migrations[r].poll_output() {
+                    busy = true;
+                    let MigrateOutput::Apply { req, to, boundary, stopped_at } = out else { continue };
+                    match self.sessions[r].handle_migrate(now, req.lane, to, boundary) {
+                        Ok(()) => {
+                            let epoch = self.migrations[r].epoch(req.lane);
+                            let (held, prefix_exact) =
+                                self.agreed.remove(&(req.lane, epoch)).unwrap_or((boundary, true));
+                            self.records.push(MigrationRecord {
+                                at: now,
+                                lane: req.lane,
+                                from: req.from,
+                                to,
+                                reason: req.reason,
+                                sender_done: req.sender_done,
+                                held,
+                                boundary,
+                                prefix_exact,
+                            });
+                        }
+                        Err(SessionError::PathDown(_)) => {
+                            let path = self.sessions[r].choose_path(req.lane);
+                            self.migrations[r].handle_stopped(now, req, stopped_at, path)?;
+                        }
+                        Err(e) => return Err(serr(rank)(e)),
+                    }
+                }
+            }
+            if !busy {
+                return Ok(());
+            }
+        }
     }
 
     fn prefix_exact(&self, key: TransferKey, start: u32, boundary: u32) -> Result<bool, HarnessError> {

@@ -11,15 +11,21 @@
 //!   kernels; malformed, misrouted and unknown-collective chunks are counted and refused),
 //!   live migration (quiesce a failed path, replay from an agreed boundary on the next path of
 //!   a locality-ordered backup chain) and fail-back when a better path is usable again.
+//! - [`migrate`]: the lane migration protocol (the spec's FAILOVER_REQ / FAILOVER_ACK, epoch
+//!   numbered, keyed by lane), a table-driven machine per lane on the sender
+//!   ([`migrate::TRANSITIONS`]) and the receiver's answer; every control plane (the facade's
+//!   engine, [`harness::Harness`]) runs it.
 //! - [`MemFabric`]: a deterministic in-memory backend (N ranks x K NICs, simulated clock,
 //!   per-NIC bandwidth, fault injection: NIC down, link down, black hole, slow NIC, delay).
 //! - [`harness::Harness`]: a test driver that runs sessions over the fabric with an instant
-//!   control plane and a simple stall detector, for this crate's tests and the layers above.
+//!   control plane (the [`migrate`] machines with messages delivered at once) and a simple stall
+//!   detector, for this crate's tests and the layers above.
 //!
 //! What it does not do: no real network IO, clocks or threads (time comes in as `now`); no
-//! failure detection policy or FAILOVER_REQ/ACK/HINT protocol (that is `r2ccl-detect`; the
-//! session takes migration instructions as inputs and reports path failures as outputs); no
-//! UCX (that is `r2ccl-ucx`); no collective algorithms.
+//! failure detection or localization (that is `r2ccl-detect`; the session reports path failures
+//! as outputs and takes migrations as inputs); no message transport for the migration protocol
+//! (the caller carries [`migrate::MigrateReq`] and [`migrate::MigrateAck`] over its control
+//! channel); no UCX (that is `r2ccl-ucx`); no collective algorithms.
 //!
 //! Invariants: a replay boundary is never ahead of the sender's completed prefix nor of what
 //! the receiver holds (both checked, refused with an error); a source region is never read
@@ -29,6 +35,7 @@ mod chunkset;
 pub mod fabric;
 pub mod harness;
 mod ids;
+pub mod migrate;
 pub mod script;
 mod session;
 mod stripe;

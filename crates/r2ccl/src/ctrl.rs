@@ -1,11 +1,12 @@
 //! Control messages between the engines of two ranks, carried on the OOB `Detect` channel:
 //! path-down notices (bilateral awareness), NIC state broadcasts (hot repair), the
-//! sender-authoritative migration request and acknowledgement (replay boundary =
+//! lane migration protocol's request and acknowledgement (`r2ccl_transport::migrate`; replay boundary =
 //! min(sender done, receiver holds)), transfer receipts, probe results, and verdicts that blame
 //! a NIC (sent to the lead rank of its node, which alone announces it).
 
 use r2ccl_core::{NicId, Rank};
-use r2ccl_transport::{CommId, PathId, TransferKey};
+use r2ccl_transport::migrate::{MigrateAck, MigrateReq};
+use r2ccl_transport::{CommId, LaneId, PathId, TransferKey};
 
 /// What a [`Ctrl::NicState`] announces about a NIC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,37 +61,11 @@ pub enum Ctrl {
         /// Its new state.
         state: NicStatus,
     },
-    /// Sender to receiver: lane `lane` of `key` moves to the path (`local` -> `remote`, in the
-    /// sender's view) and replays from min(`sender_done`, what the receiver holds).
-    MigrateReq {
-        /// The transfer.
-        key: TransferKey,
-        /// The lane.
-        lane: u16,
-        /// The lane's first chunk.
-        start: u32,
-        /// One past the lane's last chunk.
-        end: u32,
-        /// The sender's completed prefix.
-        sender_done: u32,
-        /// The sender's new NIC.
-        local: NicId,
-        /// The receiver's new NIC.
-        remote: NicId,
-        /// The lane's migration epoch (stale acknowledgements are ignored).
-        epoch: u32,
-    },
-    /// Receiver to sender: replay lane `lane` of `key` from `boundary`.
-    MigrateAck {
-        /// The transfer.
-        key: TransferKey,
-        /// The lane.
-        lane: u16,
-        /// First chunk to replay.
-        boundary: u32,
-        /// The epoch of the request this answers.
-        epoch: u32,
-    },
+    /// FAILOVER_REQ (sender to receiver) of the lane migration protocol
+    /// ([`r2ccl_transport::migrate`]).
+    MigrateReq(MigrateReq),
+    /// FAILOVER_ACK (receiver to sender) of the lane migration protocol.
+    MigrateAck(MigrateAck),
     /// Receiver to sender: every byte of `key` arrived; the source may be released.
     RecvDone {
         /// The transfer.
@@ -200,10 +175,19 @@ impl Ctrl {
         match *self {
             Ctrl::PathDown { local, remote } => w.u8(1).nic(local).nic(remote),
             Ctrl::NicState { nic, state } => w.u8(2).nic(nic).u8(state.byte()),
-            Ctrl::MigrateReq { key, lane, start, end, sender_done, local, remote, epoch } => {
-                w.u8(3).key(key).u16(lane).u32(start).u32(end).u32(sender_done).nic(local).nic(remote).u32(epoch)
+            Ctrl::MigrateReq(MigrateReq { lane, start, end, sender_done, local, remote, epoch }) => w
+                .u8(3)
+                .key(lane.transfer)
+                .u16(lane.lane)
+                .u32(start)
+                .u32(end)
+                .u32(sender_done)
+                .nic(local)
+                .nic(remote)
+                .u32(epoch),
+            Ctrl::MigrateAck(MigrateAck { lane, boundary, epoch }) => {
+                w.u8(4).key(lane.transfer).u16(lane.lane).u32(boundary).u32(epoch)
             }
-            Ctrl::MigrateAck { key, lane, boundary, epoch } => w.u8(4).key(key).u16(lane).u32(boundary).u32(epoch),
             Ctrl::RecvDone { key } => w.u8(5).key(key),
             Ctrl::PathUp { local, remote } => w.u8(6).nic(local).nic(remote),
             Ctrl::Nack { key, index } => w.u8(7).key(key).u32(index),
@@ -224,17 +208,20 @@ impl Ctrl {
                 nic: r.nic()?,
                 state: NicStatus::from_byte(r.u8()?).ok_or(CtrlError("unknown NIC state"))?,
             },
-            3 => Ctrl::MigrateReq {
-                key: r.key()?,
-                lane: r.u16()?,
+            3 => Ctrl::MigrateReq(MigrateReq {
+                lane: LaneId { transfer: r.key()?, lane: r.u16()? },
                 start: r.u32()?,
                 end: r.u32()?,
                 sender_done: r.u32()?,
                 local: r.nic()?,
                 remote: r.nic()?,
                 epoch: r.u32()?,
-            },
-            4 => Ctrl::MigrateAck { key: r.key()?, lane: r.u16()?, boundary: r.u32()?, epoch: r.u32()? },
+            }),
+            4 => Ctrl::MigrateAck(MigrateAck {
+                lane: LaneId { transfer: r.key()?, lane: r.u16()? },
+                boundary: r.u32()?,
+                epoch: r.u32()?,
+            }),
             5 => Ctrl::RecvDone { key: r.key()? },
             6 => Ctrl::PathUp { local: r.nic()?, remote: r.nic()? },
             7 => Ctrl::Nack { key: r.key()?, index: r.u32()? },
@@ -265,17 +252,16 @@ mod tests {
             Ctrl::NicState { nic: NicId::new(2, 0), state: NicStatus::LinkDown },
             Ctrl::NicState { nic: NicId::new(2, 1), state: NicStatus::Up },
             Ctrl::NicState { nic: NicId::new(2, 1), state: NicStatus::Blamed },
-            Ctrl::MigrateReq {
-                key,
-                lane: 1,
+            Ctrl::MigrateReq(MigrateReq {
+                lane: LaneId { transfer: key, lane: 1 },
                 start: 4,
                 end: 9,
                 sender_done: 6,
                 local: NicId::new(1, 0),
                 remote: NicId::new(2, 0),
                 epoch: 2,
-            },
-            Ctrl::MigrateAck { key, lane: 1, boundary: 5, epoch: 2 },
+            }),
+            Ctrl::MigrateAck(MigrateAck { lane: LaneId { transfer: key, lane: 1 }, boundary: 5, epoch: 2 }),
             Ctrl::RecvDone { key },
             Ctrl::PathUp { local: NicId::new(0, 1), remote: NicId::new(1, 1) },
             Ctrl::Nack { key, index: 3 },

@@ -11,9 +11,12 @@
 pub mod testbed;
 
 use r2ccl_core::{NicId, NodeId, Rank};
+use r2ccl_transport::migrate::{
+    MigrateAck, MigrateConfig, MigrateOutput, MigrateReq, Migrations, Receiver as MigrateReceiver, ReqOutcome,
+};
 use r2ccl_transport::{
-    Buffer, CommId, LaneId, MigrationRequest, PathFault, PathId, RequestId, Session, SessionConfig, SessionEvent,
-    Topology, TransferKey, Transport,
+    Buffer, CommId, LaneId, PathFault, PathId, RequestId, Session, SessionConfig, SessionError, SessionEvent, Topology,
+    TransferKey, Transport,
 };
 use r2ccl_ucx::{UcxTransport, UcxTransportConfig};
 use std::collections::BTreeMap;
@@ -310,7 +313,10 @@ pub fn rank_main() {
     let nic = |rank: u32, rail: u16| NicId::new(rank, rail);
     let stall = Duration::from_millis(sc.stall_ms);
     let probe_every = Duration::from_millis(50);
-    let mut pending: BTreeMap<LaneId, (MigrationRequest, Option<u32>)> = BTreeMap::new();
+    // The lane migration protocol (sender and receiver sides), its messages on the text channel.
+    let mut migrations =
+        Migrations::new(MigrateConfig { retry: probe_every, no_path_timeout: Duration::from_secs(3600) });
+    let mut migrate_rx = MigrateReceiver::new();
     let mut migs: Vec<Mig> = Vec::new();
     let mut probes: BTreeMap<PathId, (RequestId, Duration)> = BTreeMap::new();
     // Paths whose sends completed locally but whose receipt is overdue: the probe asked and its deadline.
@@ -344,6 +350,7 @@ pub fn rank_main() {
                         eprintln!("rank {me}: transfer {key} differs first at byte {at:?}");
                     }
                     s.release_recv(key);
+                    migrate_rx.release(key);
                     say(&format!("TO {} RECVDONE", key.src.0));
                     recv_done = true;
                 }
@@ -358,9 +365,7 @@ pub fn rank_main() {
                     }
                 }
                 SessionEvent::MigrationNeeded(req) => {
-                    let d = req.lane.transfer.dst.0;
-                    say(&format!("TO {d} HELDQ {} {} {}", req.lane.lane, req.start, req.end));
-                    pending.insert(req.lane, (req, None));
+                    migrations.handle_stopped(now, req, now, s.choose_path(req.lane)).unwrap();
                 }
                 SessionEvent::ProbeDone { path, ok, req } if suspects.get(&path).is_some_and(|(r, _)| *r == req) => {
                     suspects.remove(&path);
@@ -410,7 +415,7 @@ pub fn rank_main() {
                     s.path_activity(),
                     s.awaiting_receipt(),
                     s.down_paths(),
-                    pending.iter().map(|(l, (r, h))| (l.lane, r.start, r.end, r.sender_done, h)).collect::<Vec<_>>(),
+                    migrations.pending().collect::<Vec<_>>(),
                     suspects,
                     s.stats(),
                     t.outstanding_summary(),
@@ -441,22 +446,36 @@ pub fn rank_main() {
                         s.handle_nic_down(now, &mut t, n);
                     }
                 }
-                "HELDQ" => {
-                    let key = TransferKey::new(1, 0, 0, from, me);
-                    let held = s.held(key, num(4), num(5)).unwrap();
-                    say(&format!("TO {from} HELDA {} {held}", num(3)));
-                }
-                "HELDA" => {
-                    let lane = LaneId { transfer: TransferKey::new(1, 0, 0, me, from), lane: num(3) as u16 };
-                    if let Some(p) = pending.get_mut(&lane) {
-                        p.1 = Some(num(4));
+                "MIGREQ" => {
+                    // MIGREQ lane start end sender_done sender_rail receiver_rail epoch
+                    let req = MigrateReq {
+                        lane: LaneId { transfer: TransferKey::new(1, 0, 0, from, me), lane: num(3) as u16 },
+                        start: num(4),
+                        end: num(5),
+                        sender_done: num(6),
+                        local: nic(from, num(7) as u16),
+                        remote: nic(me, num(8) as u16),
+                        epoch: num(9),
+                    };
+                    let held = s.held(req.lane.transfer, req.start, req.end).ok();
+                    let ack = match migrate_rx.handle_req(&req, held) {
+                        ReqOutcome::Apply(ack) => {
+                            let path = req.receiver_path(Rank(from));
+                            s.handle_peer_migrate(now, req.lane.transfer, req.start, req.end, path, ack.boundary)
+                                .unwrap();
+                            Some(ack)
+                        }
+                        ReqOutcome::AckOnly(ack) => Some(ack),
+                        ReqOutcome::Stale => None,
+                    };
+                    if let Some(a) = ack {
+                        say(&format!("TO {from} MIGACK {} {} {}", a.lane.lane, a.boundary, a.epoch));
                     }
                 }
-                "PEERMIG" => {
-                    let key = TransferKey::new(1, 0, 0, from, me);
-                    // PEERMIG lane start end sender_rail receiver_rail boundary
-                    let path = PathId::new(nic(me, num(7) as u16), Rank(from), nic(from, num(6) as u16));
-                    s.handle_peer_migrate(now, key, num(4), num(5), path, num(8)).unwrap();
+                "MIGACK" => {
+                    let lane = LaneId { transfer: TransferKey::new(1, 0, 0, me, from), lane: num(3) as u16 };
+                    let ack = MigrateAck { lane, boundary: num(4), epoch: num(5) };
+                    assert!(migrations.handle_ack(now, Rank(from), ack).unwrap(), "acknowledgement from the receiver");
                 }
                 "RECVDONE" => {
                     if let Some(key) = send_key {
@@ -467,19 +486,26 @@ pub fn rank_main() {
                 other => panic!("rank {me}: unknown control message {other}"),
             }
         }
-        // Migrations whose boundary is known, once a path is usable.
-        let ready: Vec<LaneId> = pending.iter().filter(|(_, (_, h))| h.is_some()).map(|(l, _)| *l).collect();
-        for lane in ready {
-            let Some(to) = s.choose_path(lane) else { continue };
-            let (req, held) = pending.remove(&lane).unwrap();
-            let boundary = req.sender_done.min(held.unwrap());
-            let d = lane.transfer.dst.0;
+        // The migration protocol: waiting lanes look for a path, requests go out, agreed
+        // boundaries are applied.
+        migrations.handle_timeout(now, |req| s.choose_path(req.lane)).unwrap();
+        while let Some((to, r)) = migrations.poll_transmit() {
             say(&format!(
-                "TO {d} PEERMIG {} {} {} {} {} {boundary}",
-                lane.lane, req.start, req.end, to.local.rail.0, to.remote.rail.0
+                "TO {} MIGREQ {} {} {} {} {} {} {}",
+                to.0, r.lane.lane, r.start, r.end, r.sender_done, r.local.rail.0, r.remote.rail.0, r.epoch
             ));
-            s.handle_migrate(now, lane, to, boundary).unwrap();
-            migs.push(Mig { lane, boundary, at_ns: unix_ns(), resumed_ns: None });
+            busy = true;
+        }
+        while let Some(out) = migrations.poll_output() {
+            let MigrateOutput::Apply { req, to, boundary, stopped_at } = out else { continue };
+            match s.handle_migrate(now, req.lane, to, boundary) {
+                Ok(()) => migs.push(Mig { lane: req.lane, boundary, at_ns: unix_ns(), resumed_ns: None }),
+                // The new path failed meanwhile: the next epoch.
+                Err(SessionError::PathDown(_)) => {
+                    migrations.handle_stopped(now, req, stopped_at, s.choose_path(req.lane)).unwrap();
+                }
+                Err(e) => panic!("rank {me}: migration of {} refused: {e}", req.lane),
+            }
             busy = true;
         }
         // Data flowing again on the new path: the first chunk past the boundary completed.

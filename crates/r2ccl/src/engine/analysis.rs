@@ -97,26 +97,13 @@ pub(super) fn private_sends(blockers: &[Vec<u32>]) -> Vec<bool> {
     private
 }
 
-pub(super) fn migrate_req(req: MigrationRequest, to: PathId, epoch: u32) -> Ctrl {
-    Ctrl::MigrateReq {
-        key: req.lane.transfer,
-        lane: req.lane.lane,
-        start: req.start,
-        end: req.end,
-        sender_done: req.sender_done,
-        local: to.local,
-        remote: to.remote,
-        epoch,
-    }
-}
-
-/// Whether nodes `a` and `b` can still reach each other given the NICs known to be `down`:
-/// neither is isolated and, on a rail-only fabric, they share a healthy rail.
 /// NICs down for good: down, and not merely blamed by a verdict (a blamed NIC's link is up).
 pub(super) fn gone_for_good(down: &BTreeSet<NicId>, blamed: &BTreeSet<NicId>) -> BTreeSet<NicId> {
     down.difference(blamed).copied().collect()
 }
 
+/// Whether nodes `a` and `b` can still reach each other given the NICs known to be `down`:
+/// neither is isolated and, on a rail-only fabric, they share a healthy rail.
 pub(super) fn reachable(
     topo: &r2ccl_transport::Topology,
     down: &BTreeSet<NicId>,

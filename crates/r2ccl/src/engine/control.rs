@@ -1,5 +1,5 @@
 //! Driving the engine: transport events, stall and evidence checks, the detector's commands and
-//! verdicts, lead-rank blame, and the per-lane migration control plane (MigrateReq/Ack).
+//! verdicts, lead-rank blame, and carrying the lane migration protocol (`r2ccl_transport::migrate`).
 
 use super::*;
 
@@ -118,34 +118,22 @@ impl Engine {
                 let _ = self.session.probe(now, t, p);
             }
         }
-        let retry: Vec<LaneId> = self
+        // A lane waiting for a path between nodes that cannot reach each other any more fails now;
+        // otherwise the migration machine looks for a path again, resends, or gives up.
+        let waiting: Vec<MigrationRequest> = self
             .migrations
-            .iter()
-            .filter(|(_, m)| now >= m.sent_at + self.cfg.migrate_retry)
-            .map(|(&l, _)| l)
+            .pending()
+            .filter_map(|(_, st)| match st {
+                LaneState::WaitingForPath { req, .. } => Some(req),
+                _ => None,
+            })
             .collect();
-        for lane in retry {
-            if let Some(m) = self.migrations.get_mut(&lane) {
-                m.sent_at = now;
-                let msg = migrate_req(m.req, m.to, m.epoch);
-                let to = lane.transfer.dst;
-                self.send_ctrl(to, msg);
-            }
-        }
-        for (req, stopped_at) in std::mem::take(&mut self.no_path) {
+        for req in waiting {
             let (a, b) = (req.from.local.node, req.from.remote.node);
             reachable(self.session.topology(), &self.gone_nics(), false, a, b)?;
-            let waited = now.saturating_sub(stopped_at);
-            if waited > self.cfg.no_path_timeout {
-                self.check_reachable(a, b)?;
-                return Err(EngineError::NoPathLeft {
-                    what: format!("lane {}", req.lane),
-                    peer: req.lane.transfer.dst.0,
-                    waited_ms: waited.as_millis() as u64,
-                });
-            }
-            self.begin_migration(now, req, stopped_at);
         }
+        let session = &self.session;
+        self.migrations.handle_timeout(now, |req| session.choose_path(req.lane))?;
         if let Some(x) = &mut self.exec {
             let deferred = std::mem::take(&mut x.deferred);
             x.ready.extend(deferred);
@@ -155,7 +143,7 @@ impl Engine {
     }
 
     /// Have the detector watch the same-rail paths to `peer` (one connection per rail, a chain
-    /// of one path: lanes move between paths through the engine's own per-lane agreement).
+    /// of one path: lanes move between paths through the lane migration protocol).
     pub(super) fn watch_peer(&mut self, now: Duration, peer: Rank) {
         if peer == self.rank || !self.watched.insert(peer) {
             return;
@@ -232,9 +220,9 @@ impl Engine {
                     self.on_verdict(now, t, from_detect(path), verdict, method)?;
                 }
                 DetectCommand::DeclareRecovered { path } => self.on_detector_recovered(now, t, from_detect(path))?,
-                // Connections have a single path here: lanes move through the engine's own
-                // per-lane agreement (MigrateReq/MigrateAck), and every collective is planned
-                // from the agreed view anyway.
+                // Connections have a single path here: lanes move through the lane migration
+                // protocol (r2ccl_transport::migrate), and every collective is planned from the
+                // agreed view anyway.
                 DetectCommand::Quiesce { .. }
                 | DetectCommand::MigratePath { .. }
                 | DetectCommand::FailBack { .. }
@@ -441,31 +429,98 @@ impl Engine {
             .min();
         let probe = self.probes.values().chain(self.suspects.values()).copied().min();
         let evidence = self.evidence_deadline();
-        let retry = self.migrations.values().map(|m| m.sent_at + self.cfg.migrate_retry).min();
-        // Just past the no-path deadline of the longest-waiting lane or send.
+        // Migration resends and no-path deadlines; just past the no-path deadline of the
+        // longest-waiting send.
+        let retry = self.migrations.poll_timeout();
         let give_up = self
-            .no_path
+            .exec
             .iter()
-            .map(|(_, since)| *since)
-            .chain(self.exec.iter().flat_map(|x| x.deferred_since.values().copied()))
+            .flat_map(|x| x.deferred_since.values().copied())
             .min()
             .map(|since| since + self.cfg.no_path_timeout + Duration::from_millis(1));
         [stall, probe, evidence, retry, give_up, hard, self.detector.poll_timeout()].into_iter().flatten().min()
     }
 
-    pub(super) fn begin_migration(&mut self, now: Duration, req: MigrationRequest, stopped_at: Duration) {
-        let Some(to) = self.session.choose_path(req.lane) else {
-            self.no_path.push((req, stopped_at));
-            return;
-        };
-        let epoch = self.epochs.entry(req.lane).or_insert(0);
-        *epoch += 1;
-        let epoch = *epoch;
-        self.migrations.insert(req.lane, PendingMigration { req, to, epoch, sent_at: now, stopped_at });
-        self.send_ctrl(req.lane.transfer.dst, migrate_req(req, to, epoch));
+    /// The session stopped `req.lane` at `stopped_at`: the migration machine takes it, with the
+    /// session's choice of a new path.
+    pub(super) fn begin_migration(
+        &mut self,
+        now: Duration,
+        req: MigrationRequest,
+        stopped_at: Duration,
+    ) -> Result<(), EngineError> {
+        let path = self.session.choose_path(req.lane);
+        self.migrations.handle_stopped(now, req, stopped_at, path)?;
+        Ok(())
+    }
+
+    /// Send the migration machine's requests and carry out its decisions: an agreed boundary
+    /// moves the lane (a new path that failed meanwhile starts the next epoch), a lane that
+    /// found no path in time fails the collective. Whether a lane moved.
+    pub(super) fn run_migrations(&mut self, now: Duration) -> Result<bool, EngineError> {
+        let mut moved = false;
+        loop {
+            if let Some((to, req)) = self.migrations.poll_transmit() {
+                self.send_ctrl(to, Ctrl::MigrateReq(req));
+                continue;
+            }
+            let Some(out) = self.migrations.poll_output() else { return Ok(moved) };
+            match out {
+                MigrateOutput::Apply { req, to, boundary, stopped_at } => {
+                    let id = req.lane;
+                    match self.session.handle_migrate(now, id, to, boundary) {
+                        Ok(()) => {
+                            moved = true;
+                            let failback = matches!(req.reason, r2ccl_transport::MoveReason::Failback);
+                            let replayed = req.sender_done.saturating_sub(boundary);
+                            tracing::info!(
+                                target: subsys::NET, rank = %self.rank, lane = %id, from = %req.from, %to,
+                                boundary, replayed, failback, "lane migrated"
+                            );
+                            self.events.push_back(EngineEvent::Migrated {
+                                lane: id,
+                                from: req.from,
+                                to,
+                                boundary,
+                                replayed,
+                                failback,
+                                stopped_at,
+                                at: now,
+                            });
+                        }
+                        Err(SessionError::PathDown(_)) => self.begin_migration(now, req, stopped_at)?,
+                        Err(SessionError::UnknownLane(_) | SessionError::LaneNotQuiesced(_)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                MigrateOutput::NoPathLeft { req, waited } => {
+                    let (a, b) = (req.from.local.node, req.from.remote.node);
+                    self.check_reachable(a, b)?;
+                    return Err(EngineError::NoPathLeft {
+                        what: format!("lane {}", req.lane),
+                        peer: req.lane.transfer.dst.0,
+                        waited_ms: waited.as_millis() as u64,
+                    });
+                }
+            }
+        }
     }
 
     pub(super) fn process_session_events<T: Transport + ?Sized>(
+        &mut self,
+        now: Duration,
+        t: &mut T,
+    ) -> Result<(), EngineError> {
+        loop {
+            self.process_session_events_once(now, t)?;
+            // A migration applied here may have started the lane on its new path.
+            if !self.run_migrations(now)? {
+                return Ok(());
+            }
+        }
+    }
+
+    fn process_session_events_once<T: Transport + ?Sized>(
         &mut self,
         now: Duration,
         t: &mut T,
@@ -513,7 +568,7 @@ impl Engine {
                 SessionEvent::MigrationNeeded(req) => {
                     // Only a send still waiting for its receipt: an acknowledged one needs no path.
                     if self.exec.as_ref().is_some_and(|x| x.unacked.contains(&req.lane.transfer)) {
-                        self.begin_migration(now, req, now);
+                        self.begin_migration(now, req, now)?;
                     }
                 }
                 SessionEvent::BetterPath { lane, .. } => match self.session.handle_move(now, t, lane) {
@@ -617,6 +672,7 @@ impl Engine {
         let Some(x) = &self.exec else { return };
         let Some(&i) = x.by_recv.get(&key) else { return };
         self.session.release_recv(key);
+        self.migrate_rx.release(key);
         self.send_ctrl(key.src, Ctrl::RecvDone { key });
         self.complete_step(i);
     }
@@ -685,13 +741,14 @@ impl Engine {
                     self.check_peers()?;
                 }
             }
-            Ctrl::MigrateReq { key, lane, start, end, sender_done, local, remote, epoch } => {
+            Ctrl::MigrateReq(req) => {
+                let key = req.lane.transfer;
                 if key.dst != self.rank || key.src != from {
                     self.events
                         .push_back(EngineEvent::BadInput { from, what: format!("misrouted migration of {key}") });
                     return Ok(());
                 }
-                let held = match self.session.held(key, start, end) {
+                let held = match self.session.held(key, req.start, req.end) {
                     Ok(h) => Some(h),
                     Err(SessionError::UnknownTransfer(_)) => None,
                     Err(e) => {
@@ -699,44 +756,26 @@ impl Engine {
                         return Ok(());
                     }
                 };
-                let boundary = sender_done.min(held.unwrap_or(start)).max(start);
-                if held.is_some() {
-                    let path = PathId { local: remote, peer: from, remote: local };
-                    if let Err(e) = self.session.handle_peer_migrate(now, key, start, end, path, boundary) {
-                        tracing::warn!(target: subsys::NET, rank = %self.rank, %key, %e, "peer migration refused");
+                match self.migrate_rx.handle_req(&req, held) {
+                    ReqOutcome::Apply(ack) => {
+                        let path = req.receiver_path(from);
+                        if let Err(e) =
+                            self.session.handle_peer_migrate(now, key, req.start, req.end, path, ack.boundary)
+                        {
+                            tracing::warn!(target: subsys::NET, rank = %self.rank, %key, %e, "peer migration refused");
+                        }
+                        self.send_ctrl(from, Ctrl::MigrateAck(ack));
                     }
+                    ReqOutcome::AckOnly(ack) => self.send_ctrl(from, Ctrl::MigrateAck(ack)),
+                    ReqOutcome::Stale => {}
                 }
-                self.send_ctrl(from, Ctrl::MigrateAck { key, lane, boundary, epoch });
             }
-            Ctrl::MigrateAck { key, lane, boundary, epoch } => {
-                let id = LaneId { transfer: key, lane };
-                let Some(m) = self.migrations.get(&id).copied() else { return Ok(()) };
-                if m.epoch != epoch {
+            Ctrl::MigrateAck(ack) => {
+                if !self.migrations.handle_ack(now, from, ack)? {
+                    let what =
+                        format!("migration acknowledgement of {} from a rank that does not receive it", ack.lane);
+                    self.events.push_back(EngineEvent::BadInput { from, what });
                     return Ok(());
-                }
-                self.migrations.remove(&id);
-                match self.session.handle_migrate(now, id, m.to, boundary) {
-                    Ok(()) => {
-                        let failback = matches!(m.req.reason, r2ccl_transport::MoveReason::Failback);
-                        let replayed = m.req.sender_done.saturating_sub(boundary);
-                        tracing::info!(
-                            target: subsys::NET, rank = %self.rank, lane = %id, from = %m.req.from, to = %m.to,
-                            boundary, replayed, failback, "lane migrated"
-                        );
-                        self.events.push_back(EngineEvent::Migrated {
-                            lane: id,
-                            from: m.req.from,
-                            to: m.to,
-                            boundary,
-                            replayed,
-                            failback,
-                            stopped_at: m.stopped_at,
-                            at: now,
-                        });
-                    }
-                    Err(SessionError::PathDown(_)) => self.begin_migration(now, m.req, m.stopped_at),
-                    Err(SessionError::UnknownLane(_) | SessionError::LaneNotQuiesced(_)) => {}
-                    Err(e) => return Err(e.into()),
                 }
             }
             Ctrl::Blame { nic, failed } => {
@@ -768,9 +807,7 @@ impl Engine {
                 self.session.release_send(key);
                 // Its lanes need no path any more: a stale no-path entry would fail a later
                 // collective when its timeout ran out (choose_path finds nothing for a released send).
-                self.no_path.retain(|(req, _)| req.lane.transfer != key);
-                self.migrations.retain(|lane, _| lane.transfer != key);
-                self.epochs.retain(|lane, _| lane.transfer != key);
+                self.migrations.handle_released(now, key)?;
                 let known = self.exec.as_mut().is_some_and(|x| x.unacked.remove(&key));
                 let current = self.exec.as_ref().map_or(self.finished.unwrap_or(0), |x| x.seq);
                 if !known && key.seq >= current {

@@ -17,6 +17,7 @@ impl Engine {
         let detector = Detector::new(cfg.detect.clone(), rank, &members)?;
         let mut session = Session::new(rank, cfg.session, topo, &cfg.header_key)?;
         session.open_comm(CommId(cfg.comm));
+        let migrate = MigrateConfig { retry: cfg.migrate_retry, no_path_timeout: cfg.no_path_timeout };
         Ok(Self {
             rank,
             world,
@@ -27,9 +28,8 @@ impl Engine {
             finished: None,
             outbox: VecDeque::new(),
             events: VecDeque::new(),
-            migrations: BTreeMap::new(),
-            no_path: Vec::new(),
-            epochs: BTreeMap::new(),
+            migrations: Migrations::new(migrate),
+            migrate_rx: MigrateReceiver::new(),
             probes: BTreeMap::new(),
             early_receipts: BTreeSet::new(),
             moved_sends: 0,
@@ -87,7 +87,7 @@ impl Engine {
     /// None is left once every send is acknowledged (a receipt drops its transfer's lanes).
     #[cfg(test)]
     pub fn pending_lanes(&self) -> usize {
-        self.migrations.len() + self.no_path.len()
+        self.migrations.pending().count()
     }
 
     /// Steps still waiting, as (step kind, peer) descriptions, for timeout diagnostics.
@@ -127,8 +127,10 @@ impl Engine {
                 .collect();
             out.push(format!("receipt of {k} from {} [{}]", k.dst, lanes.join(", ")));
         }
-        out.extend(self.migrations.keys().map(|l| format!("migration of {l} (no answer yet)")));
-        out.extend(self.no_path.iter().map(|(r, _)| format!("a path for {} (none usable)", r.lane)));
+        out.extend(self.migrations.pending().map(|(l, s)| match s {
+            LaneState::WaitingForPath { .. } => format!("a path for {l} (none usable)"),
+            _ => format!("migration of {l} (no answer yet)"),
+        }));
         out.truncate(12);
         out
     }
@@ -441,8 +443,7 @@ impl Engine {
             }
         }
         self.migrations.clear();
-        self.no_path.clear();
-        self.epochs.clear();
+        self.migrate_rx.clear();
     }
 
     pub(super) fn complete_step(&mut self, i: usize) {

@@ -10,7 +10,9 @@
 //! told to the other (bilateral awareness); the sender of each affected lane picks the next
 //! path of its backup chain and asks the receiver, which answers with the replay boundary
 //! min(sender done, what it holds) and starts listening on the new path; the sender then
-//! replays from that boundary. Sends from buffers that later steps overwrite go out of a
+//! replays from that boundary. That exchange is `r2ccl_transport::migrate` (a declared
+//! transition table per lane, epochs, resends, the no-path deadline); the engine carries its
+//! messages as [`Ctrl`] frames and applies its decisions to the session. Sends from buffers that later steps overwrite go out of a
 //! private copy, and a collective finishes only when every receiver confirmed its bytes, so a
 //! replay always finds the bytes first sent.
 //!
@@ -31,6 +33,9 @@ use r2ccl_core::{subsys, DType, NicId, NodeId, Rank, ReduceOp};
 use r2ccl_detect::{
     Command as DetectCommand, ConnId, DetectConfig, DetectEvent, Detector, Member, Method, PathPair, ProbeId,
     ProbeResult, Verdict,
+};
+use r2ccl_transport::migrate::{
+    LaneState, MigrateConfig, MigrateOutput, Migrations, Receiver as MigrateReceiver, ReqOutcome,
 };
 use r2ccl_transport::{
     Buffer, CommId, HeaderKey, LaneId, MemHandle, MigrationRequest, PathEvidence, PathFault, PathId, RequestId,
@@ -109,6 +114,9 @@ pub enum EngineError {
     /// The failure detector refused its configuration or the cluster's membership.
     #[error("failure detector: {0}")]
     Detect(#[from] r2ccl_detect::DetectError),
+    /// The lane migration machine was fed an event its table does not allow (a bug here).
+    #[error("lane migration: {0}")]
+    Migrate(#[from] r2ccl_transport::migrate::IllegalMigration),
     /// A collective is already running on this engine.
     #[error("a collective is already running (sequence {0})")]
     Busy(u64),
@@ -268,15 +276,6 @@ struct Exec {
     unacked: BTreeSet<TransferKey>,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct PendingMigration {
-    req: MigrationRequest,
-    to: PathId,
-    epoch: u32,
-    sent_at: Duration,
-    stopped_at: Duration,
-}
-
 /// One rank's engine.
 #[derive(Debug)]
 pub struct Engine {
@@ -289,9 +288,10 @@ pub struct Engine {
     finished: Option<u64>,
     outbox: VecDeque<(Rank, Vec<u8>)>,
     events: VecDeque<EngineEvent>,
-    migrations: BTreeMap<LaneId, PendingMigration>,
-    no_path: Vec<(MigrationRequest, Duration)>,
-    epochs: BTreeMap<LaneId, u32>,
+    /// The lane migration protocol, sender side: one machine per stopped lane.
+    migrations: Migrations,
+    /// The lane migration protocol, receiver side.
+    migrate_rx: MigrateReceiver,
     probes: BTreeMap<PathId, Duration>,
     /// Receipts that arrived before their send was started (kept until it is).
     early_receipts: BTreeSet<TransferKey>,
