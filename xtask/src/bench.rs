@@ -291,7 +291,6 @@ fn rate_bps(rate: &str) -> Result<f64> {
 struct Ctx {
     out: PathBuf,
     perf: PathBuf,
-    plan: PathBuf,
     quick: bool,
     spec: Spec,
     reps: u32,
@@ -696,11 +695,9 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let _ = std::fs::remove_dir_all(out.join("logs"));
     if opts.parts.iter().any(|p| root || !p.needs_root()) {
         crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-perf", "--bin", "r2ccl-perf"])?;
-        crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-policy", "--bin", "r2ccl-plan"])?;
     }
     let ctx = Ctx {
         perf: crate::target_dir().join("release/r2ccl-perf"),
-        plan: crate::target_dir().join("release/r2ccl-plan"),
         out: out.clone(),
         quick: opts.quick,
         spec: Spec { prefix: PREFIX.into(), nodes: 4, nics: opts.nics, rate: Some(opts.rate.clone()) },

@@ -203,10 +203,6 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
     let _lock = if loopback { None } else { Some(testbed::PrefixLock::take(PREFIX)?) };
     crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-perf"])?;
     let exe = crate::target_dir().join("release/r2ccl-perf");
-    let plan = crate::target_dir().join("release/r2ccl-plan");
-    if scenarios.iter().any(|s| s.degraded.is_some()) {
-        crate::cmd("cargo", &["build", "--release", "-q", "-p", "r2ccl-policy", "--bin", "r2ccl-plan"])?;
-    }
     let (mut passed, mut failed, mut skipped) = (0u32, 0u32, 0u32);
     let mut tally = ChaosTally::default();
     let mut flaky: Vec<String> = Vec::new();
@@ -214,7 +210,7 @@ pub(crate) fn main(args: &[String]) -> Result<()> {
         let logs = root.join("target/e2e").join(&sc.name);
         let _ = std::fs::remove_dir_all(&logs);
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-        let predicted = match sc.degraded.filter(|_| !loopback).map(|_| predicted_ratio(sc, &plan)).transpose() {
+        let predicted = match sc.degraded.filter(|_| !loopback).map(|_| predicted_ratio(sc)).transpose() {
             Ok(p) => p,
             Err(e) => bail!("e2e: {}: predicting `degraded`: {e:#}", sc.name),
         };

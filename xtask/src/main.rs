@@ -14,6 +14,7 @@ mod crates;
 mod e2e;
 mod fuzz;
 mod gpu;
+mod predict;
 mod python;
 mod setup;
 mod testbed;

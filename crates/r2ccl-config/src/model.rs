@@ -125,8 +125,6 @@ pub struct DetectConfig {
     pub oob_retry_ms: u64,
     /// Resends of one OOB message before its peer is reported unreachable.
     pub oob_max_retries: u32,
-    /// FAILOVER_HINT resend period until a REQ arrives, ms.
-    pub hint_interval_ms: u64,
     /// Re-probe period of failed components, ms.
     pub probe_interval_ms: u64,
     /// Consecutive good probes before a component is healthy again.
@@ -152,7 +150,6 @@ impl Default for DetectConfig {
             localize_timeout_ms: 50,
             oob_retry_ms: 20,
             oob_max_retries: 50,
-            hint_interval_ms: 500,
             probe_interval_ms: 100,
             good_probes: 3,
             holddown_base_ms: 200,
@@ -276,7 +273,6 @@ impl Config {
         range("detect.localize_timeout_ms", d.localize_timeout_ms, d.probe_timeout_ms, 600_000, " ms")?;
         range("detect.oob_retry_ms", d.oob_retry_ms, 1, 60_000, " ms")?;
         range("detect.oob_max_retries", d.oob_max_retries, 1, 10_000, "")?;
-        range("detect.hint_interval_ms", d.hint_interval_ms, 1, 60_000, " ms")?;
         range("detect.probe_interval_ms", d.probe_interval_ms, 1, 3_600_000, " ms")?;
         range("detect.good_probes", d.good_probes, 1, 1000, "")?;
         range("detect.holddown_base_ms", d.holddown_base_ms, 1, 3_600_000, " ms")?;

@@ -34,8 +34,10 @@ pub enum ConfigError {
 /// Timing and hysteresis of detection, localization and recovery.
 ///
 /// Signals that need no timer are acted on in the same `handle_*` call: a local link-down
-/// event, an in-band error and an OOB notice lead to a failover request before the call
-/// returns (0 ms of detector latency; the MECHANISMS target is 10 ms for link-down).
+/// event or an immediate local error declares the path failed with a local-NIC verdict
+/// before the call returns (0 ms of detector latency; the MECHANISMS target is 10 ms for
+/// link-down), and a remote error fails the path at once and localizes it with one probe
+/// round.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DetectConfig {
     /// Slack added to a transfer's expected time before a path with outstanding data and
@@ -51,15 +53,12 @@ pub struct DetectConfig {
     /// A localization round gives up on missing observations after this long and decides
     /// from what it has. Default 50 ms.
     pub localize_timeout: Duration,
-    /// Resend interval of OOB messages that expect an answer (FAILOVER_REQ, probe requests,
-    /// hot-repair notices). Default 20 ms.
+    /// Resend interval of a localization round's probe requests until their report comes
+    /// (a lost request or report costs one interval). Default 20 ms.
     pub oob_retry: Duration,
-    /// How often a message is resent before the detector gives up on the peer and reports
-    /// it. Default 50.
+    /// How often a probe request is resent before the detector gives up on the peer and
+    /// reports it. Default 50.
     pub oob_max_retries: u32,
-    /// Resend interval of FAILOVER_HINT until a FAILOVER_REQ arrives. Default 500 ms (the
-    /// paper's value).
-    pub hint_interval: Duration,
     /// Interval between re-probes of a failed path. Default 100 ms.
     pub probe_interval: Duration,
     /// Consecutive good probes before a failed path is declared healthy (hysteresis).
@@ -85,7 +84,6 @@ impl Default for DetectConfig {
             localize_timeout: Duration::from_millis(50),
             oob_retry: Duration::from_millis(20),
             oob_max_retries: 50,
-            hint_interval: Duration::from_millis(500),
             probe_interval: Duration::from_millis(100),
             good_probes: 3,
             holddown_base: Duration::from_millis(200),
@@ -123,7 +121,6 @@ impl DetectConfig {
             ("probe_timeout", self.probe_timeout),
             ("localize_timeout", self.localize_timeout),
             ("oob_retry", self.oob_retry),
-            ("hint_interval", self.hint_interval),
             ("probe_interval", self.probe_interval),
             ("holddown_base", self.holddown_base),
             ("holddown_max", self.holddown_max),

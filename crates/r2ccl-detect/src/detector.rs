@@ -1,17 +1,15 @@
-//! The per-rank detector: path health machines, localization rounds, the bilateral
-//! failover protocol and recovery, driven by `handle_*` inputs and drained with `poll_*`.
+//! The per-rank detector: path health machines, localization rounds and recovery, driven by
+//! `handle_*` inputs and drained with `poll_*`.
 
 use crate::config::{ConfigError, DetectConfig};
 use crate::health::{step, FailureCause, IllegalTransition, PathEvent, PathState, StateKind, SuspicionCause};
-use crate::ids::{ConnId, FailoverEpoch, PathId, PathPair, ProbeId};
-use crate::output::{Command, DetectEvent, ReplanReason, Role};
+use crate::ids::{ConnId, PathId, PathPair, ProbeId};
+use crate::output::{Command, DetectEvent};
 use crate::triangulate::{localize, Observation, Observations, Verdict};
-use crate::wire::{MigrationReason, OobMessage, WireError};
+use crate::wire::{OobMessage, WireError};
 use r2ccl_core::{NicId, NodeId, Rank};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
-
-mod failover;
 
 /// A rank of the cluster and the node it runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -57,15 +55,7 @@ pub enum DetectError {
         /// This rank.
         me: Rank,
     },
-    /// The connection has no path, or more than `u16::MAX`.
-    #[error("connection {conn} has {len} paths; it needs 1 to 65535")]
-    ChainLength {
-        /// The connection.
-        conn: ConnId,
-        /// Number of paths given.
-        len: usize,
-    },
-    /// A path's NIC is not on the node of the rank that must own it.
+    /// The path's NIC is not on the node of the rank that must own it.
     #[error("path {path} of connection {conn}: NIC {nic} is not on {expected}")]
     WrongNode {
         /// The connection.
@@ -101,14 +91,8 @@ pub enum DetectError {
     Illegal(#[from] IllegalTransition),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum RetxKey {
-    Req(ConnId),
-    Hint(ConnId),
-    ProbeReq(u64),
-    Repair(u64, Rank),
-}
-
+/// An OOB message resent until its answer comes (the probe requests of localization rounds,
+/// keyed by request id).
 #[derive(Clone, Copy, Debug)]
 struct Retx {
     to: Rank,
@@ -162,38 +146,6 @@ struct PathEntry {
     recovered_at: Option<Duration>,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Pending {
-    epoch: FailoverEpoch,
-    sender_done: u64,
-    index: usize,
-    reason: MigrationReason,
-}
-
-#[derive(Clone, Debug)]
-struct ConnEntry {
-    role: Role,
-    chain: Vec<PathPair>,
-    current: usize,
-    done: u64,
-    epoch: FailoverEpoch,
-    hint_seen: FailoverEpoch,
-    pending: Option<Pending>,
-    applied: Option<(FailoverEpoch, u64)>,
-    hint: Option<FailoverEpoch>,
-    stuck: bool,
-}
-
-impl ConnEntry {
-    fn path_id(&self, conn: ConnId, index: usize) -> Option<PathId> {
-        let p = self.chain.get(index)?;
-        Some(match self.role {
-            Role::Sender => PathId { local: p.src_nic, peer: conn.dst, remote: p.dst_nic },
-            Role::Receiver => PathId { local: p.dst_nic, peer: conn.src, remote: p.src_nic },
-        })
-    }
-}
-
 /// The failure detector of one rank. See the crate docs for the driving loop.
 #[derive(Clone, Debug)]
 pub struct Detector {
@@ -202,18 +154,18 @@ pub struct Detector {
     node: NodeId,
     members: Vec<Member>,
     paths: BTreeMap<PathId, PathEntry>,
-    conns: BTreeMap<ConnId, ConnEntry>,
+    /// Each connection's one watched path, in this rank's view.
+    conns: BTreeMap<ConnId, PathId>,
     probes: BTreeMap<ProbeId, ProbeEntry>,
     requests: BTreeMap<u64, (PathId, Slot)>,
     served: BTreeMap<(Rank, u64), (Option<Observation>, Duration)>,
-    repairs_seen: BTreeMap<(Rank, u64), Duration>,
-    retx: BTreeMap<RetxKey, Retx>,
+    retx: BTreeMap<u64, Retx>,
     next_id: u64,
     commands: VecDeque<Command>,
     events: VecDeque<DetectEvent>,
 }
 
-/// How long answered probe requests and seen hot-repair ids are remembered for duplicates.
+/// How long answered probe requests are remembered, to answer duplicates from.
 const REMEMBER: Duration = Duration::from_secs(10);
 
 impl Detector {
@@ -253,7 +205,6 @@ impl Detector {
             probes: BTreeMap::new(),
             requests: BTreeMap::new(),
             served: BTreeMap::new(),
-            repairs_seen: BTreeMap::new(),
             retx: BTreeMap::new(),
             next_id: 1,
             commands: VecDeque::new(),
@@ -275,56 +226,39 @@ impl Detector {
         self.members.iter().find(|m| m.rank == rank).map(|m| m.node).ok_or(DetectError::UnknownMember(rank))
     }
 
-    /// Register connection `conn` with its path chain (index 0 preferred, then the backups
-    /// in order). Both ends must register the same chain.
-    pub fn add_connection(&mut self, now: Duration, conn: ConnId, chain: Vec<PathPair>) -> Result<(), DetectError> {
-        let role = match (conn.src == self.me, conn.dst == self.me) {
-            (true, false) => Role::Sender,
-            (false, true) => Role::Receiver,
+    /// Watch connection `conn` (this rank is one end of it) on `path`: the signals about
+    /// `conn` (errors, transfers, progress) apply to that path. Several connections between
+    /// the same two ranks over the same NIC pair share one path and its health.
+    ///
+    /// Errors: this rank is not exactly one end of `conn`, `conn` is already watched, a rank
+    /// of `conn` is not a member, or a NIC of `path` is not on its end's node.
+    pub fn add_connection(&mut self, now: Duration, conn: ConnId, path: PathPair) -> Result<(), DetectError> {
+        let pid = match (conn.src == self.me, conn.dst == self.me) {
+            (true, false) => PathId { local: path.src_nic, peer: conn.dst, remote: path.dst_nic },
+            (false, true) => PathId { local: path.dst_nic, peer: conn.src, remote: path.src_nic },
             _ => return Err(DetectError::NotAnEnd { conn, me: self.me }),
         };
         if self.conns.contains_key(&conn) {
             return Err(DetectError::DuplicateConn(conn));
         }
-        if chain.is_empty() || chain.len() > usize::from(u16::MAX) {
-            return Err(DetectError::ChainLength { conn, len: chain.len() });
-        }
         let (src_node, dst_node) = (self.node_of(conn.src)?, self.node_of(conn.dst)?);
-        for p in &chain {
-            for (nic, expected) in [(p.src_nic, src_node), (p.dst_nic, dst_node)] {
-                if nic.node != expected {
-                    return Err(DetectError::WrongNode { conn, path: *p, nic, expected });
-                }
+        for (nic, expected) in [(path.src_nic, src_node), (path.dst_nic, dst_node)] {
+            if nic.node != expected {
+                return Err(DetectError::WrongNode { conn, path, nic, expected });
             }
         }
-        let entry = ConnEntry {
-            role,
-            chain,
-            current: 0,
-            done: 0,
-            epoch: FailoverEpoch(0),
-            hint_seen: FailoverEpoch(0),
-            pending: None,
-            applied: None,
-            hint: None,
-            stuck: false,
-        };
-        for i in 0..entry.chain.len() {
-            if let Some(pid) = entry.path_id(conn, i) {
-                self.paths.entry(pid).or_insert(PathEntry {
-                    state: PathState::Healthy,
-                    progress_deadline: None,
-                    last_alive: now,
-                    next_heartbeat: now,
-                    reprobe_at: None,
-                    loc: None,
-                    holddown_until: now,
-                    flaps: 0,
-                    recovered_at: None,
-                });
-            }
-        }
-        self.conns.insert(conn, entry);
+        self.paths.entry(pid).or_insert(PathEntry {
+            state: PathState::Healthy,
+            progress_deadline: None,
+            last_alive: now,
+            next_heartbeat: now,
+            reprobe_at: None,
+            loc: None,
+            holddown_until: now,
+            flaps: 0,
+            recovered_at: None,
+        });
+        self.conns.insert(conn, pid);
         Ok(())
     }
 
@@ -338,22 +272,6 @@ impl Detector {
         self.paths.iter().map(|(k, v)| (k, v.state))
     }
 
-    /// `conn`'s current chain index and path.
-    pub fn current_path(&self, conn: &ConnId) -> Option<(usize, PathPair)> {
-        let c = self.conns.get(conn)?;
-        Some((c.current, *c.chain.get(c.current)?))
-    }
-
-    /// `conn`'s failover epoch.
-    pub fn epoch(&self, conn: &ConnId) -> Option<FailoverEpoch> {
-        self.conns.get(conn).map(|c| c.epoch)
-    }
-
-    /// Whether a failover of `conn` is waiting for its acknowledgement (sender side).
-    pub fn is_failing_over(&self, conn: &ConnId) -> bool {
-        self.conns.get(conn).is_some_and(|c| c.pending.is_some())
-    }
-
     /// The next command for the driver.
     pub fn poll_command(&mut self) -> Option<Command> {
         self.commands.pop_front()
@@ -364,22 +282,21 @@ impl Detector {
         self.events.pop_front()
     }
 
-    fn current_pid(&self, conn: ConnId) -> Result<PathId, DetectError> {
-        let c = self.conns.get(&conn).ok_or(DetectError::UnknownConn(conn))?;
-        c.path_id(conn, c.current).ok_or(DetectError::UnknownConn(conn))
+    fn conn_pid(&self, conn: ConnId) -> Result<PathId, DetectError> {
+        self.conns.get(&conn).copied().ok_or(DetectError::UnknownConn(conn))
     }
 
     // ---------------------------------------------------------------- inputs
 
-    /// An immediate error completion on a local data endpoint of `conn`'s current path.
+    /// An immediate error completion on a local data endpoint of `conn`'s path.
     pub fn handle_local_error(&mut self, now: Duration, conn: ConnId) -> Result<(), DetectError> {
-        let pid = self.current_pid(conn)?;
+        let pid = self.conn_pid(conn)?;
         self.fail_hard(now, pid, FailureCause::LocalError, Some(Observation::LocalError))
     }
 
-    /// A remote timeout or endpoint error on `conn`'s current path.
+    /// A remote timeout or endpoint error on `conn`'s path.
     pub fn handle_remote_error(&mut self, now: Duration, conn: ConnId) -> Result<(), DetectError> {
-        let pid = self.current_pid(conn)?;
+        let pid = self.conn_pid(conn)?;
         self.fail_hard(now, pid, FailureCause::RemoteError, None)
     }
 
@@ -419,7 +336,7 @@ impl Detector {
     /// Data was posted on `conn` (or a receive is expected) that should complete within
     /// `expected`; the progress deadline becomes at least `now + expected + progress_margin`.
     pub fn handle_transfer(&mut self, now: Duration, conn: ConnId, expected: Duration) -> Result<(), DetectError> {
-        let pid = self.current_pid(conn)?;
+        let pid = self.conn_pid(conn)?;
         let margin = self.cfg.progress_margin;
         let e = self.paths.get_mut(&pid).ok_or(DetectError::UnknownPath(pid))?;
         let d = now + expected + margin;
@@ -427,20 +344,16 @@ impl Detector {
         Ok(())
     }
 
-    /// Progress on `conn`: `done` chunks are complete (sender: sends completed; receiver:
-    /// contiguous chunks held), and what is still outstanding should take `remaining`
-    /// (`None`: nothing outstanding, the path is idle).
+    /// Progress on `conn` (a send completed, data arrived): its path is alive, and what is
+    /// still outstanding should take `remaining` (`None`: nothing outstanding, the path is
+    /// idle and gets heartbeats).
     pub fn handle_progress(
         &mut self,
         now: Duration,
         conn: ConnId,
-        done: u64,
         remaining: Option<Duration>,
     ) -> Result<(), DetectError> {
-        let pid = self.current_pid(conn)?;
-        if let Some(c) = self.conns.get_mut(&conn) {
-            c.done = done;
-        }
+        let pid = self.conn_pid(conn)?;
         let margin = self.cfg.progress_margin;
         let e = self.paths.get_mut(&pid).ok_or(DetectError::UnknownPath(pid))?;
         e.last_alive = now;
@@ -480,31 +393,11 @@ impl Detector {
     /// A decoded OOB message from `from`.
     pub fn handle_message(&mut self, now: Duration, from: Rank, msg: OobMessage) -> Result<(), DetectError> {
         match msg {
-            OobMessage::FailoverReq { conn, epoch, sender_done, reason, index, path } => {
-                self.on_req(now, from, msg, conn, epoch, sender_done, reason, usize::from(index), path)
-            }
-            OobMessage::FailoverAck { conn, epoch, applied } => self.on_ack(now, from, msg, conn, epoch, applied),
-            OobMessage::FailoverHint { conn, epoch_hint, .. } => self.on_hint(now, from, msg, conn, epoch_hint),
             OobMessage::ProbeRequest { id, from: nic, to } => {
                 self.on_probe_request(now, from, msg, id, nic, to);
                 Ok(())
             }
             OobMessage::ProbeReport { id, outcome } => self.on_probe_report(now, from, msg, id, outcome),
-            OobMessage::HotRepair { id, conn, epoch, .. } => {
-                self.send(from, OobMessage::HotRepairAck { id }, false);
-                if self.repairs_seen.insert((from, id), now).is_none() {
-                    self.events.push_back(DetectEvent::HotRepairReceived { at: now, origin: from, conn, epoch });
-                    self.commands
-                        .push_back(Command::RequestReplan { reason: ReplanReason::HotRepair { origin: from, conn } });
-                }
-                Ok(())
-            }
-            OobMessage::HotRepairAck { id } => {
-                if self.retx.remove(&RetxKey::Repair(id, from)).is_none() {
-                    self.events.push_back(DetectEvent::StaleIgnored { at: now, from, msg });
-                }
-                Ok(())
-            }
         }
     }
 
@@ -535,7 +428,7 @@ impl Detector {
     /// Run every timer that is due at `now`.
     pub fn handle_timeout(&mut self, now: Duration) -> Result<(), DetectError> {
         // Retransmissions.
-        let due: Vec<RetxKey> = self.retx.iter().filter(|(_, r)| r.next_at <= now).map(|(k, _)| *k).collect();
+        let due: Vec<u64> = self.retx.iter().filter(|(_, r)| r.next_at <= now).map(|(k, _)| *k).collect();
         for key in due {
             let Some(r) = self.retx.get_mut(&key) else { continue };
             if r.left == 0 {
@@ -596,7 +489,6 @@ impl Detector {
             }
         }
         self.served.retain(|_, (_, at)| *at + REMEMBER > now);
-        self.repairs_seen.retain(|_, at| *at + REMEMBER > now);
         Ok(())
     }
 
@@ -655,7 +547,10 @@ impl Detector {
                 }
                 Ok(())
             }
-            (StateKind::Probing, StateKind::Healthy) => self.on_recovered(now, pid),
+            (StateKind::Probing, StateKind::Healthy) => {
+                self.on_recovered(now, pid);
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
@@ -696,25 +591,10 @@ impl Detector {
         e.reprobe_at = Some(now + holddown);
         e.progress_deadline = None;
         self.events.push_back(DetectEvent::HeldDown { at: now, path: pid, holddown, flaps });
-        let affected: Vec<(ConnId, Role)> = self
-            .conns
-            .iter()
-            .filter(|(id, c)| {
-                c.path_id(**id, c.current) == Some(pid)
-                    || c.pending.is_some_and(|p| c.path_id(**id, p.index) == Some(pid))
-            })
-            .map(|(id, c)| (*id, c.role))
-            .collect();
-        for (conn, role) in affected {
-            match role {
-                Role::Sender => self.start_failover(now, conn, MigrationReason::Failover, None)?,
-                Role::Receiver => self.start_hint(now, conn),
-            }
-        }
         Ok(())
     }
 
-    fn on_recovered(&mut self, now: Duration, pid: PathId) -> Result<(), DetectError> {
+    fn on_recovered(&mut self, now: Duration, pid: PathId) {
         if let Some(e) = self.paths.get_mut(&pid) {
             e.recovered_at = Some(now);
             e.reprobe_at = None;
@@ -724,22 +604,21 @@ impl Detector {
         }
         self.cancel_localization(pid);
         self.commands.push_back(Command::DeclareRecovered { path: pid });
-        self.commands.push_back(Command::RequestReplan { reason: ReplanReason::Recovered { path: pid } });
-        let candidates: Vec<(ConnId, usize)> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.role == Role::Sender && c.pending.is_none())
-            .filter_map(|(id, c)| {
-                let best = (0..c.current).find(|&i| {
-                    c.path_id(*id, i).and_then(|p| self.paths.get(&p)).is_some_and(|p| p.state.is_usable())
-                })?;
-                Some((*id, best))
-            })
-            .collect();
-        for (conn, index) in candidates {
-            self.start_failover(now, conn, MigrationReason::FailBack, Some(index))?;
-        }
-        Ok(())
+    }
+
+    // ---------------------------------------------------------------- OOB sends
+
+    /// Send `msg` to `to` once (`ask`: as a request to probe).
+    fn send(&mut self, to: Rank, msg: OobMessage, ask: bool) {
+        self.commands.push_back(if ask { Command::AskProbe { to, msg } } else { Command::SendOob { to, msg } });
+    }
+
+    /// Send `msg` to `to` and resend it every `interval` (at most `oob_max_retries` times)
+    /// until the answer to request `id` removes it from `retx`.
+    fn send_reliable(&mut self, now: Duration, id: u64, to: Rank, msg: OobMessage, ask: bool, interval: Duration) {
+        self.send(to, msg, ask);
+        let left = self.cfg.oob_max_retries;
+        self.retx.insert(id, Retx { to, msg, ask, next_at: now + interval, interval, left });
     }
 
     // ---------------------------------------------------------------- localization
@@ -791,7 +670,7 @@ impl Detector {
                 self.requests.insert(id, (pid, slot));
                 loc.requests.push(id);
                 let msg = OobMessage::ProbeRequest { id, from, to };
-                self.send_reliable(now, RetxKey::ProbeReq(id), rank, msg, true, self.cfg.oob_retry);
+                self.send_reliable(now, id, rank, msg, true, self.cfg.oob_retry);
             }
         }
         if let Some(e) = self.paths.get_mut(&pid) {
@@ -807,7 +686,7 @@ impl Detector {
         }
         for id in loc.requests {
             self.requests.remove(&id);
-            self.retx.remove(&RetxKey::ProbeReq(id));
+            self.retx.remove(&id);
         }
     }
 
@@ -924,7 +803,7 @@ impl Detector {
             self.events.push_back(DetectEvent::StaleIgnored { at: now, from, msg });
             return Ok(());
         };
-        self.retx.remove(&RetxKey::ProbeReq(id));
+        self.retx.remove(&id);
         if let Some(loc) = self.paths.get_mut(&pid).and_then(|e| e.loc.as_mut()) {
             // An auxiliary node whose own NIC fails cannot tell anything about a or b.
             let aux_obs = if outcome == Observation::LocalError { Observation::Unknown } else { outcome };

@@ -13,10 +13,10 @@ use std::fmt::{self, Write as _};
 pub enum PathState {
     /// Carrying traffic; deadlines armed.
     Healthy,
-    /// A deadline was missed; a localization round is running, no migration yet.
+    /// A deadline was missed; a localization round is running, the path is not declared yet.
     Suspect,
-    /// Declared failed; traffic moved away; waiting (hold-down, then probe interval) for
-    /// the next re-probe.
+    /// Declared failed (the driver stops using it); waiting (hold-down, then probe interval)
+    /// for the next re-probe.
     Failed,
     /// A re-probe is outstanding; `good` consecutive good probes so far.
     Probing {
@@ -83,8 +83,6 @@ pub enum FailureCause {
     RemoteError,
     /// The kernel reported the local NIC's link down.
     LinkDown,
-    /// The peer told us over OOB (FAILOVER_REQ or FAILOVER_HINT).
-    PeerNotice,
     /// Localization of another path blamed a NIC this path uses.
     NicBlamed,
 }
@@ -235,15 +233,15 @@ use StateKind as S;
 
 /// The transition table of the path health machine. Pairs not listed are illegal.
 pub const TRANSITIONS: &[TransitionRule] = &[
-    rule(S::Healthy, E::HardFailure, Guard::Always, S::Failed, "migrate connections, localize, start hold-down"),
+    rule(S::Healthy, E::HardFailure, Guard::Always, S::Failed, "localize (declare failed), start hold-down"),
     rule(S::Healthy, E::Suspicion, Guard::Always, S::Suspect, "start localization round"),
     rule(S::Healthy, E::Progress, Guard::Always, S::Healthy, "re-arm deadlines"),
     rule(S::Healthy, E::LinkUp, Guard::Always, S::Healthy, "none"),
-    rule(S::Suspect, E::HardFailure, Guard::Always, S::Failed, "migrate connections, start hold-down"),
+    rule(S::Suspect, E::HardFailure, Guard::Always, S::Failed, "start hold-down; the running round declares"),
     rule(S::Suspect, E::Suspicion, Guard::Always, S::Suspect, "none (round already running)"),
     rule(S::Suspect, E::Progress, Guard::Always, S::Healthy, "cancel localization"),
     rule(S::Suspect, E::Localized, Guard::Transient, S::Healthy, "report transient, keep watching"),
-    rule(S::Suspect, E::Localized, Guard::Failure, S::Failed, "declare failed, migrate connections, start hold-down"),
+    rule(S::Suspect, E::Localized, Guard::Failure, S::Failed, "declare failed, start hold-down"),
     rule(S::Suspect, E::LinkUp, Guard::Always, S::Suspect, "none"),
     rule(S::Failed, E::HardFailure, Guard::Always, S::Failed, "none (already failed)"),
     rule(S::Failed, E::Progress, Guard::Always, S::Failed, "ignore late completions"),
@@ -253,7 +251,7 @@ pub const TRANSITIONS: &[TransitionRule] = &[
     rule(S::Probing, E::HardFailure, Guard::Always, S::Failed, "reset good probes"),
     rule(S::Probing, E::Progress, Guard::Always, S::Probing, "ignore"),
     rule(S::Probing, E::Localized, Guard::Always, S::Probing, "declare failed with verdict"),
-    rule(S::Probing, E::ProbeOk, Guard::LastGoodProbe, S::Healthy, "declare recovered, fail back, request re-plan"),
+    rule(S::Probing, E::ProbeOk, Guard::LastGoodProbe, S::Healthy, "declare recovered"),
     rule(S::Probing, E::ProbeOk, Guard::MoreProbesNeeded, S::Recovering, "count good probe"),
     rule(S::Probing, E::ProbeFailed, Guard::Always, S::Failed, "reset good probes"),
     rule(S::Probing, E::LinkUp, Guard::Always, S::Probing, "none"),

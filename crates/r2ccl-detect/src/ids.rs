@@ -1,11 +1,11 @@
-//! Identifiers of the detection layer: connections, paths, failover epochs, probes.
+//! Identifiers of the detection layer: connections, paths, probes.
 
 use r2ccl_core::{NicId, Rank};
 use std::fmt;
 
-/// A one-way data connection between two ranks. The protocol is sender-authoritative, so
-/// direction matters: `src` sends, `dst` receives. `chan` tells apart several connections
-/// between the same two ranks.
+/// A one-way data connection between two ranks, watched on one path: `src` sends, `dst`
+/// receives. `chan` tells apart several connections between the same two ranks (the engine
+/// uses one per rail).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ConnId {
     /// The sending rank.
@@ -29,7 +29,7 @@ impl fmt::Display for ConnId {
     }
 }
 
-/// A (sender NIC, receiver NIC) pair a connection can use, in the connection's direction.
+/// The (sender NIC, receiver NIC) pair a connection uses, in the connection's direction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PathPair {
     /// The sender's NIC.
@@ -60,25 +60,6 @@ pub struct PathId {
 impl fmt::Display for PathId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}<->{}@{}", self.local, self.remote, self.peer)
-    }
-}
-
-/// A failover epoch of one connection: bumped by the sender on every failover or
-/// fail-back. Messages with an older epoch than the connection's are stale.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FailoverEpoch(pub u64);
-
-impl FailoverEpoch {
-    /// The epoch after this one (saturating).
-    #[must_use]
-    pub const fn next(self) -> Self {
-        Self(self.0.saturating_add(1))
-    }
-}
-
-impl fmt::Display for FailoverEpoch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "fo-epoch{}", self.0)
     }
 }
 

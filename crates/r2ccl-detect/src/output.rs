@@ -1,13 +1,15 @@
 //! What the detector hands out: commands for its driver and typed events for logs and metrics.
 
 use crate::health::{EventKind, StateKind};
-use crate::ids::{ConnId, FailoverEpoch, PathId, PathPair, ProbeId};
+use crate::ids::{PathId, ProbeId};
 use crate::triangulate::{Method, Observations, Verdict};
-use crate::wire::{MigrationReason, OobMessage};
+use crate::wire::OobMessage;
 use r2ccl_core::{NicId, Rank};
 use std::time::Duration;
 
-/// An action the driver must carry out.
+/// An action the driver must carry out. The detector moves no data: on `DeclareFailed` the
+/// driver stops using the path (and migrates what ran on it with its own protocol, e.g.
+/// `r2ccl_transport::migrate`), on `DeclareRecovered` it may use the path again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Send `msg` (encode it with [`OobMessage::encode`]) to `to` over the OOB channel.
@@ -40,14 +42,8 @@ pub enum Command {
         /// The path.
         path: PathId,
     },
-    /// Stop posting on `conn`'s current path and retire its outstanding requests.
-    Quiesce {
-        /// The connection.
-        conn: ConnId,
-        /// The path to quiesce.
-        path: PathPair,
-    },
-    /// A path is failed, with the localization verdict.
+    /// A path is failed, with the localization verdict (issued once per failure). A verdict
+    /// that blames a NIC also declares every other usable path through that NIC failed.
     DeclareFailed {
         /// The path.
         path: PathId,
@@ -56,83 +52,11 @@ pub enum Command {
         /// How the verdict was reached.
         method: Method,
     },
-    /// Move `conn` to chain entry `index` (`to`) and replay from chunk `boundary`; both ends
-    /// get this command with the same epoch and boundary.
-    MigratePath {
-        /// The connection.
-        conn: ConnId,
-        /// The failover epoch agreed.
-        epoch: FailoverEpoch,
-        /// The path left.
-        from_path: PathPair,
-        /// The backup path.
-        to: PathPair,
-        /// Its index in the connection's chain.
-        index: usize,
-        /// First chunk to replay (chunks before it are held by the receiver).
-        boundary: u64,
-    },
-    /// Move `conn` back to a recovered, more preferred path (same agreement as a failover).
-    FailBack {
-        /// The connection.
-        conn: ConnId,
-        /// The failover epoch agreed.
-        epoch: FailoverEpoch,
-        /// The path left.
-        from_path: PathPair,
-        /// The recovered path.
-        to: PathPair,
-        /// Its index in the connection's chain.
-        index: usize,
-        /// First chunk to replay.
-        boundary: u64,
-    },
-    /// A failed path answered N consecutive probes and is healthy again.
+    /// A failed path answered N consecutive probes after its hold-down and is healthy again.
     DeclareRecovered {
         /// The path.
         path: PathId,
     },
-    /// The health view changed: re-plan at the next collective.
-    RequestReplan {
-        /// Why.
-        reason: ReplanReason,
-    },
-}
-
-/// Why a re-plan is requested.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReplanReason {
-    /// This rank completed a migration of `conn`.
-    Migrated {
-        /// The connection.
-        conn: ConnId,
-    },
-    /// Another rank broadcast a hot repair.
-    HotRepair {
-        /// The rank that broadcast it.
-        origin: Rank,
-        /// Its connection.
-        conn: ConnId,
-    },
-    /// A path recovered.
-    Recovered {
-        /// The path.
-        path: PathId,
-    },
-    /// A connection has no usable backup path left.
-    NoBackup {
-        /// The connection.
-        conn: ConnId,
-    },
-}
-
-/// Which end of a connection this rank is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Role {
-    /// The sending (authoritative) end.
-    Sender,
-    /// The receiving end.
-    Receiver,
 }
 
 /// A typed record of something the detector did, for logs and metrics. `at` is the `now`
@@ -176,44 +100,8 @@ pub enum DetectEvent {
         /// Consecutive flaps so far.
         flaps: u32,
     },
-    /// The sender started a failover or fail-back.
-    FailoverStarted {
-        /// When.
-        at: Duration,
-        /// The connection.
-        conn: ConnId,
-        /// New epoch.
-        epoch: FailoverEpoch,
-        /// Chain index of the target path.
-        index: usize,
-        /// Sender's completed chunks.
-        sender_done: u64,
-        /// Failover or fail-back.
-        reason: MigrationReason,
-    },
-    /// Both ends agree on the boundary (this end emitted its migrate command).
-    FailoverAgreed {
-        /// When.
-        at: Duration,
-        /// The connection.
-        conn: ConnId,
-        /// The epoch.
-        epoch: FailoverEpoch,
-        /// The replay boundary.
-        boundary: u64,
-        /// This end's role.
-        role: Role,
-    },
-    /// The receiver started hinting the sender.
-    HintStarted {
-        /// When.
-        at: Duration,
-        /// The connection.
-        conn: ConnId,
-        /// The hinted epoch.
-        epoch: FailoverEpoch,
-    },
-    /// A message with an old epoch or unknown id was ignored.
+    /// A probe report for no outstanding request (a duplicate, or one that came after its
+    /// round ended) was ignored.
     StaleIgnored {
         /// When.
         at: Duration,
@@ -222,34 +110,8 @@ pub enum DetectEvent {
         /// The message.
         msg: OobMessage,
     },
-    /// A duplicate FAILOVER_REQ was acknowledged again.
-    DuplicateReq {
-        /// When.
-        at: Duration,
-        /// The connection.
-        conn: ConnId,
-        /// Its epoch.
-        epoch: FailoverEpoch,
-    },
-    /// A connection has no usable backup path.
-    NoBackup {
-        /// When.
-        at: Duration,
-        /// The connection.
-        conn: ConnId,
-    },
-    /// A hot-repair notice from another rank.
-    HotRepairReceived {
-        /// When.
-        at: Duration,
-        /// The rank that sent it.
-        origin: Rank,
-        /// Its connection.
-        conn: ConnId,
-        /// Its epoch.
-        epoch: FailoverEpoch,
-    },
-    /// A message was resent `oob_max_retries` times without an answer; the detector stopped.
+    /// A probe request was resent `oob_max_retries` times without an answer; the detector
+    /// stopped resending it.
     OobGaveUp {
         /// When.
         at: Duration,
@@ -258,7 +120,7 @@ pub enum DetectEvent {
         /// The message.
         msg: OobMessage,
     },
-    /// A message that does not fit this detector's connections or NICs was refused.
+    /// A probe request that names a NIC not on this detector's node as the prober was refused.
     Rejected {
         /// When.
         at: Duration,

@@ -35,8 +35,8 @@ pub enum Verdict {
     LocalNic(NicId),
     /// The peer's NIC failed (or is unreachable from everywhere).
     RemoteNic(NicId),
-    /// The link, cable or switch port between the two NICs (also the two-node fallback:
-    /// both ends move to a backup pair).
+    /// The link, cable or switch port between the two NICs (also the two-node fallback,
+    /// which cannot tell the NICs apart: the pair is failed, not either NIC).
     Link {
         /// This rank's NIC.
         local: NicId,

@@ -1,64 +1,23 @@
 //! The OOB control-message wire format: versioned, length-prefixed frames.
 //!
 //! Frame: `version: u8 (= 1) | kind: u8 | payload length: u16 LE | payload`. All integers
-//! are little-endian; a NIC is `node: u32 | rail: u16`, a connection `src: u32 | dst: u32 |
-//! chan: u32`. Decoding any byte string returns a message or a [`WireError`], never panics.
+//! are little-endian; a NIC is `node: u32 | rail: u16`. The messages are those of
+//! localization: a probe request (kind 4) and its report (kind 5). Kinds 1-3, 6 and 7 were the
+//! connection failover protocol's, which lanes now run through `r2ccl_transport::migrate`;
+//! they are unknown kinds here. Decoding any byte string returns a message or a
+//! [`WireError`], never panics.
 
-use crate::ids::{ConnId, FailoverEpoch, PathPair};
 use crate::triangulate::Observation;
-use r2ccl_core::{NicId, NodeId, RailId, Rank};
+use r2ccl_core::{NicId, NodeId, RailId};
 
 /// The wire format version this crate writes and reads.
 pub const WIRE_VERSION: u8 = 1;
 /// Bytes of the frame header.
 pub const HEADER_LEN: usize = 4;
 
-/// Why a migration is requested.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MigrationReason {
-    /// The current path failed.
-    Failover,
-    /// A more preferred path recovered.
-    FailBack,
-}
-
 /// An OOB control message between detectors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OobMessage {
-    /// Sender to receiver: "I move `conn` to chain entry `index` (`path`); my last completed
-    /// chunk count is `sender_done`".
-    FailoverReq {
-        /// The connection.
-        conn: ConnId,
-        /// The new failover epoch.
-        epoch: FailoverEpoch,
-        /// Chunks the sender completed (the boundary can be no later).
-        sender_done: u64,
-        /// Failover or fail-back.
-        reason: MigrationReason,
-        /// Index of the new path in the connection's chain.
-        index: u16,
-        /// The new path (checked against the receiver's chain).
-        path: PathPair,
-    },
-    /// Receiver to sender: "I rolled back to `applied`" (the replay boundary).
-    FailoverAck {
-        /// The connection.
-        conn: ConnId,
-        /// The epoch acknowledged.
-        epoch: FailoverEpoch,
-        /// min(sender_done, chunks the receiver really holds).
-        applied: u64,
-    },
-    /// Receiver to sender when only the receiver saw the failure; resent until a REQ comes.
-    FailoverHint {
-        /// The connection.
-        conn: ConnId,
-        /// The epoch the receiver expects the failover to have.
-        epoch_hint: FailoverEpoch,
-        /// Chunks the receiver holds.
-        receiver_seen: u64,
-    },
     /// "Probe NIC `to` from your NIC `from` and report" (to the peer or an auxiliary node).
     ProbeRequest {
         /// The requester's id for this request.
@@ -74,25 +33,6 @@ pub enum OobMessage {
         id: u64,
         /// What the probe saw.
         outcome: Observation,
-    },
-    /// Hot-repair broadcast: `conn` moved off `failed` at `epoch`; re-plan at the next
-    /// collective.
-    HotRepair {
-        /// The notice's id (unique per origin).
-        id: u64,
-        /// The connection that moved.
-        conn: ConnId,
-        /// Its new epoch.
-        epoch: FailoverEpoch,
-        /// The path it left.
-        failed: PathPair,
-        /// Failover or fail-back.
-        reason: MigrationReason,
-    },
-    /// Acknowledges a hot-repair notice.
-    HotRepairAck {
-        /// The notice's id.
-        id: u64,
     },
 }
 
@@ -136,26 +76,15 @@ pub enum WireError {
     Trailing(usize),
 }
 
-const K_REQ: u8 = 1;
-const K_ACK: u8 = 2;
-const K_HINT: u8 = 3;
 const K_PROBE_REQ: u8 = 4;
 const K_PROBE_REP: u8 = 5;
-const K_REPAIR: u8 = 6;
-const K_REPAIR_ACK: u8 = 7;
 
-const CONN: usize = 12;
 const NIC: usize = 6;
 
 fn payload_len(kind: u8) -> Option<usize> {
     Some(match kind {
-        K_REQ => CONN + 8 + 8 + 1 + 2 + 2 * NIC,
-        K_ACK => CONN + 8 + 8,
-        K_HINT => CONN + 8 + 8,
         K_PROBE_REQ => 8 + 2 * NIC,
         K_PROBE_REP => 8 + 1,
-        K_REPAIR => 8 + CONN + 8 + 2 * NIC + 1,
-        K_REPAIR_ACK => 8,
         _ => return None,
     })
 }
@@ -178,15 +107,6 @@ impl Writer {
     fn nic(&mut self, n: NicId) {
         self.u32(n.node.0);
         self.u16(n.rail.0);
-    }
-    fn conn(&mut self, c: ConnId) {
-        self.u32(c.src.0);
-        self.u32(c.dst.0);
-        self.u32(c.chan);
-    }
-    fn path(&mut self, p: PathPair) {
-        self.nic(p.src_nic);
-        self.nic(p.dst_nic);
     }
 }
 
@@ -217,19 +137,6 @@ impl Reader<'_> {
     fn nic(&mut self) -> Result<NicId, WireError> {
         Ok(NicId { node: NodeId(self.u32()?), rail: RailId(self.u16()?) })
     }
-    fn conn(&mut self) -> Result<ConnId, WireError> {
-        Ok(ConnId { src: Rank(self.u32()?), dst: Rank(self.u32()?), chan: self.u32()? })
-    }
-    fn path(&mut self) -> Result<PathPair, WireError> {
-        Ok(PathPair { src_nic: self.nic()?, dst_nic: self.nic()? })
-    }
-    fn reason(&mut self) -> Result<MigrationReason, WireError> {
-        match self.u8()? {
-            0 => Ok(MigrationReason::Failover),
-            1 => Ok(MigrationReason::FailBack),
-            v => Err(WireError::BadValue { field: "reason", value: u64::from(v) }),
-        }
-    }
     fn observation(&mut self) -> Result<Observation, WireError> {
         match self.u8()? {
             0 => Ok(Observation::Ok),
@@ -238,13 +145,6 @@ impl Reader<'_> {
             3 => Ok(Observation::Unknown),
             v => Err(WireError::BadValue { field: "outcome", value: u64::from(v) }),
         }
-    }
-}
-
-fn reason_byte(r: MigrationReason) -> u8 {
-    match r {
-        MigrationReason::Failover => 0,
-        MigrationReason::FailBack => 1,
     }
 }
 
@@ -260,13 +160,8 @@ fn observation_byte(o: Observation) -> u8 {
 impl OobMessage {
     fn kind(&self) -> u8 {
         match self {
-            OobMessage::FailoverReq { .. } => K_REQ,
-            OobMessage::FailoverAck { .. } => K_ACK,
-            OobMessage::FailoverHint { .. } => K_HINT,
             OobMessage::ProbeRequest { .. } => K_PROBE_REQ,
             OobMessage::ProbeReport { .. } => K_PROBE_REP,
-            OobMessage::HotRepair { .. } => K_REPAIR,
-            OobMessage::HotRepairAck { .. } => K_REPAIR_ACK,
         }
     }
 
@@ -279,24 +174,6 @@ impl OobMessage {
         w.u8(kind);
         w.u16(len as u16);
         match *self {
-            OobMessage::FailoverReq { conn, epoch, sender_done, reason, index, path } => {
-                w.conn(conn);
-                w.u64(epoch.0);
-                w.u64(sender_done);
-                w.u8(reason_byte(reason));
-                w.u16(index);
-                w.path(path);
-            }
-            OobMessage::FailoverAck { conn, epoch, applied } => {
-                w.conn(conn);
-                w.u64(epoch.0);
-                w.u64(applied);
-            }
-            OobMessage::FailoverHint { conn, epoch_hint, receiver_seen } => {
-                w.conn(conn);
-                w.u64(epoch_hint.0);
-                w.u64(receiver_seen);
-            }
             OobMessage::ProbeRequest { id, from, to } => {
                 w.u64(id);
                 w.nic(from);
@@ -306,14 +183,6 @@ impl OobMessage {
                 w.u64(id);
                 w.u8(observation_byte(outcome));
             }
-            OobMessage::HotRepair { id, conn, epoch, failed, reason } => {
-                w.u64(id);
-                w.conn(conn);
-                w.u64(epoch.0);
-                w.path(failed);
-                w.u8(reason_byte(reason));
-            }
-            OobMessage::HotRepairAck { id } => w.u64(id),
         }
         w.0
     }
@@ -336,30 +205,8 @@ impl OobMessage {
         let payload = body.get(..len).ok_or(WireError::Truncated { needed: HEADER_LEN + len, have: buf.len() })?;
         let mut r = Reader { buf: payload };
         let msg = match kind {
-            K_REQ => OobMessage::FailoverReq {
-                conn: r.conn()?,
-                epoch: FailoverEpoch(r.u64()?),
-                sender_done: r.u64()?,
-                reason: r.reason()?,
-                index: r.u16()?,
-                path: r.path()?,
-            },
-            K_ACK => OobMessage::FailoverAck { conn: r.conn()?, epoch: FailoverEpoch(r.u64()?), applied: r.u64()? },
-            K_HINT => OobMessage::FailoverHint {
-                conn: r.conn()?,
-                epoch_hint: FailoverEpoch(r.u64()?),
-                receiver_seen: r.u64()?,
-            },
             K_PROBE_REQ => OobMessage::ProbeRequest { id: r.u64()?, from: r.nic()?, to: r.nic()? },
             K_PROBE_REP => OobMessage::ProbeReport { id: r.u64()?, outcome: r.observation()? },
-            K_REPAIR => OobMessage::HotRepair {
-                id: r.u64()?,
-                conn: r.conn()?,
-                epoch: FailoverEpoch(r.u64()?),
-                failed: r.path()?,
-                reason: r.reason()?,
-            },
-            K_REPAIR_ACK => OobMessage::HotRepairAck { id: r.u64()? },
             other => return Err(WireError::Kind(other)),
         };
         if !r.buf.is_empty() {
@@ -384,10 +231,9 @@ mod tests {
 
     #[test]
     fn frame_layout_is_stable() {
-        let m = OobMessage::FailoverAck { conn: ConnId::new(1, 2, 3), epoch: FailoverEpoch(4), applied: 5 };
+        let m = OobMessage::ProbeReport { id: 4, outcome: Observation::Timeout };
         let b = m.encode();
-        assert_eq!(&b[..4], &[1, 2, 28, 0]);
-        assert_eq!(b.len(), 32);
+        assert_eq!(b, [1, 5, 9, 0, 4, 0, 0, 0, 0, 0, 0, 0, 1]);
         assert_eq!(OobMessage::decode(&b), Ok(m));
         let mut bad = b.clone();
         bad[0] = 9;
@@ -395,7 +241,19 @@ mod tests {
         assert!(matches!(OobMessage::decode(&b[..10]), Err(WireError::Truncated { .. })));
         let mut two = b.clone();
         two.extend_from_slice(&b);
-        assert_eq!(OobMessage::decode(&two), Err(WireError::Trailing(32)));
-        assert_eq!(OobMessage::decode_prefix(&two), Ok((m, 32)));
+        assert_eq!(OobMessage::decode(&two), Err(WireError::Trailing(13)));
+        assert_eq!(OobMessage::decode_prefix(&two), Ok((m, 13)));
+        let req = OobMessage::ProbeRequest { id: 7, from: NicId::new(2, 1), to: NicId::new(3, 0) };
+        assert_eq!(&req.encode()[..4], &[1, 4, 20, 0]);
+    }
+
+    #[test]
+    fn the_retired_failover_kinds_are_unknown() {
+        for kind in [1, 2, 3, 6, 7] {
+            assert_eq!(
+                OobMessage::decode(&[WIRE_VERSION, kind, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+                Err(WireError::Kind(kind))
+            );
+        }
     }
 }

@@ -3,24 +3,12 @@
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a test failure")]
 
 use proptest::prelude::*;
-use r2ccl_core::{NicId, Rank};
+use r2ccl_core::NicId;
 use r2ccl_detect::wire::{HEADER_LEN, WIRE_VERSION};
-use r2ccl_detect::{ConnId, FailoverEpoch, MigrationReason, Observation, OobMessage, PathPair};
+use r2ccl_detect::{Observation, OobMessage};
 
 fn nic() -> impl Strategy<Value = NicId> {
     (any::<u32>(), any::<u16>()).prop_map(|(n, r)| NicId::new(n, r))
-}
-
-fn conn() -> impl Strategy<Value = ConnId> {
-    (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(s, d, c)| ConnId { src: Rank(s), dst: Rank(d), chan: c })
-}
-
-fn path() -> impl Strategy<Value = PathPair> {
-    (nic(), nic()).prop_map(|(src_nic, dst_nic)| PathPair { src_nic, dst_nic })
-}
-
-fn reason() -> impl Strategy<Value = MigrationReason> {
-    prop_oneof![Just(MigrationReason::Failover), Just(MigrationReason::FailBack)]
 }
 
 fn message() -> impl Strategy<Value = OobMessage> {
@@ -31,32 +19,8 @@ fn message() -> impl Strategy<Value = OobMessage> {
         Just(Observation::Unknown)
     ];
     prop_oneof![
-        (conn(), any::<u64>(), any::<u64>(), reason(), any::<u16>(), path()).prop_map(
-            |(conn, e, sender_done, reason, index, path)| OobMessage::FailoverReq {
-                conn,
-                epoch: FailoverEpoch(e),
-                sender_done,
-                reason,
-                index,
-                path
-            }
-        ),
-        (conn(), any::<u64>(), any::<u64>()).prop_map(|(conn, e, applied)| OobMessage::FailoverAck {
-            conn,
-            epoch: FailoverEpoch(e),
-            applied
-        }),
-        (conn(), any::<u64>(), any::<u64>()).prop_map(|(conn, e, receiver_seen)| OobMessage::FailoverHint {
-            conn,
-            epoch_hint: FailoverEpoch(e),
-            receiver_seen
-        }),
         (any::<u64>(), nic(), nic()).prop_map(|(id, from, to)| OobMessage::ProbeRequest { id, from, to }),
         (any::<u64>(), obs).prop_map(|(id, outcome)| OobMessage::ProbeReport { id, outcome }),
-        (any::<u64>(), conn(), any::<u64>(), path(), reason()).prop_map(|(id, conn, e, failed, reason)| {
-            OobMessage::HotRepair { id, conn, epoch: FailoverEpoch(e), failed, reason }
-        }),
-        any::<u64>().prop_map(|id| OobMessage::HotRepairAck { id }),
     ]
 }
 

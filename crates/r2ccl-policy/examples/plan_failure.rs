@@ -9,7 +9,7 @@
 #![allow(clippy::print_stdout, reason = "an example prints what it shows")]
 
 use r2ccl_core::{HealthView, NicId, ReduceOp};
-use r2ccl_policy::{plan, Collective, Plan, Strategy, Topology};
+use r2ccl_policy::{plan, CandidateKind, Collective, Plan, Topology};
 use std::error::Error;
 
 const NODES: usize = 4;
@@ -27,7 +27,7 @@ fn show(title: &str, p: &Plan) {
     let order: Vec<String> = p.ring_order.iter().map(|n| n.0.to_string()).collect();
     println!("ring order {} (bottleneck {} Gb/s)", order.join(" "), p.ring_score.bottleneck_mbps / 1000);
     println!("  {:<20} {:>12} {:>8}", "strategy", "predicted", "x t_nf");
-    for s in Strategy::ALL {
+    for s in CandidateKind::ALL {
         match p.candidate(s) {
             Some(c) => {
                 let mark = if s == p.chosen { "  <- chosen" } else { "" };
@@ -80,7 +80,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     println!();
     show(&format!("{failed_nic} failed"), &degraded);
     check_plan(&degraded)?;
-    check(degraded.candidate(Strategy::Ring).is_none(), "the plain ring is not offered with a failed NIC")?;
+    check(degraded.candidate(CandidateKind::Ring).is_none(), "the plain ring is not offered with a failed NIC")?;
     let (node, rail) = (failed_nic.node.index(), failed_nic.rail.index());
     check(
         degraded.candidates.iter().all(|c| c.nic_bytes.tx(node, rail) == 0 && c.nic_bytes.rx(node, rail) == 0),
@@ -88,7 +88,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     )?;
     check(degraded.time_s > healthy.time_s, "the failure makes the collective slower")?;
     check(degraded.lower_bound_s > healthy.lower_bound_s, "and raises the lower bound")?;
-    let balance = degraded.candidate(Strategy::Balance).map_or(f64::INFINITY, |c| c.time_s);
+    let balance = degraded.candidate(CandidateKind::Balance).map_or(f64::INFINITY, |c| c.time_s);
     check(degraded.time_s <= balance, "the choice is at least as fast as Balance alone")?;
     check(plan(&topo, &view, allreduce, BYTES)? == degraded, "planning again gives the identical plan")?;
     println!(

@@ -19,7 +19,7 @@
 //!
 //! Vocabulary: collectives are [`r2ccl_algo::Collective`] (re-exported as [`Collective`]);
 //! NIC splits, level plans and closed forms are `r2ccl_algo`'s ([`r2ccl_algo::Fabric::split`],
-//! [`r2ccl_algo::model`]). [`Strategy`] names the planner's candidates, each a base algorithm
+//! [`r2ccl_algo::model`]). [`CandidateKind`] names the planner's candidates, each a base algorithm
 //! plus an `r2ccl_algo::Strategy` ([`Plan::request_for`]).
 //!
 //! What it does not do: no IO, clocks or threads (sans-IO); it builds no schedules itself
@@ -33,17 +33,17 @@
 //!
 //! ```rust
 //! use r2ccl_core::{HealthView, NicId, ReduceOp};
-//! use r2ccl_policy::{plan, Collective, Strategy, Topology};
+//! use r2ccl_policy::{plan, Collective, CandidateKind, Topology};
 //!
 //! let topo = Topology::uniform(4, 2, 100_000)?; // line rates in Mbit/s
 //! let allreduce = Collective::AllReduce { op: ReduceOp::Sum };
 //! let healthy = plan(&topo, &HealthView::uniform(4, 2, 100_000), allreduce, 64 << 20)?;
-//! assert_eq!(healthy.chosen, Strategy::Ring);
+//! assert_eq!(healthy.chosen, CandidateKind::Ring);
 //!
 //! let mut view = HealthView::uniform(4, 2, 100_000);
 //! view.set_failed(NicId::new(2, 1))?;
 //! let degraded = plan(&topo, &view, allreduce, 64 << 20)?;
-//! assert!(degraded.candidate(Strategy::Ring).is_none()); // the plain ring needs every NIC
+//! assert!(degraded.candidate(CandidateKind::Ring).is_none()); // the plain ring needs every NIC
 //! assert!(degraded.time_s > healthy.time_s);
 //! assert!(degraded.time_s >= degraded.lower_bound_s);
 //! // What r2ccl-algo builds on `schedule_fabric(&topo, &view)?`.
@@ -59,8 +59,8 @@ mod rerank;
 mod topology;
 
 pub use plan::{
-    plan, plan_payload, rerank, rerank_exact, rerank_heuristic, ring_score, schedule_fabric, Candidate, NicBytes, Plan,
-    PlanError, Strategy, StrategyParams, FOUR_STAGE_SHARED_RING,
+    plan, plan_payload, rerank, rerank_exact, rerank_heuristic, ring_score, schedule_fabric, Candidate, CandidateKind,
+    NicBytes, Plan, PlanError, StrategyParams, FOUR_STAGE_SHARED_RING,
 };
 pub use planner::{
     communicator_topology, pipeline_ring, plan_bridging_splits, Choice, Planned, Planner, PlannerError,

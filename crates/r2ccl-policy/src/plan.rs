@@ -97,7 +97,9 @@ pub enum PlanError {
     Schedule(#[from] AlgoError),
 }
 
-/// A candidate strategy of the planner. The declaration order is the tie-break order.
+/// Which schedule family a planner candidate is (its name is the `policy.strategy` setting's and
+/// `r2ccl-plan --strategy`'s value). Not a failure strategy: that is [`r2ccl_algo::Strategy`],
+/// with its parameters, which each kind maps onto. The declaration order is the tie-break order.
 ///
 /// Each maps onto an `r2ccl-algo` base algorithm and failure strategy
 /// ([`Plan::request_for`]): `Ring` and `Balance` are [`r2ccl_algo::Strategy::Balance`]
@@ -106,7 +108,7 @@ pub enum PlanError {
 /// algo strategy of the same name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Strategy {
+pub enum CandidateKind {
     /// The plain ring (applies only when no NIC is failed or degraded).
     Ring,
     /// Balance: the same algorithm, NIC shares proportional to usable bandwidth (section 5.1).
@@ -123,28 +125,28 @@ pub enum Strategy {
     RecursiveDoubling,
 }
 
-impl Strategy {
+impl CandidateKind {
     /// Every strategy, in tie-break order.
-    pub const ALL: [Strategy; 7] = [
-        Strategy::Ring,
-        Strategy::Balance,
-        Strategy::SingleBackup,
-        Strategy::R2cclAllReduce,
-        Strategy::Recursive,
-        Strategy::FourStage,
-        Strategy::RecursiveDoubling,
+    pub const ALL: [CandidateKind; 7] = [
+        CandidateKind::Ring,
+        CandidateKind::Balance,
+        CandidateKind::SingleBackup,
+        CandidateKind::R2cclAllReduce,
+        CandidateKind::Recursive,
+        CandidateKind::FourStage,
+        CandidateKind::RecursiveDoubling,
     ];
 
     /// The snake_case name used by the CLI and JSON.
     pub const fn name(self) -> &'static str {
         match self {
-            Strategy::Ring => "ring",
-            Strategy::Balance => "balance",
-            Strategy::SingleBackup => "single_backup",
-            Strategy::R2cclAllReduce => "r2ccl_allreduce",
-            Strategy::Recursive => "recursive",
-            Strategy::FourStage => "four_stage",
-            Strategy::RecursiveDoubling => "recursive_doubling",
+            CandidateKind::Ring => "ring",
+            CandidateKind::Balance => "balance",
+            CandidateKind::SingleBackup => "single_backup",
+            CandidateKind::R2cclAllReduce => "r2ccl_allreduce",
+            CandidateKind::Recursive => "recursive",
+            CandidateKind::FourStage => "four_stage",
+            CandidateKind::RecursiveDoubling => "recursive_doubling",
         }
     }
 }
@@ -219,7 +221,7 @@ impl NicBytes {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {
     /// The strategy.
-    pub strategy: Strategy,
+    pub strategy: CandidateKind,
     /// Predicted completion time, seconds.
     pub time_s: f64,
     /// Its chosen parameters.
@@ -249,7 +251,7 @@ pub struct Plan {
     /// Epoch of the health view the plan was made from.
     pub epoch: HealthEpoch,
     /// The chosen (fastest) strategy.
-    pub chosen: Strategy,
+    pub chosen: CandidateKind,
     /// Predicted time of the chosen strategy, seconds.
     pub time_s: f64,
     /// Fault-free time: the plain algorithm on the same topology with every NIC healthy.
@@ -262,13 +264,13 @@ pub struct Plan {
     pub ring_score: RingScore,
     /// Balance weights `w = b / sum b` per NIC, `[node * rails + rail]`.
     pub nic_weights: Vec<f64>,
-    /// Every applicable strategy, in [`Strategy::ALL`] order.
+    /// Every applicable strategy, in [`CandidateKind::ALL`] order.
     pub candidates: Vec<Candidate>,
 }
 
 impl Plan {
     /// The candidate for `s`, if it applied.
-    pub fn candidate(&self, s: Strategy) -> Option<&Candidate> {
+    pub fn candidate(&self, s: CandidateKind) -> Option<&Candidate> {
         self.candidates.iter().find(|c| c.strategy == s)
     }
 
@@ -286,25 +288,27 @@ impl Plan {
 
     /// The `r2ccl-algo` request of candidate `s` (same collective, payload, strategy,
     /// parameters, pipeline chunks and ring order as the candidate's prediction).
-    pub fn request_for(&self, s: Strategy) -> Result<ScheduleRequest, PlanError> {
+    pub fn request_for(&self, s: CandidateKind) -> Result<ScheduleRequest, PlanError> {
         let c = self.candidate(s).ok_or(PlanError::NotACandidate { strategy: s.name() })?;
         let k = c.params.chunks.unwrap_or(1).max(1);
         let is_allreduce = matches!(self.collective, Collective::AllReduce { .. });
         let hier = is_allreduce && self.ranks_per_node > 1;
         let (algorithm, strategy, chunks) = match s {
-            Strategy::Ring | Strategy::Balance if hier => (node_algorithm(c), r2ccl_algo::Strategy::Balance, k),
-            Strategy::Ring | Strategy::Balance => (Algorithm::Ring, r2ccl_algo::Strategy::Balance, k),
-            Strategy::SingleBackup if hier => (node_algorithm(c), r2ccl_algo::Strategy::SingleBackup, k),
-            Strategy::SingleBackup => (Algorithm::Ring, r2ccl_algo::Strategy::SingleBackup, k),
-            Strategy::RecursiveDoubling => (Algorithm::Tree, r2ccl_algo::Strategy::Balance, 1),
-            Strategy::R2cclAllReduce => {
+            CandidateKind::Ring | CandidateKind::Balance if hier => {
+                (node_algorithm(c), r2ccl_algo::Strategy::Balance, k)
+            }
+            CandidateKind::Ring | CandidateKind::Balance => (Algorithm::Ring, r2ccl_algo::Strategy::Balance, k),
+            CandidateKind::SingleBackup if hier => (node_algorithm(c), r2ccl_algo::Strategy::SingleBackup, k),
+            CandidateKind::SingleBackup => (Algorithm::Ring, r2ccl_algo::Strategy::SingleBackup, k),
+            CandidateKind::RecursiveDoubling => (Algorithm::Tree, r2ccl_algo::Strategy::Balance, 1),
+            CandidateKind::R2cclAllReduce => {
                 let degraded = c.params.degraded.ok_or(PlanError::NotACandidate { strategy: s.name() })?;
                 let tail_fraction = c.params.tail_fraction.ok_or(PlanError::NotACandidate { strategy: s.name() })?;
                 let p = R2cclParams { degraded, tail_fraction, pipeline_chunks: k };
                 (Algorithm::Ring, r2ccl_algo::Strategy::R2cclAllReduce(p), 1)
             }
-            Strategy::Recursive => (Algorithm::Ring, r2ccl_algo::Strategy::Recursive { pipeline_chunks: k }, 1),
-            Strategy::FourStage => (Algorithm::Ring, r2ccl_algo::Strategy::FourStage, k),
+            CandidateKind::Recursive => (Algorithm::Ring, r2ccl_algo::Strategy::Recursive { pipeline_chunks: k }, 1),
+            CandidateKind::FourStage => (Algorithm::Ring, r2ccl_algo::Strategy::FourStage, k),
         };
         let mut req = ScheduleRequest::new(self.collective, self.dtype, self.count)
             .with_algorithm(algorithm)
@@ -401,14 +405,14 @@ fn rerank_fabric(f: &Fabric) -> Vec<usize> {
 ///
 /// ```rust
 /// use r2ccl_core::{HealthView, ReduceOp};
-/// use r2ccl_policy::{plan, Collective, Strategy, Topology};
+/// use r2ccl_policy::{plan, Collective, CandidateKind, Topology};
 ///
 /// let topo = Topology::uniform(8, 4, 400_000)?;
 /// let view = HealthView::uniform(8, 4, 400_000);
 /// let allreduce = Collective::AllReduce { op: ReduceOp::Sum };
 /// let small = plan(&topo, &view, allreduce, 4 << 10)?;
 /// let large = plan(&topo, &view, allreduce, 1 << 30)?;
-/// assert_eq!((small.chosen, large.chosen), (Strategy::RecursiveDoubling, Strategy::Ring));
+/// assert_eq!((small.chosen, large.chosen), (CandidateKind::RecursiveDoubling, CandidateKind::Ring));
 /// for p in [&small, &large] {
 ///     let fastest = p.candidates.iter().map(|c| c.time_s).fold(f64::INFINITY, f64::min);
 ///     assert_eq!(p.time_s, fastest);
@@ -476,13 +480,13 @@ pub fn plan_payload(
     let mut cands: Vec<Candidate> = Vec::new();
     // A single node uses no inter-node NIC, so its plain algorithm applies under any failure.
     if !f.is_degraded() || n == 1 {
-        cands.extend(basic(&mut ctx, Strategy::Ring, &identity, RailPolicy::Balance, false)?);
+        cands.extend(basic(&mut ctx, CandidateKind::Ring, &identity, RailPolicy::Balance, false)?);
     }
     if n >= 2 && f.is_degraded() {
-        cands.extend(basic(&mut ctx, Strategy::Balance, &order, RailPolicy::Balance, true)?);
+        cands.extend(basic(&mut ctx, CandidateKind::Balance, &order, RailPolicy::Balance, true)?);
     }
     if n >= 2 && f.has_failure() {
-        cands.extend(basic(&mut ctx, Strategy::SingleBackup, &identity, RailPolicy::SingleBackup, false)?);
+        cands.extend(basic(&mut ctx, CandidateKind::SingleBackup, &identity, RailPolicy::SingleBackup, false)?);
     }
     if is_allreduce && n >= 3 {
         cands.extend(r2ccl_allreduce(&mut ctx, &order)?);
@@ -497,13 +501,14 @@ pub fn plan_payload(
     }
     // The plain strategies model their own (pipelined) intra-node chains; the nested ones get
     // the chains of the hierarchical wrapper they are built in.
-    let plain = |s: Strategy| matches!(s, Strategy::Ring | Strategy::Balance | Strategy::SingleBackup);
+    let plain =
+        |s: CandidateKind| matches!(s, CandidateKind::Ring | CandidateKind::Balance | CandidateKind::SingleBackup);
     for c in &mut cands {
         if count == 0 {
             c.time_s = 0.0;
             c.model_total_bytes = 0.0;
-        } else if is_allreduce && c.strategy != Strategy::RecursiveDoubling && !plain(c.strategy) {
-            let k = if c.strategy == Strategy::FourStage { c.params.chunks.unwrap_or(1) } else { 1 };
+        } else if is_allreduce && c.strategy != CandidateKind::RecursiveDoubling && !plain(c.strategy) {
+            let k = if c.strategy == CandidateKind::FourStage { c.params.chunks.unwrap_or(1) } else { 1 };
             c.time_s += intra(topology, block, k);
         }
     }
@@ -515,7 +520,7 @@ pub fn plan_payload(
             _ => Some(c),
         })
         .map(|c| (c.strategy, c.time_s));
-    let (chosen, time_s) = chosen.unwrap_or((Strategy::Balance, f64::INFINITY));
+    let (chosen, time_s) = chosen.unwrap_or((CandidateKind::Balance, f64::INFINITY));
 
     let t_nf = if count == 0 {
         0.0
@@ -523,7 +528,7 @@ pub fn plan_payload(
         let nominal = f.nominal();
         let naf = nominal.algo(g, health.epoch())?;
         let mut nctx = Ctx { net: Net::new(&nominal, &naf, elem, intra_spb), ..ctx };
-        basic(&mut nctx, Strategy::Ring, &identity, RailPolicy::Balance, false)?.map_or(0.0, |c| c.time_s)
+        basic(&mut nctx, CandidateKind::Ring, &identity, RailPolicy::Balance, false)?.map_or(0.0, |c| c.time_s)
     };
     let lb = if count == 0 { 0.0 } else { lower_bound(&f, collective, d, g)? };
     let nic_weights = (0..n * k).map(|x| f.bw[x] as f64 / f.node_bw[x / k] as f64).collect();

@@ -1,9 +1,10 @@
 //! The planner's own small topology input: nodes, NICs (rails) with line rates, ranks per
 //! node, per-hop latency and intra-node bandwidth.
 //!
-//! The caller builds a [`Topology`] through [`Topology::new`] / [`Topology::uniform`] and the
-//! builder methods (the facade from its agreed cluster view, the simulator and tests from their
-//! own); the planner never looks at anything else about the machine.
+//! The caller builds a [`Topology`] from r2ccl-topo's cluster model (`TryFrom<&ClusterTopology>`:
+//! the facade, from the NICs every rank announced) or through [`Topology::new`] /
+//! [`Topology::uniform`] (the simulator, `r2ccl-plan` and tests), then the builder methods; the
+//! planner never looks at anything else about the machine.
 
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +53,16 @@ pub enum TopologyError {
     /// The spine share is outside 0..=1000 per mille.
     #[error("cross-rail (spine) share must be within 0..=1000 per mille, got {0}")]
     BadSpineShare(u32),
+    /// The cost model needs ranks numbered node by node, the same number on every node.
+    #[error("rank {rank} is on node {node}; the cost model needs ranks numbered node by node, {per_node} per node")]
+    NotNodeByNode {
+        /// The first rank out of place.
+        rank: u32,
+        /// Its node.
+        node: u32,
+        /// Ranks per node if the placement were even.
+        per_node: u32,
+    },
 }
 
 /// One node as the planner sees it: the line rate of each of its NICs, indexed by rail.
@@ -241,5 +252,30 @@ impl Topology {
     /// Spine share for cross-rail traffic, per mille.
     pub const fn spine_permille(&self) -> u32 {
         self.spine_permille
+    }
+}
+
+impl TryFrom<&r2ccl_topo::ClusterTopology> for Topology {
+    type Error = TopologyError;
+
+    /// Each node's NICs at their line rates by rail, and its ranks (numbered node by node, the
+    /// same count on every node); latency, intra-node bandwidth and spine share at their
+    /// defaults.
+    fn try_from(cluster: &r2ccl_topo::ClusterTopology) -> Result<Self, Self::Error> {
+        let nodes: Vec<NodeSpec> = cluster
+            .nodes()
+            .iter()
+            .map(|n| NodeSpec { nic_mbps: n.nics.iter().map(|nic| nic.speed_mbps).collect() })
+            .collect();
+        let per_node = u32::try_from(cluster.ranks().len() / nodes.len().max(1)).unwrap_or(u32::MAX);
+        for p in cluster.ranks() {
+            if per_node == 0
+                || p.node.0 != p.rank.0 / per_node
+                || per_node as usize * nodes.len() != cluster.ranks().len()
+            {
+                return Err(TopologyError::NotNodeByNode { rank: p.rank.0, node: p.node.0, per_node });
+            }
+        }
+        Self::new(nodes)?.with_ranks_per_node(per_node.max(1))
     }
 }

@@ -5,7 +5,7 @@
 
 use proptest::prelude::*;
 use r2ccl_core::{HealthView, NicId, ReduceOp};
-use r2ccl_policy::{plan, Collective, Strategy, Topology};
+use r2ccl_policy::{plan, CandidateKind, Collective, Topology};
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
@@ -26,7 +26,7 @@ proptest! {
         let bw: Vec<f64> = v.nodes().iter().map(|h| h.usable_mbps() as f64 * 125_000.0).collect();
         let lb = r2ccl_algo::model::lower_bound(&bw, d).unwrap();
         prop_assert!(((p.lower_bound_s - lb) / lb).abs() < 1e-9, "bound {} vs algo {}", p.lower_bound_s, lb);
-        if let Some(fs) = p.candidate(Strategy::FourStage) {
+        if let Some(fs) = p.candidate(CandidateKind::FourStage) {
             // The closed form, times the shared-ring factor when the slowest class keeps a ring share.
             let plan = r2ccl_algo::model::four_stage_plan(&bw).unwrap();
             let shared = plan.thresholds.len() > 1 && plan.fractions[0] > 1e-9;

@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, reason = "tests: a failure is a test failure")]
 
 use r2ccl_core::{HealthView, NicId, NodeId, Rank, ReduceOp};
-use r2ccl_policy::{plan, Collective, NodeSpec, PlanError, Strategy, Topology, TopologyError};
+use r2ccl_policy::{plan, CandidateKind, Collective, NodeSpec, PlanError, Topology, TopologyError};
 
 #[test]
 fn topology_errors_name_the_problem() {
@@ -66,10 +66,10 @@ fn zero_bytes_moves_nothing() {
     let mut v = HealthView::uniform(4, 2, 100_000);
     let p = plan(&topo, &v, Collective::AllReduce { op: ReduceOp::Sum }, 0).unwrap();
     assert_eq!((p.time_s, p.t_nf_s, p.lower_bound_s), (0.0, 0.0, 0.0));
-    assert_eq!(p.chosen, Strategy::Ring);
+    assert_eq!(p.chosen, CandidateKind::Ring);
     v.set_failed(NicId::new(1, 0)).unwrap();
     let p = plan(&topo, &v, Collective::AllReduce { op: ReduceOp::Sum }, 0).unwrap();
-    assert_eq!(p.chosen, Strategy::Balance);
+    assert_eq!(p.chosen, CandidateKind::Balance);
     assert!(p.candidates.iter().all(|c| c.time_s == 0.0 && c.nic_bytes.total_tx() == 0));
 }
 
@@ -146,7 +146,7 @@ fn bad_requests_fail_in_both_crates_with_what_is_wrong() {
         assert!(e.to_string().contains("node1 has no usable NIC"), "{e}");
     }
     // A strategy that is not a candidate of the plan.
-    let e = p.request_for(Strategy::FourStage).unwrap_err();
+    let e = p.request_for(CandidateKind::FourStage).unwrap_err();
     assert!(e.to_string().contains("four_stage is not a candidate"), "{e}");
     // A ring order naming a node that does not exist.
     let e = r2ccl_policy::ring_score(&topo, &ok, &[NodeId(0), NodeId(7), NodeId(2)]).unwrap_err();

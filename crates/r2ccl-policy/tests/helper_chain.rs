@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, reason = "tests: a failure is a test failure")]
 
 use r2ccl_core::{DType, HealthView, NicId, ReduceOp};
-use r2ccl_policy::{plan, plan_payload, Collective, Plan, Strategy, Topology};
+use r2ccl_policy::{plan, plan_payload, CandidateKind, Collective, Plan, Topology};
 
 const MBPS: u64 = 400_000;
 /// Bytes per second of one 400 Gbit/s NIC.
@@ -28,7 +28,7 @@ fn one_failed(n: usize, node: u32, rail: u16, bytes: u64, alpha_s: f64) -> Plan 
 fn r2ccl_allreduce_at_64_nodes_pays_the_chain_and_balance_is_chosen() {
     let (n, alpha, d) = (64usize, 4e-6, 6.5e9);
     let p = one_failed(n, 5, 2, 6_500_000_000, alpha);
-    let r = p.candidate(Strategy::R2cclAllReduce).unwrap();
+    let r = p.candidate(CandidateKind::R2cclAllReduce).unwrap();
     let (y, k) = (r.params.tail_fraction.unwrap(), f64::from(r.params.chunks.unwrap()));
     let nf = n as f64;
     let b = 8.0 * NIC_BPS;
@@ -44,11 +44,11 @@ fn r2ccl_allreduce_at_64_nodes_pays_the_chain_and_balance_is_chosen() {
     assert_eq!(r.params.chunks, Some(64));
     assert!(chain > 2.0e-3 && chain < 2.5e-3, "chain {chain}");
     assert!(rel(r.time_s, 37.33e-3) < 1e-3, "r2ccl {}", r.time_s);
-    let bal = p.candidate(Strategy::Balance).unwrap();
+    let bal = p.candidate(CandidateKind::Balance).unwrap();
     assert!(rel(bal.time_s, 37.07e-3) < 1e-3, "balance {}", bal.time_s);
-    let rec = p.candidate(Strategy::Recursive).unwrap();
+    let rec = p.candidate(CandidateKind::Recursive).unwrap();
     assert!(rec.time_s > bal.time_s && r.time_s > bal.time_s);
-    assert_eq!(p.chosen, Strategy::Balance);
+    assert_eq!(p.chosen, CandidateKind::Balance);
     assert!(p.time_s >= p.lower_bound_s);
 }
 
@@ -61,7 +61,7 @@ fn recursive_pays_the_chain_of_its_top_level_and_its_shared_stage1() {
     // degraded node's 7/8.
     let d = 6.5e9;
     let p = one_failed(64, 5, 2, 6_500_000_000, 0.0);
-    let rec = p.candidate(Strategy::Recursive).unwrap();
+    let rec = p.candidate(CandidateKind::Recursive).unwrap();
     let k = rec.params.chunks.unwrap();
     let (f0, f1) = (rec.params.level_fractions[0], rec.params.level_fractions[1]);
     let top = *rec.params.level_fractions.last().unwrap();
@@ -86,12 +86,12 @@ fn r2ccl_allreduce_beats_recursive_whose_stage1_rings_share_the_nics() {
     // rings on every rail and pays for their sharing. R2CCL-AllReduce is chosen, ahead of Balance.
     // (r2ccl-sim runs the built schedules in 104.56 ms and 116.46 ms.)
     let p = one_failed(8, 1, 0, 21_900_000_000, 4e-6);
-    let r = p.candidate(Strategy::R2cclAllReduce).unwrap();
-    let rec = p.candidate(Strategy::Recursive).unwrap();
+    let r = p.candidate(CandidateKind::R2cclAllReduce).unwrap();
+    let rec = p.candidate(CandidateKind::Recursive).unwrap();
     assert!(rec.time_s > 1.05 * r.time_s, "recursive {} vs r2ccl {}", rec.time_s, r.time_s);
     assert!(rel(rec.time_s, 116.46e-3) < 0.03, "recursive {}", rec.time_s);
-    assert_eq!(p.chosen, Strategy::R2cclAllReduce);
-    assert!(r.time_s < p.candidate(Strategy::Balance).unwrap().time_s);
+    assert_eq!(p.chosen, CandidateKind::R2cclAllReduce);
+    assert!(r.time_s < p.candidate(CandidateKind::Balance).unwrap().time_s);
     // Deterministic: the same inputs give a bit-identical plan.
     let again = one_failed(8, 1, 0, 21_900_000_000, 4e-6);
     assert_eq!(p, again);
@@ -101,9 +101,9 @@ fn r2ccl_allreduce_beats_recursive_whose_stage1_rings_share_the_nics() {
     let mut view = HealthView::uniform(6, 8, MBPS);
     view.set_failed(NicId::new(1, 0)).unwrap();
     let p = plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, 21_900_000_000).unwrap();
-    let r = p.candidate(Strategy::R2cclAllReduce).unwrap();
-    let rec = p.candidate(Strategy::Recursive).unwrap();
+    let r = p.candidate(CandidateKind::R2cclAllReduce).unwrap();
+    let rec = p.candidate(CandidateKind::Recursive).unwrap();
     assert!(rec.time_s > r.time_s, "recursive {} vs r2ccl {}", rec.time_s, r.time_s);
-    assert_eq!(p.chosen, Strategy::R2cclAllReduce);
+    assert_eq!(p.chosen, CandidateKind::R2cclAllReduce);
     assert_eq!(p.time_s, r.time_s);
 }

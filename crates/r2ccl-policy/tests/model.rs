@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use r2ccl_algo::model;
 use r2ccl_core::{HealthView, NicId, NodeId, ReduceOp};
-use r2ccl_policy::{plan, Collective, Plan, Strategy, Topology};
+use r2ccl_policy::{plan, CandidateKind, Collective, Plan, Topology};
 
 const GBPS: u64 = 100_000; // 100 Gbit/s per NIC, in Mbit/s
 const BPS_PER_NIC: f64 = 100e9 / 8.0;
@@ -40,12 +40,12 @@ proptest! {
         let t_nf = model::fault_free_time(n, dd, b);
         prop_assert!(rel(p.t_nf_s, t_nf) < 1e-9);
         // Balance = T_nf / (1 - X).
-        let bal = p.candidate(Strategy::Balance).unwrap();
+        let bal = p.candidate(CandidateKind::Balance).unwrap();
         prop_assert!(rel(bal.time_s, t_nf / (1.0 - x)) < 1e-9, "balance {} vs {}", bal.time_s, t_nf / (1.0 - x));
         // R2CCL-AllReduce = max(T1, T2) + T3 with the (1 + 1/K) pipeline term, for its own Y and K,
         // plus the helper chain: the last piece (Y D / K) passed on whole along the other n - 2
         // healthy nodes.
-        let r = p.candidate(Strategy::R2cclAllReduce).unwrap();
+        let r = p.candidate(CandidateKind::R2cclAllReduce).unwrap();
         let y = r.params.tail_fraction.unwrap();
         let kk = r.params.chunks.unwrap();
         let chain = |y: f64| (n as f64 - 2.0) * y * dd / (f64::from(kk) * b);
@@ -59,7 +59,7 @@ proptest! {
         // NIC alike instead of water-filled: while both run, the all-node ring gets half a healthy
         // node's bandwidth (at most the degraded node's), the healthy ring the rest; then the one
         // left runs alone.
-        let rc = p.candidate(Strategy::Recursive).unwrap();
+        let rc = p.candidate(CandidateKind::Recursive).unwrap();
         let rk = rc.params.chunks.unwrap();
         let top = *rc.params.level_fractions.last().unwrap();
         let mut bw = vec![b; n];
@@ -81,7 +81,7 @@ proptest! {
         prop_assert!(rel(p.lower_bound_s, lb) < 1e-9);
         // Four-stage: the bound when the degraded node only joins (f = 0, X >= 1/2); with a ring
         // share (f > 0) the bound times the planner's shared-ring factor.
-        let fs = p.candidate(Strategy::FourStage).unwrap();
+        let fs = p.candidate(CandidateKind::FourStage).unwrap();
         let f = model::four_stage_fraction(n, 1.0 - x).unwrap();
         let want = lb * if f > 1e-9 { r2ccl_policy::FOUR_STAGE_SHARED_RING } else { 1.0 };
         prop_assert!(fs.time_s >= want * (1.0 - 1e-9) && fs.time_s <= want * 1.01, "four-stage {} vs {} (bound {}, f {})", fs.time_s, want, lb, f);
@@ -116,7 +116,7 @@ proptest! {
         // R2CCL-AllReduce up to rounding leaves the choice to R2CCL-AllReduce).
         let chosen = a.chosen_candidate().unwrap();
         prop_assert!(a.candidates.iter().all(|c| c.time_s >= chosen.time_s
-            || (c.strategy == Strategy::Recursive && chosen.strategy == Strategy::R2cclAllReduce
+            || (c.strategy == CandidateKind::Recursive && chosen.strategy == CandidateKind::R2cclAllReduce
                 && c.time_s >= chosen.time_s * (1.0 - 1e-9))));
         prop_assert!(a.time_s >= a.lower_bound_s * (1.0 - 1e-9));
         for c in &a.candidates {
@@ -141,13 +141,13 @@ fn ring_allreduce_traffic_is_the_textbook_total() {
     let p = one_degraded(6, 4, 2, 1, 6 << 20);
     for c in &p.candidates {
         // R2CCL-AllReduce and recursive add their join and helper-chain traffic on top.
-        if matches!(c.strategy, Strategy::Balance | Strategy::SingleBackup | Strategy::FourStage) {
+        if matches!(c.strategy, CandidateKind::Balance | CandidateKind::SingleBackup | CandidateKind::FourStage) {
             assert!((c.model_total_bytes - 2.0 * 5.0 * f64::from(6 << 20)).abs() < 1.0, "{:?}", c.strategy);
         }
     }
     // Balance on the degraded node: its 3 NICs share its traffic equally, to within one
     // element per message (each of its 10 messages rounds by largest remainder).
-    let bal = p.candidate(Strategy::Balance).unwrap();
+    let bal = p.candidate(CandidateKind::Balance).unwrap();
     let shares: Vec<u64> = (0..4).map(|r| bal.nic_bytes.tx(2, r)).collect();
     assert_eq!(shares[0], 0);
     assert!(shares[1].abs_diff(shares[2]) <= 10 && shares[2].abs_diff(shares[3]) <= 10, "{shares:?}");
@@ -169,18 +169,18 @@ fn section7_table_to_three_decimals() {
         let p = one_degraded(n, k, 1, lost, 1 << 30);
         let x = lost as f64 / k as f64;
         let t_nf = p.t_nf_s;
-        assert_eq!(round3(p.candidate(Strategy::Balance).unwrap().time_s / t_nf), bal, "balance n={n} X={x}");
+        assert_eq!(round3(p.candidate(CandidateKind::Balance).unwrap().time_s / t_nf), bal, "balance n={n} X={x}");
         let b = BPS_PER_NIC * k as f64;
         let r2_inf = model::r2ccl_allreduce_time(n, f64::from(1u32 << 30), b, x, x, None).unwrap().total;
         assert_eq!(round3(r2_inf / t_nf), r2, "r2ccl n={n} X={x}");
         assert_eq!(round3(p.lower_bound_s / t_nf), lb, "bound n={n} X={x}");
-        let fs = p.candidate(Strategy::FourStage).unwrap().time_s / t_nf;
+        let fs = p.candidate(CandidateKind::FourStage).unwrap().time_s / t_nf;
         let shared = model::four_stage_fraction(n, 1.0 - x).unwrap() > 1e-9;
         let want = lb * if shared { r2ccl_policy::FOUR_STAGE_SHARED_RING } else { 1.0 };
         assert!((fs - want).abs() / want < 0.01, "four-stage {fs} vs {want} (bound {lb})");
         // The planner's R2CCL-AllReduce (finite K, Y chosen) is within 1% of or better than K -> inf with
         // Y = X, once its helper chain ((n - 2) Y D / (K B), zero at K -> inf) is set aside.
-        let r = p.candidate(Strategy::R2cclAllReduce).unwrap();
+        let r = p.candidate(CandidateKind::R2cclAllReduce).unwrap();
         let (y, kk) = (r.params.tail_fraction.unwrap(), f64::from(r.params.chunks.unwrap()));
         let chain = (n as f64 - 2.0) * y * f64::from(1u32 << 30) / (kk * b);
         assert!(chain > 0.0);
@@ -193,39 +193,39 @@ fn small_messages_pick_the_latency_optimal_algorithm() {
     let topo = Topology::uniform(16, 8, 400_000).unwrap();
     let view = HealthView::uniform(16, 8, 400_000);
     let small = plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, 4 << 10).unwrap();
-    assert_eq!(small.chosen, Strategy::RecursiveDoubling);
+    assert_eq!(small.chosen, CandidateKind::RecursiveDoubling);
     let large = plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, 1 << 30).unwrap();
-    assert_eq!(large.chosen, Strategy::Ring);
+    assert_eq!(large.chosen, CandidateKind::Ring);
     // The crossover comes from the model: find it and check both sides.
     let mut lo = 4u64 << 10;
     let mut hi = 1u64 << 30;
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         if plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, mid).unwrap().chosen
-            == Strategy::RecursiveDoubling
+            == CandidateKind::RecursiveDoubling
         {
             lo = mid;
         } else {
             hi = mid;
         }
     }
-    let at = |b: u64, s: Strategy| {
+    let at = |b: u64, s: CandidateKind| {
         plan(&topo, &view, Collective::AllReduce { op: ReduceOp::Sum }, b).unwrap().candidate(s).unwrap().time_s
     };
-    assert!(at(lo, Strategy::RecursiveDoubling) <= at(lo, Strategy::Ring));
-    assert!(at(hi, Strategy::Ring) < at(hi, Strategy::RecursiveDoubling));
+    assert!(at(lo, CandidateKind::RecursiveDoubling) <= at(lo, CandidateKind::Ring));
+    assert!(at(hi, CandidateKind::Ring) < at(hi, CandidateKind::RecursiveDoubling));
 }
 
 #[test]
 fn single_backup_doubles_and_balance_spreads() {
     // 3 nodes x 3 NICs, one NIC cut (the paper's small cluster): backup 2x, Balance 1.5x.
     let p = one_degraded(3, 3, 0, 1, 4 << 30);
-    let sb = p.candidate(Strategy::SingleBackup).unwrap().time_s / p.t_nf_s;
-    let bal = p.candidate(Strategy::Balance).unwrap().time_s / p.t_nf_s;
+    let sb = p.candidate(CandidateKind::SingleBackup).unwrap().time_s / p.t_nf_s;
+    let bal = p.candidate(CandidateKind::Balance).unwrap().time_s / p.t_nf_s;
     assert!((sb - 2.0).abs() < 1e-9, "single backup {sb}");
     assert!((bal - 1.5).abs() < 1e-9, "balance {bal}");
-    assert!(p.candidate(Strategy::Ring).is_none());
-    let sbc = p.candidate(Strategy::SingleBackup).unwrap();
+    assert!(p.candidate(CandidateKind::Ring).is_none());
+    let sbc = p.candidate(CandidateKind::SingleBackup).unwrap();
     // Rail 1 carries its own channel and the failed rail 0's (to within element rounding).
     assert!(sbc.nic_bytes.tx(0, 1).abs_diff(2 * sbc.nic_bytes.tx(0, 2)) <= 8, "{:?}", sbc.nic_bytes);
 }
@@ -261,7 +261,7 @@ fn multi_rank_nodes_run_the_rail_parallel_allreduce() {
     // 1 MiB: three NVLink rounds (1 us + 1 MiB at 450 GB/s each), then 8 MiB per node over 8 NICs of 50 GB/s
     // after a 4 us hop.
     let p = plan(&topo, &HealthView::uniform(2, 8, 400_000), sum, 1 << 20).unwrap();
-    let rd = p.candidate(Strategy::RecursiveDoubling).unwrap().time_s;
+    let rd = p.candidate(CandidateKind::RecursiveDoubling).unwrap().time_s;
     let mib = 1048576.0;
     let want = 3.0 * (1e-6 + mib / 450e9) + 4e-6 + 8.0 * mib / (8.0 * 50e9);
     assert!(rel(rd, want) < 1e-9, "recursive doubling {rd} against {want}");

@@ -4,9 +4,10 @@
 use r2ccl_algo::{Algorithm, Layout, ScheduleRequest};
 use r2ccl_core::{DType, HealthView, NicId, NodeId, Rank, ReduceOp};
 use r2ccl_policy::{
-    pipeline_ring, plan_bridging_splits, Choice, Collective, PlanError, Planner, PlannerError, Strategy, Topology,
+    pipeline_ring, plan_bridging_splits, CandidateKind, Choice, Collective, PlanError, Planner, PlannerError, Topology,
     RING_PARTS_MAX,
 };
+use r2ccl_topo::{ClusterTopology, NodeTopology};
 
 fn allreduce(bytes: u64) -> ScheduleRequest {
     ScheduleRequest::new(Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, bytes / 4)
@@ -14,7 +15,7 @@ fn allreduce(bytes: u64) -> ScheduleRequest {
 
 const SUM: Collective = Collective::AllReduce { op: ReduceOp::Sum };
 
-fn planner(nodes: u32, nics: usize, forced: Option<Strategy>) -> Planner {
+fn planner(nodes: u32, nics: usize, forced: Option<CandidateKind>) -> Planner {
     let topo = Topology::uniform(nodes as usize, nics, 1000).and_then(|t| t.with_spine_permille(0)).expect("topology");
     let layout = Layout::from_rank_nodes((0..nodes).map(NodeId).collect(), nics).expect("layout");
     Planner::new(Rank(1), layout, Some(topo), 1000, forced)
@@ -24,15 +25,15 @@ fn planner(nodes: u32, nics: usize, forced: Option<Strategy>) -> Planner {
 fn the_cost_model_chooses_unless_a_strategy_is_forced_and_offered() {
     let healthy = HealthView::uniform(4, 2, 1000);
     let p = planner(4, 2, None).collective(&healthy, SUM, DType::F32, 1 << 20).unwrap();
-    assert_eq!(p.choice, Choice::Planned(Strategy::Ring));
+    assert_eq!(p.choice, Choice::Planned(CandidateKind::Ring));
     assert!(p.predicted_s >= p.lower_bound_s && p.predicted_s.is_finite());
     let mut degraded = healthy.clone();
     degraded.set_failed(NicId::new(1, 0)).unwrap();
-    let p = planner(4, 2, Some(Strategy::Balance)).collective(&degraded, SUM, DType::F32, 1 << 20).unwrap();
-    assert_eq!(p.choice, Choice::Planned(Strategy::Balance));
+    let p = planner(4, 2, Some(CandidateKind::Balance)).collective(&degraded, SUM, DType::F32, 1 << 20).unwrap();
+    assert_eq!(p.choice, Choice::Planned(CandidateKind::Balance));
     // Forcing the plain ring, which a failed NIC rules out, leaves the choice to the model.
-    let p = planner(4, 2, Some(Strategy::Ring)).collective(&degraded, SUM, DType::F32, 1 << 20).unwrap();
-    assert_ne!(p.choice, Choice::Planned(Strategy::Ring));
+    let p = planner(4, 2, Some(CandidateKind::Ring)).collective(&degraded, SUM, DType::F32, 1 << 20).unwrap();
+    assert_ne!(p.choice, Choice::Planned(CandidateKind::Ring));
 }
 
 #[test]
@@ -131,20 +132,52 @@ fn other_algorithms_and_planned_chunks_are_left_alone() {
     assert_eq!(pipeline_ring(allreduce(64 << 20), 1, 2, 100).chunks, 1);
 }
 
+/// A cluster model of nodes with `nics` NICs at `mbps` (`slow`: one NIC at half that), rank `r`
+/// on node `rank_node[r]`.
+fn cluster(rank_node: &[u32], nics: usize, mbps: u64, slow: Option<(usize, usize)>) -> ClusterTopology {
+    let names: Vec<String> = (0..nics).map(|r| format!("eth{r}")).collect();
+    let count = rank_node.iter().max().map_or(0, |&m| m as usize + 1);
+    let nodes = (0..count)
+        .map(|n| {
+            let facts: Vec<(&str, u64, Option<u32>)> = names
+                .iter()
+                .enumerate()
+                .map(|(r, name)| (name.as_str(), if slow == Some((n, r)) { mbps / 2 } else { mbps }, None))
+                .collect();
+            NodeTopology::from_nics(format!("node{n}"), &facts)
+        })
+        .collect();
+    let placement: Vec<NodeId> = rank_node.iter().map(|&n| NodeId(n)).collect();
+    ClusterTopology::with_ranks_on(None, nodes, &placement).expect("a valid cluster model")
+}
+
 #[test]
 fn a_communicator_uses_the_cost_model_only_for_layouts_it_covers() {
-    let by_node = Layout::from_rank_nodes([0, 0, 1, 1].map(NodeId).to_vec(), 2).unwrap();
-    let p = Planner::for_communicator(Rank(0), by_node, 1000, true, "auto");
+    let by_node = cluster(&[0, 0, 1, 1], 2, 1000, None);
+    let p = Planner::for_communicator(Rank(0), &by_node, true, "auto").unwrap();
     let topo = p.topology().expect("ranks numbered node by node");
     assert_eq!((topo.ranks_per_node(), topo.spine_permille()), (2, 0), "rail-only, two ranks per node");
-    let interleaved = Layout::from_rank_nodes([0, 1, 0, 1].map(NodeId).to_vec(), 2).unwrap();
-    assert!(Planner::for_communicator(Rank(0), interleaved, 1000, true, "auto").topology().is_none());
-    let uneven = Layout::from_rank_nodes([0, 0, 1].map(NodeId).to_vec(), 2).unwrap();
-    assert!(Planner::for_communicator(Rank(0), uneven, 1000, true, "auto").topology().is_none());
+    let interleaved = cluster(&[0, 1, 0, 1], 2, 1000, None);
+    assert!(Planner::for_communicator(Rank(0), &interleaved, true, "auto").unwrap().topology().is_none());
+    let uneven = cluster(&[0, 0, 1], 2, 1000, None);
+    assert!(Planner::for_communicator(Rank(0), &uneven, true, "auto").unwrap().topology().is_none());
     // A forced strategy by its name.
     let mut view = HealthView::uniform(2, 2, 1000);
     view.set_failed(NicId::new(1, 0)).unwrap();
-    let by_node = Layout::from_rank_nodes([0, 1].map(NodeId).to_vec(), 2).unwrap();
-    let mut p = Planner::for_communicator(Rank(0), by_node, 1000, true, "balance");
-    assert_eq!(p.collective(&view, SUM, DType::F32, 1 << 20).unwrap().choice, Choice::Planned(Strategy::Balance));
+    let mut p = Planner::for_communicator(Rank(0), &cluster(&[0, 1], 2, 1000, None), true, "balance").unwrap();
+    assert_eq!(p.collective(&view, SUM, DType::F32, 1 << 20).unwrap().choice, Choice::Planned(CandidateKind::Balance));
+}
+
+#[test]
+fn the_cost_model_gets_every_nic_rate_from_the_cluster_model() {
+    let c = cluster(&[0, 1, 2], 2, 1000, Some((1, 1)));
+    let p = Planner::for_communicator(Rank(0), &c, true, "auto").unwrap();
+    let topo = p.topology().unwrap();
+    let rates: Vec<Vec<u64>> = topo.nodes().iter().map(|n| n.nic_mbps.clone()).collect();
+    assert_eq!(rates, [vec![1000, 1000], vec![1000, 500], vec![1000, 1000]]);
+    assert_eq!(topo.alpha_s(), r2ccl_policy::COMMUNICATOR_ALPHA_S);
+    assert_eq!(
+        Topology::try_from(&cluster(&[0, 1, 1, 0], 2, 1000, None)),
+        Err(r2ccl_policy::TopologyError::NotNodeByNode { rank: 1, node: 1, per_node: 2 })
+    );
 }

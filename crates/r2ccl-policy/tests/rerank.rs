@@ -143,7 +143,7 @@ fn disjoint_nodes_with_a_ring_around_them_still_plan_every_allreduce() {
         let p = p.unwrap_or_else(|e| panic!("{bytes} bytes: {e}"));
         assert_ne!(
             p.chosen,
-            r2ccl_policy::Strategy::RecursiveDoubling,
+            r2ccl_policy::CandidateKind::RecursiveDoubling,
             "{bytes} bytes: recursive doubling pairs 1 with 3"
         );
     }

@@ -10,7 +10,7 @@
 use proptest::prelude::*;
 use r2ccl_algo::{build_all, fluid_time, simulate, SimParams, StepKind, Traffic};
 use r2ccl_core::{DType, HealthView, NicId, Rank, ReduceOp};
-use r2ccl_policy::{plan_payload, schedule_fabric, Collective, Strategy as Cand, Topology};
+use r2ccl_policy::{plan_payload, schedule_fabric, CandidateKind as Cand, Collective, Topology};
 
 const MBPS: u64 = 100_000;
 

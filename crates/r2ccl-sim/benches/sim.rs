@@ -31,7 +31,7 @@ fn main() {
                     p.strategy,
                     p.request.chunks,
                     predicted,
-                    p.plan.candidate(r2ccl_policy::Strategy::Balance).map_or(f64::NAN, |c| c.time_s)
+                    p.plan.candidate(r2ccl_policy::CandidateKind::Balance).map_or(f64::NAN, |c| c.time_s)
                 );
             }
             None => {

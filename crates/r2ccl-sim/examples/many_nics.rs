@@ -4,7 +4,7 @@
 //! `cargo run --release -p r2ccl-sim --example many_nics [--chunks K] [--bytes B] [NODESxNICS ...]`.
 #![allow(clippy::print_stdout, reason = "an example that prints its measurements")]
 
-use r2ccl_policy::Strategy as P;
+use r2ccl_policy::CandidateKind as P;
 use r2ccl_sim::collective::AllReduceJob;
 use r2ccl_sim::convert::{append_schedules, plan_allreduce, Choice};
 use r2ccl_sim::workload::plan_health;

@@ -7,7 +7,7 @@
 //! `cargo run --release -p r2ccl-sim --example planner_gaps [2p7b|decode|1024]`.
 #![allow(clippy::print_stdout, reason = "an example that prints its measurements")]
 
-use r2ccl_policy::Strategy as P;
+use r2ccl_policy::CandidateKind as P;
 use r2ccl_sim::collective::{AllReduceJob, Scheme};
 use r2ccl_sim::convert::{append_allreduce, append_schedules, plan_allreduce, Choice};
 use r2ccl_sim::workload::{allreduce_run, plan_health};

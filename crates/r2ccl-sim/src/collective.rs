@@ -11,7 +11,7 @@
 use crate::convert::Choice;
 use crate::engine::{Dag, Op, RailMask, RepairMode, TaskId, ALL_RAILS};
 use crate::fabric::{Endpoint, Fabric};
-use r2ccl_policy::Strategy as PolicyStrategy;
+use r2ccl_policy::CandidateKind;
 use serde::{Deserialize, Serialize};
 
 /// Usable fraction of every NIC as the planner knows it: `health[node][rail]` in [0, 1].
@@ -33,7 +33,7 @@ pub fn node_fraction(h: &[f64]) -> f64 {
 
 /// How a simulated job handles failures: one of the paper's strategies as a formula schedule, a
 /// baseline (fail-stop, hot repair, AdapCC-like), or an exact r2ccl-algo schedule (the planner's
-/// choice, algo Balance, algo single backup). Not `r2ccl_policy::Strategy` (the planner's
+/// choice, algo Balance, algo single backup). Not `r2ccl_policy::CandidateKind` (the planner's
 /// candidates, which [`Scheme::Planner`] runs) nor `r2ccl_algo::Strategy` (a schedule request's
 /// failure handling).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -124,11 +124,11 @@ impl Scheme {
     pub fn schedule_choice(self) -> Option<Choice> {
         Some(match self {
             Scheme::Planner => Choice::Planner,
-            Scheme::AlgoBalance => Choice::Candidate(PolicyStrategy::Balance),
-            Scheme::AlgoSingleBackup => Choice::Candidate(PolicyStrategy::SingleBackup),
-            Scheme::AlgoR2cclAllReduce => Choice::Candidate(PolicyStrategy::R2cclAllReduce),
-            Scheme::AlgoRecursive => Choice::Candidate(PolicyStrategy::Recursive),
-            Scheme::AlgoFourStage => Choice::Candidate(PolicyStrategy::FourStage),
+            Scheme::AlgoBalance => Choice::Candidate(CandidateKind::Balance),
+            Scheme::AlgoSingleBackup => Choice::Candidate(CandidateKind::SingleBackup),
+            Scheme::AlgoR2cclAllReduce => Choice::Candidate(CandidateKind::R2cclAllReduce),
+            Scheme::AlgoRecursive => Choice::Candidate(CandidateKind::Recursive),
+            Scheme::AlgoFourStage => Choice::Candidate(CandidateKind::FourStage),
             _ => return None,
         })
     }

@@ -25,7 +25,7 @@ use crate::error::SimError;
 use crate::fabric::{Endpoint, Fabric};
 use r2ccl_algo::{AlgoError, Layout, RankSchedule, ScheduleRequest, StepKind};
 use r2ccl_core::{DType, HealthEpoch, HealthView, NicHealth, NodeHealth, Rank, ReduceOp};
-use r2ccl_policy::{Collective, NodeSpec, Plan, Strategy as PolicyStrategy, Topology};
+use r2ccl_policy::{CandidateKind, Collective, NodeSpec, Plan, Topology};
 use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
@@ -388,7 +388,7 @@ pub enum Choice {
     Planner,
     /// This candidate with the planner's parameters; the plain algorithm (Balance, or the ring on a healthy
     /// fabric) when it is not a candidate in the case at hand (for example R2CCL-AllReduce without failure).
-    Candidate(PolicyStrategy),
+    Candidate(CandidateKind),
 }
 
 /// The planner's input for `nodes` nodes of `fabric` with `ranks_per_node` ranks each: NIC line rates,
@@ -461,7 +461,7 @@ pub struct Planned {
     /// Its plan.
     pub plan: Plan,
     /// The strategy whose schedule runs.
-    pub strategy: PolicyStrategy,
+    pub strategy: CandidateKind,
     /// The schedule request that runs.
     pub request: ScheduleRequest,
 }
@@ -483,8 +483,8 @@ pub fn plan_allreduce(
     let strategy = match choice {
         Choice::Planner => plan.chosen,
         Choice::Candidate(s) if plan.candidate(s).is_some() => s,
-        Choice::Candidate(_) if plan.candidate(PolicyStrategy::Balance).is_some() => PolicyStrategy::Balance,
-        Choice::Candidate(_) => PolicyStrategy::Ring,
+        Choice::Candidate(_) if plan.candidate(CandidateKind::Balance).is_some() => CandidateKind::Balance,
+        Choice::Candidate(_) => CandidateKind::Ring,
     };
     let request = plan.request_for(strategy).map_err(conv)?;
     Ok(Planned { topology: topo, view, plan, strategy, request })

@@ -299,10 +299,16 @@ fn planner_request_runs_exactly_what_it_planned() {
     h[1][0] = 0.0;
     let job = AllReduceJob { nodes: vec![3, 2, 1, 0], bytes: BYTES as f64, intra: false, chunks: 1 };
     let mut dag = Dag::new();
-    let (p, c) =
-        append_allreduce(&mut dag, &fab, &h, &job, Choice::Candidate(r2ccl_policy::Strategy::R2cclAllReduce), None)
-            .unwrap();
-    assert_eq!(p.strategy, r2ccl_policy::Strategy::R2cclAllReduce);
+    let (p, c) = append_allreduce(
+        &mut dag,
+        &fab,
+        &h,
+        &job,
+        Choice::Candidate(r2ccl_policy::CandidateKind::R2cclAllReduce),
+        None,
+    )
+    .unwrap();
+    assert_eq!(p.strategy, r2ccl_policy::CandidateKind::R2cclAllReduce);
     // The plan's predicted bytes per NIC are the converted DAG's (algo node i is simulated node 3 - i).
     let cand = p.plan.candidate(p.strategy).unwrap();
     assert_eq!(c.nic_tx, cand.nic_bytes.tx);
@@ -335,7 +341,7 @@ fn merged_rail_parts_keep_the_bytes_and_come_close_to_the_exact_run() {
     let mut runs = Vec::new();
     for m in [None, Some(&merge)] {
         let mut dag = Dag::new();
-        let four_stage = Choice::Candidate(r2ccl_policy::Strategy::FourStage);
+        let four_stage = Choice::Candidate(r2ccl_policy::CandidateKind::FourStage);
         let (_, c) = append_allreduce_with(&mut dag, &fab, &h, &job, four_stage, None, m).unwrap();
         let r = simulate(&fab, &dag, &fails, &cfg).unwrap();
         assert!(!r.stalled);

@@ -3,7 +3,7 @@
 //! (example `planner_gaps` prints the full figures).
 #![allow(clippy::unwrap_used, reason = "tests")]
 
-use r2ccl_policy::Strategy as P;
+use r2ccl_policy::CandidateKind as P;
 use r2ccl_sim::collective::{AllReduceJob, Scheme};
 use r2ccl_sim::convert::{append_allreduce, plan_allreduce, Choice};
 use r2ccl_sim::workload::{allreduce_run, plan_health};

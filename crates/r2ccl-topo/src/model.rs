@@ -120,6 +120,34 @@ impl NodeTopology {
         }
     }
 
+    /// A node known only by its data NICs, one per rail in order: `(name, line rate in Mbit/s,
+    /// NUMA node)` (a communicator's view of its peers, built from what each rank announced;
+    /// tests). The NICs are virtual (no PCI address); names that several rails share (loopback
+    /// runs) are made distinct with the rail (`lo.0`, `lo.1`); the node's NUMA nodes are those
+    /// its NICs name.
+    pub fn from_nics(hostname: impl Into<String>, nics: &[(&str, u64, Option<u32>)]) -> Self {
+        let mut node = Self::empty(hostname);
+        let mut ids: Vec<u32> = nics.iter().filter_map(|n| n.2).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        node.numa_nodes = ids.into_iter().map(|id| NumaNode { id, cpus: None, memory_bytes: None }).collect();
+        for (r, &(name, speed_mbps, numa)) in nics.iter().enumerate() {
+            let unique = nics.iter().filter(|x| x.0 == name).count() == 1;
+            node.nics.push(Nic {
+                name: if unique { name.to_string() } else { format!("{name}.{r}") },
+                rail: RailId(u16::try_from(r).unwrap_or(u16::MAX)),
+                speed_mbps,
+                link_up: true,
+                is_virtual: true,
+                numa,
+                pci: None,
+                host_bridge: None,
+                switches: Vec::new(),
+            });
+        }
+        node
+    }
+
     /// The GPU with device index `index`.
     pub fn gpu(&self, index: u32) -> Option<&Gpu> {
         self.gpus.iter().find(|g| g.index == index)
@@ -225,6 +253,27 @@ impl ClusterTopology {
         }
         ranks.sort_by_key(|r| r.rank);
         Ok(Self { name, rails, nodes, ranks })
+    }
+
+    /// A cluster of `nodes` with rank `r` on node `rank_node[r]` (CPU ranks, NUMA binding
+    /// unknown); the fabric has as many rails as the first node has NICs.
+    pub fn with_ranks_on(
+        name: Option<String>,
+        nodes: Vec<NodeTopology>,
+        rank_node: &[NodeId],
+    ) -> Result<Self, ValidationError> {
+        let rails = u16::try_from(nodes.first().map_or(0, |n| n.nics.len())).unwrap_or(u16::MAX);
+        let ranks = rank_node
+            .iter()
+            .enumerate()
+            .map(|(r, &node)| RankPlacement {
+                rank: Rank(u32::try_from(r).unwrap_or(u32::MAX)),
+                node,
+                gpu: None,
+                numa: None,
+            })
+            .collect();
+        Self::new(name, rails, nodes, ranks)
     }
 
     /// The view's name (the description's or preset's), if any.

@@ -1,5 +1,6 @@
 //! What the session needs to know about the cluster: which node each rank is on, how many NICs
-//! each node has, and for every NIC its chain of backups on the same node, best first.
+//! each node has, and for every NIC its chain of backups on the same node, best first. Built
+//! from r2ccl-topo's cluster model (`TryFrom<&ClusterTopology>`) or, in tests, by hand.
 
 use r2ccl_core::{NicId, NodeId, RailId, Rank};
 use std::collections::BTreeMap;
@@ -122,6 +123,27 @@ impl Topology {
     /// The backup chain of `nic`, best first (empty if none was given).
     pub fn chain(&self, nic: NicId) -> &[NicId] {
         self.chains.get(&nic).map_or(&[], Vec::as_slice)
+    }
+}
+
+impl TryFrom<&r2ccl_topo::ClusterTopology> for Topology {
+    type Error = TopologyError;
+
+    /// Every rank's node, every node's NICs, and each NIC's backup chain as r2ccl-topo orders it
+    /// ([`r2ccl_topo::NodeTopology::backup_chain`]: same PCIe switch, host bridge, NUMA node
+    /// first, each group in rail order after the NIC).
+    fn try_from(cluster: &r2ccl_topo::ClusterTopology) -> Result<Self, Self::Error> {
+        let mut chains = BTreeMap::new();
+        let mut nics_per_node = Vec::with_capacity(cluster.nodes().len());
+        for (n, node) in cluster.nodes().iter().enumerate() {
+            let id = NodeId(u32::try_from(n).unwrap_or(u32::MAX));
+            nics_per_node.push(u16::try_from(node.nics.len()).unwrap_or(u16::MAX));
+            for nic in &node.nics {
+                let chain = node.backup_chain(nic.rail).into_iter().map(|rail| NicId { node: id, rail }).collect();
+                chains.insert(NicId { node: id, rail: nic.rail }, chain);
+            }
+        }
+        Self::new(cluster.ranks().iter().map(|p| p.node).collect(), nics_per_node, chains)
     }
 }
 

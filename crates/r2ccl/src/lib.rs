@@ -88,7 +88,7 @@ pub use metrics::{install_prometheus, MetricsError};
 pub use r2ccl_algo::{Collective, P2pOp};
 pub use r2ccl_config::Config;
 pub use r2ccl_core::{bf16, f16, DType, Element, NicId, NodeId, Rank, ReduceOp};
-pub use r2ccl_policy::Strategy;
+pub use r2ccl_policy::CandidateKind;
 pub use raw::P2p;
 pub use report::{CollReport, CommEvent, Schedule};
 pub use scope::{Pending, Scope};

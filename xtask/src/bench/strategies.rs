@@ -3,21 +3,14 @@
 #[allow(clippy::wildcard_imports, reason = "a part of bench.rs, split by part: its helpers are the parent's")]
 use super::*;
 
-/// `r2ccl-plan` for 4 x 2 with node 1 NIC 0 failed: (lower bound s, t_nf s, strategy -> predicted s, chosen).
-pub(super) fn plan(ctx: &Ctx, logs: &Path, bytes: u64) -> Result<(f64, f64, Value, String)> {
+/// The library's planner for 4 x 2 with node 1 NIC 0 failed ([`crate::predict`]): (lower bound
+/// s, t_nf s, strategy -> predicted s, chosen).
+pub(super) fn plan(ctx: &Ctx, bytes: u64) -> Result<(f64, f64, Value, String)> {
     let spec = &ctx.spec;
-    let mut cmd = Command::new(&ctx.plan);
-    cmd.args(["--nodes", &spec.nodes.to_string(), "--nics", &spec.nics.to_string()])
-        .args(["--fail", &format!("{FAULT_NODE}:{FAULT_NIC}"), "--nic-gbps", &format!("{:.6}", ctx.nic_line_gbps())])
-        // Predict the plan the communicator runs: its topology (per-message latency, rail-only).
-        .arg("--communicator")
-        .args(["--bytes", &bytes.to_string(), "--json"]);
-    let out = run_to_end(cmd, "r2ccl-plan", logs, Duration::from_secs(60))?;
-    let v: Value = serde_json::from_str(out.trim()).context("r2ccl-plan --json output is not JSON")?;
-    let lb = v["lower_bound"].as_f64().context("r2ccl-plan: no lower_bound")?;
-    let tnf = v["t_nf"].as_f64().context("r2ccl-plan: no t_nf")?;
-    let chosen = v["chosen"].as_str().unwrap_or("").to_owned();
-    Ok((lb, tnf, v["strategies"].clone(), chosen))
+    let nic = u16::try_from(FAULT_NIC)?;
+    let p = crate::predict::allreduce(spec.nodes, spec.nics, 1, ctx.nic_line_gbps(), &[(FAULT_NODE, nic)], bytes)?;
+    let times: serde_json::Map<String, Value> = p.times.iter().map(|(n, t)| (n.clone(), json!(t))).collect();
+    Ok((p.lower_bound, p.t_nf, Value::Object(times), p.chosen))
 }
 
 pub(super) fn part_strategies(ctx: &Ctx) -> Result<PartResult> {
@@ -29,7 +22,7 @@ pub(super) fn part_strategies(ctx: &Ctx) -> Result<PartResult> {
     let size = ctx.strategies_size.as_deref().unwrap_or(default_size);
     let bytes = testbed_size(size);
     let factor = busbw_factor("all_reduce", spec.nodes);
-    let (lb, tnf, predictions, chosen) = plan(ctx, &logs, bytes)?;
+    let (lb, tnf, predictions, chosen) = plan(ctx, bytes)?;
     // Larger sizes: at least 3 fault-free collectives before the fault and 12 with it after.
     let t_fault = t_fault.max(3.0 * tnf);
     let dur = dur.max(t_fault + 12.0 * 1.3 * lb);
@@ -164,7 +157,7 @@ pub(super) fn part_strategies(ctx: &Ctx) -> Result<PartResult> {
     }
     drop(bed);
     res.md = format!(
-        "AllReduce {size} per rank, {} nodes x {} NICs at {}, node {FAULT_NODE} NIC {FAULT_NIC} taken down (`ip link set down`) {t_fault} s into a {dur} s timeline run; time = median of the per-second windows after the fault window (failover windows excluded). Lower bound and predictions: `r2ccl-plan --fail {FAULT_NODE}:{FAULT_NIC} --nic-gbps {:.4} --communicator` (payload line rate; the communicator's topology: {} us per message, rail-only); its fault-free time t_nf = {:.1} ms, its choice: {chosen}.\n\n{table}",
+        "AllReduce {size} per rank, {} nodes x {} NICs at {}, node {FAULT_NODE} NIC {FAULT_NIC} taken down (`ip link set down`) {t_fault} s into a {dur} s timeline run; time = median of the per-second windows after the fault window (failover windows excluded). Lower bound and predictions: the library's planner (`Planner::model_plan`, as `r2ccl-plan --fail {FAULT_NODE}:{FAULT_NIC} --nic-gbps {:.4} --communicator` prints them; payload line rate; the communicator's topology: {} us per message, rail-only); its fault-free time t_nf = {:.1} ms, its choice: {chosen}.\n\n{table}",
         spec.nodes,
         spec.nics,
         spec.rate.as_deref().unwrap_or("-"),

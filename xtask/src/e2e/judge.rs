@@ -3,37 +3,26 @@
 #[allow(clippy::wildcard_imports, reason = "a part of e2e.rs: its helpers are the parent's")]
 use super::*;
 
-/// What the policy predicts for `sc`'s failed NICs: t_nf over its chosen strategy's time
-/// (`r2ccl-plan --json` at the scenario's payload line rate and the communicator's alpha).
-pub(super) fn predicted_ratio(sc: &Scenario, plan: &Path) -> Result<f64> {
+/// What the policy predicts for `sc`'s failed NICs: t_nf over its chosen strategy's time (the
+/// library's planner, [`crate::predict`], at the scenario's payload line rate).
+pub(super) fn predicted_ratio(sc: &Scenario) -> Result<f64> {
     let failed = sc.failed_nics.as_deref().unwrap_or_default();
     let bytes = largest_size(&sc.args).context("no -e SIZE")?;
     let gbps = match sc.spec.rate.as_deref() {
         Some(r) => crate::bench::payload_line_gbps(r)?,
         None => 100.0,
     };
-    let mut cmd = Command::new(plan);
-    cmd.args(["--nodes", &sc.spec.nodes.to_string(), "--nics", &sc.spec.nics.to_string()])
-        .args(["--ranks-per-node", &sc.ranks_per_node.to_string()])
-        .args(["--nic-gbps", &format!("{gbps:.6}"), "--communicator"])
-        .args(["--bytes", &bytes.to_string(), "--json"]);
-    if !failed.is_empty() {
-        let spec: Vec<String> =
-            failed.iter().filter_map(|n| nic_name(n)).map(|(node, nic)| format!("{node}:{nic}")).collect();
-        cmd.args(["--fail", &spec.join(",")]);
+    let failed: Vec<(u32, u16)> = failed
+        .iter()
+        .filter_map(|n| nic_name(n))
+        .map(|(node, nic)| Ok((node, u16::try_from(nic)?)))
+        .collect::<Result<_>>()?;
+    let p = crate::predict::allreduce(sc.spec.nodes, sc.spec.nics, sc.ranks_per_node, gbps, &failed, bytes)?;
+    let t = p.time_of(&p.chosen).context("the planner gave no time for its choice")?;
+    if !(t > 0.0 && p.t_nf > 0.0) {
+        bail!("planner: times t_nf {}, {} {t}", p.t_nf, p.chosen);
     }
-    let out = cmd.output().context("running r2ccl-plan")?;
-    if !out.status.success() {
-        bail!("r2ccl-plan failed: {}", String::from_utf8_lossy(&out.stderr).trim());
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("r2ccl-plan --json output is not JSON")?;
-    let tnf = v["t_nf"].as_f64().context("r2ccl-plan: no t_nf")?;
-    let chosen = v["chosen"].as_str().context("r2ccl-plan: no chosen strategy")?;
-    let t = v["strategies"][chosen].as_f64().context("r2ccl-plan: no time for its choice")?;
-    if !(t > 0.0 && tnf > 0.0) {
-        bail!("r2ccl-plan: times t_nf {tnf}, {chosen} {t}");
-    }
-    Ok(tnf / t)
+    Ok(p.t_nf / t)
 }
 
 /// The sum over every rank's `# rank R: failovers F fail-backs B wrong values W` line of the

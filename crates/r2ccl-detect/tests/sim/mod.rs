@@ -1,12 +1,16 @@
 //! A deterministic multi-node simulator that drives one `Detector` per node: a simulated
 //! clock, a data fabric with injectable NIC/link faults, paced chunk streams with
-//! acknowledgements and replay, and a lossy, delaying, duplicating, reordering OOB network.
+//! acknowledgements on rail 0 (idle, heartbeat-watched connections on the other rails), and a
+//! lossy, delaying, duplicating, reordering OOB network. The detector moves no data, so a
+//! stream whose path fails just stops: what the tests check is detection, localization and
+//! recovery.
 
 #![allow(dead_code, reason = "each test binary uses a different part of the simulator")]
 
 use r2ccl_core::{NicId, NodeId, Rank};
 use r2ccl_detect::{
     Command, ConnId, DetectConfig, DetectEvent, Detector, Member, OobMessage, PathId, PathPair, ProbeId, ProbeResult,
+    Verdict,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -93,43 +97,35 @@ enum Ev {
     Fault(Fault),
     Oob { to: usize, from: Rank, bytes: Vec<u8> },
     Tick { conn: usize },
-    Chunk { conn: usize, epoch: u64, seq: u64 },
-    Ack { conn: usize, epoch: u64, seq: u64 },
+    Chunk { conn: usize, seq: u64 },
+    Ack { conn: usize, seq: u64 },
     Heartbeat { to: usize, path: PathId },
     Probe { node: usize, probe: ProbeId, result: ProbeResult },
 }
 
-/// One simulated data stream `src -> dst`.
+/// One simulated data stream `src -> dst` on one path, with a window of unacknowledged
+/// chunks. A chunk lost on a failed path is never resent (no replay here), so the stream
+/// stalls for good once its window is full.
 #[derive(Clone, Debug)]
 pub struct Stream {
     pub id: ConnId,
     pub src: usize,
     pub dst: usize,
-    pub chain: Vec<PathPair>,
+    pub path: PathPair,
     // sender side
-    pub s_epoch: u64,
-    pub s_path: usize,
     pub next_seq: u64,
     pub done: u64,
-    pub quiesced: bool,
     // receiver side
-    pub r_epoch: u64,
-    pub r_path: usize,
     pub held: u64,
 }
 
-/// A migration as one end applied it.
+/// An OOB message as it reached a detector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Migration {
+pub struct Delivered {
     pub at: Duration,
-    pub node: usize,
-    pub conn: ConnId,
-    pub epoch: u64,
-    pub boundary: u64,
-    pub index: usize,
-    pub fail_back: bool,
-    /// Receiver: chunks really held before the rollback; sender: chunks completed.
-    pub had: u64,
+    pub to: usize,
+    pub from: Rank,
+    pub msg: OobMessage,
 }
 
 pub struct Sim {
@@ -153,7 +149,8 @@ pub struct Sim {
     /// Every command the detectors gave, with time and node.
     pub log: Vec<(Duration, usize, Command)>,
     pub events: Vec<(usize, DetectEvent)>,
-    pub migrations: Vec<Migration>,
+    /// Every OOB message delivered (duplicates included).
+    pub delivered: Vec<Delivered>,
 }
 
 fn key(a: NicId, b: NicId) -> (NicId, NicId) {
@@ -165,8 +162,10 @@ fn key(a: NicId, b: NicId) -> (NicId, NicId) {
 }
 
 impl Sim {
-    /// `nodes` nodes with one rank each and `rails` NICs each; streams 0->1 and 1->0, each
-    /// with the chain rail 0, rail 1, ... (same rail at both ends).
+    /// `nodes` nodes with one rank each and `rails` NICs each. Ranks 0 and 1 watch one
+    /// connection per rail in each direction (`ConnId(src, dst, rail)`, same rail at both
+    /// ends, as the engine registers them); the rail-0 ones carry streams 0->1 and 1->0, the
+    /// others stay idle (heartbeats).
     pub fn new(nodes: usize, rails: u16, cfg: DetectConfig, seed: u64, oob: OobModel) -> Self {
         let members: Vec<Member> = (0..nodes as u32).map(|i| Member { rank: Rank(i), node: NodeId(i) }).collect();
         let mut dets: Vec<Detector> =
@@ -179,26 +178,15 @@ impl Sim {
         }
         let mut streams = Vec::new();
         for (src, dst) in [(0usize, 1usize), (1, 0)] {
-            let id = ConnId::new(src as u32, dst as u32, 0);
-            let chain: Vec<PathPair> = (0..rails)
-                .map(|r| PathPair { src_nic: NicId::new(src as u32, r), dst_nic: NicId::new(dst as u32, r) })
-                .collect();
-            dets[src].add_connection(Duration::ZERO, id, chain.clone()).unwrap();
-            dets[dst].add_connection(Duration::ZERO, id, chain.clone()).unwrap();
-            streams.push(Stream {
-                id,
-                src,
-                dst,
-                chain,
-                s_epoch: 0,
-                s_path: 0,
-                next_seq: 0,
-                done: 0,
-                quiesced: false,
-                r_epoch: 0,
-                r_path: 0,
-                held: 0,
-            });
+            for r in 0..rails {
+                let id = ConnId::new(src as u32, dst as u32, u32::from(r));
+                let path = PathPair { src_nic: NicId::new(src as u32, r), dst_nic: NicId::new(dst as u32, r) };
+                dets[src].add_connection(Duration::ZERO, id, path).unwrap();
+                dets[dst].add_connection(Duration::ZERO, id, path).unwrap();
+                if r == 0 {
+                    streams.push(Stream { id, src, dst, path, next_seq: 0, done: 0, held: 0 });
+                }
+            }
         }
         let mut sim = Self {
             now: Duration::ZERO,
@@ -220,7 +208,7 @@ impl Sim {
             window: 4,
             log: Vec::new(),
             events: Vec::new(),
-            migrations: Vec::new(),
+            delivered: Vec::new(),
         };
         for i in 0..sim.streams.len() {
             let (dst, id, exp) = (sim.streams[i].dst, sim.streams[i].id, sim.expected);
@@ -289,38 +277,41 @@ impl Sim {
         let now = self.now;
         match ev {
             Ev::Fault(f) => self.apply_fault(f),
-            Ev::Oob { to, from, bytes } => self.dets[to].handle_oob(now, from, &bytes).unwrap(),
+            Ev::Oob { to, from, bytes } => {
+                let msg = OobMessage::decode(&bytes).unwrap();
+                self.delivered.push(Delivered { at: now, to, from, msg });
+                self.dets[to].handle_oob(now, from, &bytes).unwrap();
+            }
             Ev::Tick { conn } => {
                 let s = &self.streams[conn];
-                if !s.quiesced && s.next_seq - s.done < self.window {
-                    let (seq, epoch, p) = (s.next_seq, s.s_epoch, s.chain[s.s_path]);
-                    let (src, id) = (s.src, s.id);
+                if s.next_seq - s.done < self.window {
+                    let (seq, p, src, id) = (s.next_seq, s.path, s.src, s.id);
                     self.streams[conn].next_seq += 1;
                     self.dets[src].handle_transfer(now, id, self.expected).unwrap();
                     if let Some(t) = self.deliver(now, p.src_nic, p.dst_nic) {
-                        self.push(t, Ev::Chunk { conn, epoch, seq });
+                        self.push(t, Ev::Chunk { conn, seq });
                     }
                 }
                 self.push(now + self.chunk_interval, Ev::Tick { conn });
             }
-            Ev::Chunk { conn, epoch, seq } => {
+            Ev::Chunk { conn, seq } => {
                 let s = &mut self.streams[conn];
-                if epoch == s.r_epoch && seq == s.held {
+                if seq == s.held {
                     s.held += 1;
-                    let (dst, id, held, p) = (s.dst, s.id, s.held, s.chain[s.r_path]);
-                    self.dets[dst].handle_progress(now, id, held, Some(self.expected)).unwrap();
+                    let (dst, id, p) = (s.dst, s.id, s.path);
+                    self.dets[dst].handle_progress(now, id, Some(self.expected)).unwrap();
                     if let Some(t) = self.deliver(now, p.dst_nic, p.src_nic) {
-                        self.push(t, Ev::Ack { conn, epoch, seq });
+                        self.push(t, Ev::Ack { conn, seq });
                     }
                 }
             }
-            Ev::Ack { conn, epoch, seq } => {
+            Ev::Ack { conn, seq } => {
                 let s = &mut self.streams[conn];
-                if epoch == s.s_epoch && seq == s.done && !s.quiesced {
+                if seq == s.done {
                     s.done += 1;
                     let remaining = (s.next_seq > s.done).then_some(self.expected);
-                    let (src, id, done) = (s.src, s.id, s.done);
-                    self.dets[src].handle_progress(now, id, done, remaining).unwrap();
+                    let (src, id) = (s.src, s.id);
+                    self.dets[src].handle_progress(now, id, remaining).unwrap();
                 }
             }
             Ev::Heartbeat { to, path } => self.dets[to].handle_heartbeat(now, path).unwrap(),
@@ -397,51 +388,14 @@ impl Sim {
                             self.push(t, Ev::Heartbeat { to: path.peer.index(), path: theirs });
                         }
                     }
-                    Command::Quiesce { conn, .. } => {
-                        if let Some(s) = self.streams.iter_mut().find(|s| s.id == conn && s.src == n) {
-                            s.quiesced = true;
-                        }
-                    }
-                    Command::MigratePath { conn, epoch, index, boundary, .. } => {
-                        self.migrate(n, conn, epoch.0, index, boundary, false)
-                    }
-                    Command::FailBack { conn, epoch, index, boundary, .. } => {
-                        self.migrate(n, conn, epoch.0, index, boundary, true)
-                    }
-                    Command::DeclareFailed { .. }
-                    | Command::DeclareRecovered { .. }
-                    | Command::RequestReplan { .. } => {}
+                    Command::DeclareFailed { .. } | Command::DeclareRecovered { .. } => {}
                 }
             }
         }
     }
 
-    fn migrate(&mut self, n: usize, conn: ConnId, epoch: u64, index: usize, boundary: u64, fail_back: bool) {
-        let now = self.now;
-        let expected = self.expected;
-        let Some(i) = self.streams.iter().position(|s| s.id == conn) else { panic!("unknown stream {conn}") };
-        let s = &mut self.streams[i];
-        let had;
-        if s.src == n {
-            had = s.done;
-            s.s_epoch = epoch;
-            s.s_path = index;
-            s.done = boundary;
-            s.next_seq = boundary;
-            s.quiesced = false;
-        } else {
-            had = s.held;
-            s.r_epoch = epoch;
-            s.r_path = index;
-            s.held = boundary;
-            let id = s.id;
-            self.dets[n].handle_transfer(now, id, expected).unwrap();
-        }
-        self.migrations.push(Migration { at: now, node: n, conn, epoch, boundary, index, fail_back, had });
-    }
-
-    /// Commands of one kind, as (time, node, command).
-    pub fn declared(&self) -> Vec<(Duration, usize, PathId, r2ccl_detect::Verdict)> {
+    /// Every failure declaration, as (time, node, path, verdict).
+    pub fn declared(&self) -> Vec<(Duration, usize, PathId, Verdict)> {
         self.log
             .iter()
             .filter_map(|(t, n, c)| match c {
@@ -451,8 +405,20 @@ impl Sim {
             .collect()
     }
 
-    /// Migrations of `conn` applied by node `n`.
-    pub fn migrations_of(&self, conn: ConnId, n: usize) -> Vec<Migration> {
-        self.migrations.iter().filter(|m| m.conn == conn && m.node == n).copied().collect()
+    /// Every recovery declaration, as (time, node, path).
+    pub fn recovered(&self) -> Vec<(Duration, usize, PathId)> {
+        self.log
+            .iter()
+            .filter_map(|(t, n, c)| match c {
+                Command::DeclareRecovered { path } => Some((*t, *n, *path)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The rail-0 path of node `n` (0 or 1) to the other of the two.
+    pub fn rail0(&self, n: usize) -> PathId {
+        let (me, peer) = if n == 0 { (0, 1) } else { (1, 0) };
+        PathId { local: NicId::new(me, 0), peer: Rank(peer), remote: NicId::new(peer, 0) }
     }
 }

@@ -15,7 +15,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use r2ccl_core::{DType, HealthView, NicId, ReduceOp};
-use r2ccl_policy::{communicator_topology, plan, plan_bridging_splits, Collective, Plan, Strategy, Topology};
+use r2ccl_policy::{communicator_topology, plan, plan_bridging_splits, CandidateKind, Collective, Plan, Topology};
 use serde_json::{json, Map, Value};
 
 const USAGE: &str = "usage: r2ccl-plan --nodes N --nics K [--ranks-per-node R] [--fail NODE:NIC,...] \
@@ -119,7 +119,10 @@ fn parse_args(argv: &[String]) -> Result<Args> {
 fn build(a: &Args) -> Result<Plan> {
     let mbps = (a.nic_gbps * 1000.0).round() as u64;
     let mut topo = if a.communicator {
-        communicator_topology(a.nodes, a.nics, mbps.max(1), a.ranks_per_node, true)?
+        communicator_topology(
+            Topology::uniform(a.nodes, a.nics, mbps.max(1))?.with_ranks_per_node(a.ranks_per_node)?,
+            true,
+        )?
     } else {
         Topology::uniform(a.nodes, a.nics, mbps.max(1))?.with_ranks_per_node(a.ranks_per_node)?
     };
@@ -207,7 +210,7 @@ fn print_text(a: &Args, p: &Plan) {
     let r = |t: f64| ratio(t, p.t_nf_s).map_or("-".to_owned(), |x| format!("{x:.3}"));
     println!("{:<20} {:>14} {:>10}", "strategy", "time", "x t_nf");
     println!("{:<20} {:>14} {:>10}", "fault-free (t_nf)", fmt_time(p.t_nf_s), r(p.t_nf_s));
-    for s in Strategy::ALL {
+    for s in CandidateKind::ALL {
         match p.candidate(s) {
             Some(c) => println!("{:<20} {:>14} {:>10}", s.name(), fmt_time(c.time_s), r(c.time_s)),
             None => println!("{:<20} {:>14} {:>10}", s.name(), "n/a", ""),

@@ -87,7 +87,14 @@ impl Ctx<'_> {
         order.iter().position(|&x| x == node).unwrap_or(0) * g + rank.index() % g
     }
 
-    fn candidate(&self, strategy: Strategy, time_s: f64, params: StrategyParams, acc: Acc, total: f64) -> Candidate {
+    fn candidate(
+        &self,
+        strategy: CandidateKind,
+        time_s: f64,
+        params: StrategyParams,
+        acc: Acc,
+        total: f64,
+    ) -> Candidate {
         Candidate { strategy, time_s, params, nic_bytes: NicBytes::from_acc(self.k(), acc), model_total_bytes: total }
     }
 }
@@ -95,7 +102,7 @@ impl Ctx<'_> {
 /// Ring / Balance / single backup: the collective's plain algorithm with `pol` splits.
 pub(super) fn basic(
     c: &mut Ctx<'_>,
-    s: Strategy,
+    s: CandidateKind,
     order: &[usize],
     pol: RailPolicy,
     reranked: bool,
@@ -369,7 +376,7 @@ pub(super) fn r2ccl_allreduce(c: &mut Ctx<'_>, order: &[usize]) -> Result<Option
         reranked: true,
         ..StrategyParams::default()
     };
-    Ok(Some(c.candidate(Strategy::R2cclAllReduce, t, sp, acc, total)))
+    Ok(Some(c.candidate(CandidateKind::R2cclAllReduce, t, sp, acc, total)))
 }
 
 /// Recursive AllReduce (section 6.2) with `r2ccl_algo::model::recursive_plan`.
@@ -432,7 +439,7 @@ pub(super) fn recursive(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, P
         reranked: true,
         ..StrategyParams::default()
     };
-    Ok(c.candidate(Strategy::Recursive, t, params, acc, total))
+    Ok(c.candidate(CandidateKind::Recursive, t, params, acc, total))
 }
 
 /// How long the rings of the levels of `plan` take together when they share every member
@@ -533,7 +540,7 @@ pub(super) fn four_stage(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, 
         reranked: true,
         ..StrategyParams::default()
     };
-    Ok(c.candidate(Strategy::FourStage, t, params, acc, 2.0 * (n - 1.0) * c.block))
+    Ok(c.candidate(CandidateKind::FourStage, t, params, acc, 2.0 * (n - 1.0) * c.block))
 }
 
 /// Recursive doubling over all ranks along the flat ring (r2ccl-algo's tree AllReduce).
@@ -588,7 +595,7 @@ pub(super) fn recursive_doubling(c: &mut Ctx<'_>, order: &[usize]) -> Result<Opt
         t += round(c, &mut acc, &back)?;
     }
     let params = StrategyParams { reranked: true, ..StrategyParams::default() };
-    Ok(t.is_finite().then(|| c.candidate(Strategy::RecursiveDoubling, t, params, acc, total)))
+    Ok(t.is_finite().then(|| c.candidate(CandidateKind::RecursiveDoubling, t, params, acc, total)))
 }
 
 /// Intra-node phases of r2ccl-algo's hierarchical wrapper around the nested strategies for G
@@ -632,7 +639,7 @@ pub(super) fn lower_bound(f: &Fabric, coll: Collective, d: f64, g: u32) -> Resul
     })
 }
 
-/// Whether candidate `c` (later in [`Strategy::ALL`] order) replaces `best`: it must be
+/// Whether candidate `c` (later in [`CandidateKind::ALL`] order) replaces `best`: it must be
 /// strictly faster. Recursive AllReduce must also beat R2CCL-AllReduce by more than
 /// [`HELPER_TIE`]: its prediction (the closed form plus the helper chain) does not yet charge
 /// what its built schedule costs in stage 1, where r2ccl-algo runs both level rings on all
@@ -641,7 +648,7 @@ pub(super) fn lower_bound(f: &Fabric, coll: Collective, d: f64, g: u32) -> Resul
 /// degraded node's live rails and the tail ring on the others, so at equal predictions it is the
 /// faster schedule.
 pub(super) fn beats(c: &Candidate, best: &Candidate) -> bool {
-    if c.strategy == Strategy::Recursive && best.strategy == Strategy::R2cclAllReduce {
+    if c.strategy == CandidateKind::Recursive && best.strategy == CandidateKind::R2cclAllReduce {
         return c.time_s < best.time_s * (1.0 - HELPER_TIE);
     }
     c.time_s < best.time_s

@@ -20,7 +20,7 @@ use crate::report::{CollReport, CommEvent, Schedule};
 use crate::switch::{Switch, LEADER};
 use crate::wake::{WakeReceiver, Waker};
 use crossbeam_channel::{Receiver, Sender};
-use r2ccl_algo::{Collective, Layout, P2pOp};
+use r2ccl_algo::{Collective, P2pOp};
 use r2ccl_config::Config;
 use r2ccl_core::{subsys, DType, HealthView, NicId, NodeId, Rank};
 use r2ccl_policy::{Choice, PlannerError};

@@ -743,17 +743,19 @@ mod tests {
         let facts = vec![NicFacts { mbps: 100, numa: Some(1) }, NicFacts { mbps: 25_000, numa: None }];
         let blob = nic_blob(&facts);
         assert_eq!(blob_facts(&blob), Some(facts));
-        assert_eq!(blob_min_speed(&blob), Some(100));
         assert_eq!(blob_facts(&blob[..blob.len() - 1]), None, "truncated");
         assert_eq!(blob_facts(&[blob.as_slice(), &[0]].concat()), None, "trailing byte");
         assert_eq!(blob_facts(&u32::MAX.to_le_bytes()), None, "a count the bytes do not hold");
-        assert_eq!(blob_min_speed(&nic_blob(&[])), None);
+        assert_eq!(blob_facts(&nic_blob(&[])), Some(Vec::new()));
     }
 
     #[test]
     pub(super) fn backup_chains_take_the_same_numa_node_first_then_rail_order() {
-        let numa = vec![vec![Some(0), Some(0), Some(1), Some(1)], vec![None; 4]];
-        let topo = transport_topology(&[0, 1], 4, &numa).unwrap();
+        let numa = [Some(0), Some(0), Some(1), Some(1)];
+        let facts = vec![numa.map(|numa| NicFacts { mbps: 100, numa }).to_vec(), Vec::new()];
+        let nics: Vec<String> = ["lo"; 4].map(String::from).to_vec();
+        let cluster = communicator_cluster(&["a", "b"], &[0, 1], &nics, &facts).unwrap();
+        let topo = Topology::try_from(&cluster).unwrap();
         let rails = |node: u32, rail: u16| -> Vec<u16> {
             topo.chain(NicId::new(node, rail)).iter().map(|n| n.rail.0).collect()
         };
@@ -763,6 +765,10 @@ mod tests {
         assert_eq!(rails(0, 3), [2, 0, 1]);
         // Unknown NUMA nodes: rail order after the NIC.
         assert_eq!(rails(1, 2), [3, 0, 1]);
+        // Rates a node did not announce are the default; the health view starts at them.
+        let view = cluster.health_view();
+        assert_eq!(view.node(NodeId(0)).unwrap().nics[0].nominal_mbps, 100);
+        assert_eq!(view.node(NodeId(1)).unwrap().nics[3].nominal_mbps, NIC_MBPS);
     }
 
     #[test]

@@ -143,8 +143,6 @@ impl Progress {
         if nic_counts.iter().any(|&k| k as usize != opts.nics.len()) {
             return Err(CommError::Invalid(format!("ranks disagree on the number of data NICs: {nic_counts:?}")));
         }
-        // The planner's NIC rate: the slowest NIC any rank reported, the same on every rank.
-        let nic_mbps = table.iter().filter_map(|p| blob_min_speed(&p.blob)).min().unwrap_or(NIC_MBPS);
         let mesh = OobMesh::establish(
             oob,
             opts.rank,
@@ -211,15 +209,17 @@ impl Progress {
         transport.connect_peers(&blobs).map_err(|e| CommError::Transport(e.to_string()))?;
         let nodes = names.len();
         let nics = opts.nics.len();
-        // Each node's NIC NUMA nodes, from its first rank's blob.
-        let numa: Vec<Vec<Option<u32>>> = (0..nodes)
+        // The cluster as r2ccl-topo models it, from what the first rank of each node announced
+        // (its NICs' rates and NUMA nodes): the one source of the transport's backup chains, the
+        // planner's cost model and the health view, the same on every rank.
+        let facts: Vec<Vec<NicFacts>> = (0..nodes)
             .map(|n| {
                 let first = node_of.iter().position(|&x| x as usize == n);
-                let facts = first.and_then(|r| table.get(r)).and_then(|p| blob_facts(&p.blob)).unwrap_or_default();
-                facts.iter().map(|f| f.numa).collect()
+                first.and_then(|r| table.get(r)).and_then(|p| blob_facts(&p.blob)).unwrap_or_default()
             })
             .collect();
-        let topo = transport_topology(&node_of, nics, &numa)?;
+        let cluster = communicator_cluster(&names, &node_of, &opts.nics, &facts)?;
+        let topo = Topology::try_from(&cluster).map_err(|e| CommError::Invalid(e.to_string()))?;
         // Progress deadline: the margin plus the time a full window of chunks takes at a
         // pessimistic 100 MB/s (a loaded host must not look like a black hole).
         let stall_timeout = Duration::from_millis(
@@ -254,7 +254,7 @@ impl Progress {
         };
         let mut engine =
             Engine::new(Rank(opts.rank), opts.world, ecfg, topo).map_err(|e| CommError::Transport(e.to_string()))?;
-        let mut agreed = HealthView::uniform(nodes, nics, nic_mbps);
+        let mut agreed = cluster.health_view();
         // NICs that could not be opened when their rank started are failed from the first
         // collective on; every rank derives the same set from the same address blobs.
         let dead = transport.dead_nics();
@@ -269,15 +269,9 @@ impl Progress {
             let names: Vec<String> = dead.iter().map(ToString::to_string).collect();
             tracing::warn!(target: subsys::INIT, rank = opts.rank, nics = ?names, "NICs unusable since the start; planning without them");
         }
-        let layout = Layout::from_rank_nodes(node_of.iter().map(|&n| NodeId(n)).collect(), nics)
-            .map_err(|e| CommError::Invalid(e.to_string()))?;
-        let planner = r2ccl_policy::Planner::for_communicator(
-            Rank(opts.rank),
-            layout,
-            nic_mbps,
-            cfg.policy.rerank,
-            &cfg.policy.strategy,
-        );
+        let planner =
+            r2ccl_policy::Planner::for_communicator(Rank(opts.rank), &cluster, cfg.policy.rerank, &cfg.policy.strategy)
+                .map_err(|e| CommError::Invalid(e.to_string()))?;
         // Only this node's NICs: every rank exporting every node's would make the job's series
         // grow with the square of its size.
         let my_node = node_of.get(opts.rank as usize).copied().unwrap_or(0);
@@ -288,14 +282,16 @@ impl Progress {
         }
         metrics.epoch(agreed.epoch().0, false);
         if opts.rank == 0 && !cfg.topo.dump_file.is_empty() {
-            match dump_cluster_view(&cfg.topo.dump_file, &names, &node_of, &opts.nics, nic_mbps) {
+            match dump_cluster_view(&cfg.topo.dump_file, &cluster) {
                 Ok(()) => tracing::info!(target: subsys::TOPO, file = %cfg.topo.dump_file, "cluster view written"),
                 Err(e) => {
                     tracing::warn!(target: subsys::TOPO, file = %cfg.topo.dump_file, error = %e, "cluster view not written")
                 }
             }
         }
-        tracing::info!(target: subsys::INIT, rank = opts.rank, world = opts.world, nodes, nics, nic_mbps, "communicator ready");
+        let nic_mbps: Vec<u64> =
+            cluster.nodes().first().map(|n| n.nics.iter().map(|x| x.speed_mbps).collect()).unwrap_or_default();
+        tracing::info!(target: subsys::INIT, rank = opts.rank, world = opts.world, nodes, nics, ?nic_mbps, "communicator ready");
         let switch_retry = Duration::from_millis(cfg.detect.oob_retry_ms.max(10));
         let progress = Self {
             rank: opts.rank,
@@ -331,33 +327,14 @@ impl Progress {
     }
 }
 
-/// Write the communicator's cluster view (nodes in rank order, their ranks and data NICs) to
-/// `path` as a topology description that `r2ccl-topo` loads back (`R2CCL_TOPO_DUMP_FILE`).
-pub(super) fn dump_cluster_view(
-    path: &str,
-    names: &[&str],
-    node_of: &[u32],
-    nics: &[String],
-    mbps: u64,
-) -> Result<(), String> {
-    let contiguous = node_of.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1);
+/// Write the communicator's cluster model to `path` as a topology description that `r2ccl-topo`
+/// loads back (`R2CCL_TOPO_DUMP_FILE`).
+pub(super) fn dump_cluster_view(path: &str, cluster: &r2ccl_topo::ClusterTopology) -> Result<(), String> {
+    let contiguous = cluster.ranks().windows(2).all(|w| w[1].node.0 == w[0].node.0 || w[1].node.0 == w[0].node.0 + 1);
     if !contiguous {
         return Err("ranks are not numbered node by node; the description format needs that".into());
     }
-    let mut nodes = Vec::with_capacity(names.len());
-    let mut ranks = Vec::with_capacity(node_of.len());
-    for (n, name) in names.iter().enumerate() {
-        let node = communicator_node(name, nics, mbps, &vec![Some(0); nics.len()]);
-        nodes.push(node);
-        for _ in node_of.iter().filter(|&&x| x as usize == n) {
-            let rank = Rank(ranks.len() as u32);
-            ranks.push(r2ccl_topo::RankPlacement { rank, node: NodeId(n as u32), gpu: None, numa: Some(0) });
-        }
-    }
-    let rails = u16::try_from(nics.len()).map_err(|_| format!("{} NICs per node", nics.len()))?;
-    let cluster = r2ccl_topo::ClusterTopology::new(Some("r2ccl-communicator".into()), rails, nodes, ranks)
-        .map_err(|e| e.to_string())?;
-    r2ccl_topo::write_cluster_view(std::path::Path::new(path), &cluster, None).map_err(|e| e.to_string())
+    r2ccl_topo::write_cluster_view(std::path::Path::new(path), cluster, None).map_err(|e| e.to_string())
 }
 
 /// The shortest probe timeout the communicator's detector uses (localization and re-probes).
@@ -402,7 +379,6 @@ pub(super) fn detect_config(d: &r2ccl_config::DetectConfig) -> r2ccl_detect::Det
         localize_timeout,
         oob_retry: ms(d.oob_retry_ms),
         oob_max_retries: d.oob_max_retries,
-        hint_interval: ms(d.hint_interval_ms),
         probe_interval: ms(d.probe_interval_ms).max(probe_timeout + ms(50)),
         good_probes: d.good_probes,
         holddown_base,
@@ -411,61 +387,37 @@ pub(super) fn detect_config(d: &r2ccl_config::DetectConfig) -> r2ccl_detect::Det
     }
 }
 
-/// A node of the communicator as r2ccl-topo models it: one virtual NIC per rail named after
-/// `nics` (made distinct when several rails share an interface, as loopback runs do), at `mbps`,
-/// on the NUMA nodes `numa[rail]` (unknown: `None`).
-pub(super) fn communicator_node(
-    hostname: &str,
-    nics: &[String],
-    mbps: u64,
-    numa: &[Option<u32>],
-) -> r2ccl_topo::NodeTopology {
-    let mut node = r2ccl_topo::NodeTopology::empty(hostname);
-    let mut ids: Vec<u32> = numa.iter().flatten().copied().collect();
-    ids.sort_unstable();
-    ids.dedup();
-    node.numa_nodes = ids.into_iter().map(|id| r2ccl_topo::NumaNode { id, cpus: None, memory_bytes: None }).collect();
-    for (r, nic) in nics.iter().enumerate() {
-        let unique = nics.iter().filter(|x| *x == nic).count() == 1;
-        node.nics.push(r2ccl_topo::Nic {
-            name: if unique { nic.clone() } else { format!("{nic}.{r}") },
-            rail: r2ccl_core::RailId(r as u16),
-            speed_mbps: mbps,
-            link_up: true,
-            is_virtual: true,
-            numa: numa.get(r).copied().flatten(),
-            pci: None,
-            host_bridge: None,
-            switches: Vec::new(),
-        });
-    }
-    node
-}
-
-/// The transport topology: every node has `nics` NICs; each NIC's backup chain is r2ccl-topo's
-/// ([`r2ccl_topo::NodeTopology::backup_chain`]) on the NICs' NUMA nodes (`numa[node][rail]`,
-/// from the node's first rank's blob): the same NUMA node first, then the others, each group in
-/// rail order starting after the NIC.
-pub(super) fn transport_topology(
+/// The communicator's cluster as r2ccl-topo models it: node `n` named `names[n]` with one NIC per
+/// rail named after this rank's `nics`, at the rate and on the NUMA node `facts[n][rail]` (what the
+/// node's first rank announced; a rate it did not give is [`NIC_MBPS`]), rank `r` on node
+/// `node_of[r]`. Backup chains come from it ([`r2ccl_topo::NodeTopology::backup_chain`]: the same
+/// NUMA node first, then the others, each group in rail order starting after the NIC).
+pub(super) fn communicator_cluster(
+    names: &[&str],
     node_of: &[u32],
-    nics: usize,
-    numa: &[Vec<Option<u32>>],
-) -> Result<Topology, CommError> {
-    let nodes = node_of.iter().max().map_or(0, |&m| m as usize + 1);
-    let k = u16::try_from(nics).map_err(|_| CommError::Invalid(format!("{nics} NICs")))?;
-    let names: Vec<String> = (0..k).map(|r| format!("rail{r}")).collect();
-    let mut chains = BTreeMap::new();
-    for n in 0..nodes as u32 {
-        let node_numa: Vec<Option<u32>> =
-            (0..usize::from(k)).map(|r| numa.get(n as usize).and_then(|v| v.get(r)).copied().flatten()).collect();
-        let node = communicator_node("", &names, 1, &node_numa);
-        for r in 0..k {
-            let chain = node.backup_chain(r2ccl_core::RailId(r));
-            chains.insert(NicId::new(n, r), chain.into_iter().map(|x| NicId { node: NodeId(n), rail: x }).collect());
-        }
-    }
-    Topology::new(node_of.iter().map(|&n| NodeId(n)).collect(), vec![k; nodes], chains)
-        .map_err(|e| CommError::Invalid(e.to_string()))
+    nics: &[String],
+    facts: &[Vec<NicFacts>],
+) -> Result<r2ccl_topo::ClusterTopology, CommError> {
+    let nodes = names
+        .iter()
+        .enumerate()
+        .map(|(n, name)| {
+            let node_facts = facts.get(n).map_or(&[][..], Vec::as_slice);
+            let rails: Vec<(&str, u64, Option<u32>)> = nics
+                .iter()
+                .enumerate()
+                .map(|(r, nic)| {
+                    let f = node_facts.get(r);
+                    let mbps = f.map(|f| f.mbps).filter(|&m| m > 0).unwrap_or(NIC_MBPS);
+                    (nic.as_str(), mbps, f.and_then(|f| f.numa))
+                })
+                .collect();
+            r2ccl_topo::NodeTopology::from_nics(*name, &rails)
+        })
+        .collect();
+    let placement: Vec<NodeId> = node_of.iter().map(|&n| NodeId(n)).collect();
+    r2ccl_topo::ClusterTopology::with_ranks_on(Some("r2ccl-communicator".into()), nodes, &placement)
+        .map_err(|e| CommError::Invalid(format!("cluster model: {e}")))
 }
 
 /// NIC rate assumed when neither `transport.nic_speed_mbps` nor the driver gives one, Mbit/s.
@@ -530,11 +482,6 @@ pub(crate) fn blob_facts(blob: &[u8]) -> Option<Vec<NicFacts>> {
     let speeds = speeds.chunks_exact(8).filter_map(|b| <[u8; 8]>::try_from(b).ok().map(u64::from_le_bytes));
     let numas = numas.chunks_exact(4).filter_map(|b| <[u8; 4]>::try_from(b).ok().map(u32::from_le_bytes));
     Some(speeds.zip(numas).map(|(mbps, n)| NicFacts { mbps, numa: (n != NO_NUMA).then_some(n) }).collect())
-}
-
-/// The slowest NIC rate in a peer's blob; `None` when it lists none or is malformed.
-pub(super) fn blob_min_speed(blob: &[u8]) -> Option<u64> {
-    blob_facts(blob)?.iter().map(|f| f.mbps).filter(|&v| v > 0).min()
 }
 
 /// `topo.file`: the entry of host `node` (`R2CCL_NODE` or the host name) in the static

@@ -142,8 +142,9 @@ impl Engine {
         self.advance(now, t)
     }
 
-    /// Have the detector watch the same-rail paths to `peer` (one connection per rail, a chain
-    /// of one path: lanes move between paths through the lane migration protocol).
+    /// Have the detector watch the same-rail paths to `peer` (one connection per rail, each on
+    /// its one path: the detector judges health only, and lanes move between paths through the
+    /// lane migration protocol, `r2ccl_transport::migrate`).
     pub(super) fn watch_peer(&mut self, now: Duration, peer: Rank) {
         if peer == self.rank || !self.watched.insert(peer) {
             return;
@@ -154,7 +155,7 @@ impl Engine {
         for nic in topo.nics_of(me) {
             let Some(&remote) = theirs.iter().find(|n| n.rail == nic.rail) else { continue };
             let conn = ConnId::new(self.rank.0, peer.0, u32::from(nic.rail.0));
-            if let Err(e) = self.detector.add_connection(now, conn, vec![PathPair { src_nic: nic, dst_nic: remote }]) {
+            if let Err(e) = self.detector.add_connection(now, conn, PathPair { src_nic: nic, dst_nic: remote }) {
                 tracing::debug!(target: subsys::DETECT, rank = %self.rank, %peer, %e, "path not watched");
             }
         }
@@ -220,13 +221,6 @@ impl Engine {
                     self.on_verdict(now, t, from_detect(path), verdict, method)?;
                 }
                 DetectCommand::DeclareRecovered { path } => self.on_detector_recovered(now, t, from_detect(path))?,
-                // Connections have a single path here: lanes move through the lane migration
-                // protocol (r2ccl_transport::migrate), and every collective is planned from the
-                // agreed view anyway.
-                DetectCommand::Quiesce { .. }
-                | DetectCommand::MigratePath { .. }
-                | DetectCommand::FailBack { .. }
-                | DetectCommand::RequestReplan { .. } => {}
             }
         }
         while let Some(ev) = self.detector.poll_event() {
