@@ -79,6 +79,13 @@ fn main() -> Result<(), CommError> {
     let n = 2 * (SPLITS + 1);
     let many = idle_share();
     println!("{n} idle communicators: {:.2}% of a core in all ({:.3}% each)", many * 100.0, many * 100.0 / n as f64);
+    let added = (many - two).max(0.0);
+    println!(
+        "the {} from split: {:.2}% of a core in all ({:.3}% each)",
+        n - 2,
+        added * 100.0,
+        added * 100.0 / (n - 2) as f64
+    );
     let (rss1, threads1) = (status_field("VmRSS:"), status_field("Threads:"));
     let per = |a: u64, b: u64| b.saturating_sub(a) as f64 / (n - 2) as f64;
     println!(

@@ -327,6 +327,16 @@ impl Switch {
         }
     }
 
+    /// When [`Switch::handle_timeout`] next has something to repeat (`None`: nothing is
+    /// unanswered), so that an idle driver can sleep until then.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        if self.rank == LEADER {
+            self.collect.as_ref().map(|c| c.asked_at + self.retry)
+        } else {
+            self.joined.map(|(_, at)| at + self.retry)
+        }
+    }
+
     /// A message from rank `from`. Messages of rounds already over are ignored (a Join of the
     /// last decided round is answered with its decision again).
     pub fn handle_msg(&mut self, now: Duration, from: u32, msg: SwitchMsg) -> Result<(), AgreeError> {

@@ -146,7 +146,11 @@ fn slow_drip_oversized_and_many_strangers_do_not_stall_the_rendezvous() {
     }
     // The ranks queue behind at most two rounds of 64 silent strangers (2 s each).
     assert!(took < Duration::from_secs(9), "the ranks joined in {took:?}");
-    assert!(rejected >= 64, "the strangers were counted: {rejected}");
+    // The backlog is first come, first served and at most 64 handshakes run at once, so the 103
+    // strangers ahead of the two ranks are accepted before them: at least 103 + 2 - 64 = 41 of the
+    // strangers were turned away before the last rank got in. (How many more depends on how the
+    // first wave's 2 s deadlines spread out under load: 52 on a busy CI machine.)
+    assert!(rejected >= 41, "the strangers were counted: {rejected}");
     drop(silent);
 }
 

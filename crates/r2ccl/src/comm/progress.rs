@@ -213,9 +213,14 @@ impl Progress {
                     let mut fds = self.mesh.fds();
                     fds.push(self.wake_rx.fd());
                     let wait = if last_busy.elapsed() > QUIET_AFTER {
+                        // Every timer of an idle communicator: the engine's (heartbeats and
+                        // probes of idle paths, resends), the health switch's resends, and a
+                        // silent OOB peer's deadline.
                         let now = self.now();
-                        let next = self.engine.poll_timeout().map_or(QUIET_WAIT, |t| t.saturating_sub(now));
-                        next.clamp(IDLE_WAIT, QUIET_WAIT)
+                        let timers = [self.engine.poll_timeout(), self.switch.poll_timeout()];
+                        let next = timers.into_iter().flatten().min().map_or(QUIET_WAIT, |t| t.saturating_sub(now));
+                        let silence = self.mesh.silence_deadline().map(|d| d.saturating_duration_since(Instant::now()));
+                        next.min(silence.unwrap_or(QUIET_WAIT)).clamp(IDLE_WAIT, QUIET_WAIT)
                     } else {
                         IDLE_WAIT
                     };

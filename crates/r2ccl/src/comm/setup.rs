@@ -510,9 +510,10 @@ pub(super) const IDLE_SPINS: u32 = 8;
 /// timer's lateness during a collective).
 pub(super) const IDLE_WAIT: Duration = Duration::from_millis(1);
 /// Longest sleep once no call has run or waited for [`QUIET_AFTER`]: an idle communicator
-/// sleeps until the engine's next timer (heartbeats and probes of idle paths), at most this
-/// long, instead of waking 1,000 times a second; UCX, OOB and caller events wake it at once.
-pub(super) const QUIET_WAIT: Duration = Duration::from_millis(100);
+/// sleeps until its next timer (the engine's heartbeats and probes of idle paths, the health
+/// switch's resends, a silent OOB peer's deadline), at most this long, instead of waking 1,000
+/// times a second; UCX, OOB and caller events wake it at once.
+pub(super) const QUIET_WAIT: Duration = Duration::from_secs(1);
 /// How long after its last call a communicator counts as quiet.
 pub(super) const QUIET_AFTER: Duration = Duration::from_millis(100);
 

@@ -125,8 +125,33 @@ pub enum OobError {
     NoSuchRank(u32),
 }
 
-/// Longest the acceptor sleeps in poll(2) before it looks at the shutdown flag again.
-const ACCEPT_WAIT_MS: i32 = 100;
+/// Longest the acceptor sleeps in poll(2) before it looks at the shutdown flag again (a safety
+/// net: a shutdown wakes it at once through [`StopFd`]).
+const ACCEPT_WAIT_MS: i32 = 5_000;
+
+/// An eventfd the acceptor sleeps on beside its listener: setting it wakes the acceptor at once,
+/// so an idle communicator's acceptor needs no timer to notice a shutdown.
+#[derive(Debug)]
+struct StopFd(std::os::fd::OwnedFd);
+
+impl StopFd {
+    fn new() -> io::Result<Self> {
+        // SAFETY: eventfd takes no pointers; a negative result is an error.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        Ok(Self(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }))
+    }
+
+    /// Wake whoever polls it (it stays readable: every later poll returns at once too).
+    fn signal(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes the 8 bytes of a local array to a descriptor this struct owns.
+        let _ = unsafe { libc::write(std::os::fd::AsRawFd::as_raw_fd(&self.0), one.as_ptr().cast(), one.len()) };
+    }
+}
 const HELLO_LIMIT: Duration = Duration::from_secs(2);
 
 /// Most bytes queued for one peer before it counts as stuck.
@@ -222,6 +247,8 @@ pub struct OobMesh {
     inbox: Mutex<Inbox>,
     stats: Arc<OobStats>,
     shutdown: Arc<AtomicBool>,
+    /// Wakes the acceptor when the mesh goes away.
+    stop: Arc<StopFd>,
 }
 
 /// The read side of every connection: partial frames, liveness, decoded events not yet taken.
@@ -353,6 +380,7 @@ impl OobMesh {
         let start = Instant::now();
         let stats = Arc::new(OobStats::default());
         let shutdown = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(StopFd::new().map_err(|source| OobError::Io { rank, source })?);
         let mut streams: Vec<Option<(TcpStream, hello::Keys)>> = (0..world).map(|_| None).collect();
         for peer in table.iter().filter(|p| p.rank < rank) {
             let s = hello::connect(&peer.oob_addr, secret, rank, peer.rank, deadline)
@@ -362,7 +390,7 @@ impl OobMesh {
         let expected: u32 = world - rank - 1;
         let (acc_tx, acc_rx) = crossbeam_channel::unbounded::<(u32, TcpStream, hello::Keys)>();
         {
-            let (secret, stats, shutdown) = (secret.clone(), stats.clone(), shutdown.clone());
+            let (secret, stats, shutdown, stop) = (secret.clone(), stats.clone(), shutdown.clone(), stop.clone());
             if let Err(source) = listener.set_nonblocking(true) {
                 return Err(OobError::Io { rank, source });
             }
@@ -378,16 +406,23 @@ impl OobMesh {
                     let (s, addr) = match listener.accept() {
                         Ok(x) => x,
                         Err(_) => {
-                            // Sleep in poll(2) until a connection arrives (at most ACCEPT_WAIT,
-                            // so a shutdown is seen), not in a fixed nap: an idle communicator's
-                            // acceptor must not wake 100 times a second.
-                            let mut fd = libc::pollfd {
-                                fd: std::os::fd::AsRawFd::as_raw_fd(&listener),
-                                events: libc::POLLIN,
-                                revents: 0,
-                            };
-                            // SAFETY: one valid pollfd for the call's duration.
-                            unsafe { libc::poll(&mut fd, 1, ACCEPT_WAIT_MS) };
+                            // Sleep in poll(2) until a connection arrives or a shutdown signals
+                            // the stop descriptor, not in a nap: an idle communicator's acceptor
+                            // must not wake on a timer.
+                            let mut fds = [
+                                libc::pollfd {
+                                    fd: std::os::fd::AsRawFd::as_raw_fd(&listener),
+                                    events: libc::POLLIN,
+                                    revents: 0,
+                                },
+                                libc::pollfd {
+                                    fd: std::os::fd::AsRawFd::as_raw_fd(&stop.0),
+                                    events: libc::POLLIN,
+                                    revents: 0,
+                                },
+                            ];
+                            // SAFETY: two valid pollfd structs for the call's duration.
+                            unsafe { libc::poll(fds.as_mut_ptr(), 2, ACCEPT_WAIT_MS) };
                             continue;
                         }
                     };
@@ -442,6 +477,7 @@ impl OobMesh {
                 }
                 Err(_) => {
                     shutdown.store(true, Ordering::Relaxed);
+                    stop.signal();
                     let missing = (0..world).filter(|&r| r != rank && streams[r as usize].is_none()).collect();
                     return Err(OobError::Timeout { missing, waited_ms: start.elapsed().as_millis() as u64 });
                 }
@@ -475,11 +511,11 @@ impl OobMesh {
             writers.push(Some(Arc::new(Mutex::new(out))));
         }
         let beat: Vec<Arc<Mutex<PeerOut>>> = writers.iter().flatten().cloned().collect();
-        let stop = shutdown.clone();
+        let quit = shutdown.clone();
         let period = peer_timeout / 4;
         let beats = stats.clone();
         let heartbeat = move || {
-            while !stop.load(Ordering::Relaxed) {
+            while !quit.load(Ordering::Relaxed) {
                 for w in &beat {
                     let mut out = w.lock().unwrap_or_else(PoisonError::into_inner);
                     // A heartbeat behind queued frames adds nothing; the queue is drained either
@@ -499,7 +535,7 @@ impl OobMesh {
             .spawn(heartbeat)
             .map_err(|source| OobError::Io { rank, source })?;
         let inbox = Inbox { peers, events: VecDeque::new(), timeout: peer_timeout };
-        Ok(Self { rank, writers, peer_timeout, backlog, inbox: Mutex::new(inbox), stats, shutdown })
+        Ok(Self { rank, writers, peer_timeout, backlog, inbox: Mutex::new(inbox), stats, shutdown, stop })
     }
 
     /// This rank.
@@ -542,6 +578,14 @@ impl OobMesh {
             .filter(|&r| r != self.rank)
             .filter(|&r| self.send(r, channel, payload).is_err())
             .collect()
+    }
+
+    /// When the first live peer counts as silent (it sent nothing, heartbeats included, for the
+    /// peer timeout), if this rank has a live peer: an idle progress thread wakes by then to
+    /// report it, as a closed connection wakes it at once.
+    pub fn silence_deadline(&self) -> Option<Instant> {
+        let inbox = self.inbox.lock().unwrap_or_else(PoisonError::into_inner);
+        inbox.peers.iter().flatten().map(|p| p.heard + inbox.timeout).min()
     }
 
     /// The next event, or `None` if nothing arrives by `deadline` (a deadline already passed
@@ -618,6 +662,7 @@ impl OobMesh {
 impl Drop for OobMesh {
     fn drop(&mut self) {
         self.shutdown.store(true, Ordering::Relaxed);
+        self.stop.signal();
         for w in self.writers.iter().flatten() {
             let out = w.lock().unwrap_or_else(PoisonError::into_inner);
             // What is queued goes out if the socket takes it now; then closing both directions
