@@ -2,8 +2,9 @@
 //!
 //! What it does: defines the ids every other crate speaks in (rank, node, rail, NIC),
 //! the [`HealthView`] with its epoch, the data types and reduce operations of
-//! collectives, fast CPU reduction kernels, the logging subsystem names, and an integer-key
-//! hash map for hot lookups ([`fastmap`]).
+//! collectives, fast CPU reduction kernels, the logging subsystem names, an integer-key
+//! hash map for hot lookups ([`fastmap`]), and the text and Graphviz renderings of the state
+//! machines' declared transition tables ([`table`]).
 //!
 //! What it does not do: no IO, no clocks, no threads, no configuration loading and no
 //! logging setup. It is small and slow-moving on purpose so that single crates can be
@@ -16,6 +17,7 @@ mod health;
 mod ids;
 pub mod kernels;
 pub mod subsys;
+pub mod table;
 
 pub use dtype::{DType, ParseNameError, ReduceOp};
 pub use error::{HealthError, KernelError};

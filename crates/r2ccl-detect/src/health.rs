@@ -6,7 +6,7 @@
 //! table is an illegal transition and returns an error.
 
 use crate::triangulate::Verdict;
-use std::fmt::{self, Write as _};
+use std::fmt;
 
 /// The health of one path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -324,43 +324,35 @@ impl fmt::Display for EventKind {
     }
 }
 
+fn rules() -> Vec<r2ccl_core::table::Rule> {
+    TRANSITIONS
+        .iter()
+        .map(|r| r2ccl_core::table::Rule {
+            from: r.from.to_string(),
+            event: r.event.to_string(),
+            guard: (r.guard != Guard::Always).then(|| r.guard.label().to_owned()),
+            to: r.to.to_string(),
+            notes: vec![r.action.to_owned()],
+        })
+        .collect()
+}
+
+fn state_names() -> Vec<String> {
+    StateKind::ALL.iter().map(ToString::to_string).collect()
+}
+
 /// The transition table as aligned text: one line per rule, then the illegal pairs.
 pub fn render_table() -> String {
-    let mut out = String::from("# r2ccl-detect path health transitions (generated from health::TRANSITIONS)\n");
-    let _ = writeln!(out, "{:<11} {:<12} {:<22} {:<11} action", "from", "event", "guard", "to");
-    for r in TRANSITIONS {
-        let guard = if r.guard == Guard::Always { "-" } else { r.guard.label() };
-        let _ = writeln!(out, "{:<11} {:<12} {:<22} {:<11} {}", r.from, r.event, guard, r.to, r.action);
-    }
-    out.push_str("\n# illegal (returns IllegalTransition)\n");
-    for s in StateKind::ALL {
-        let illegal: Vec<String> = EventKind::ALL
-            .iter()
-            .filter(|e| !TRANSITIONS.iter().any(|r| r.from == s && r.event == **e))
-            .map(ToString::to_string)
-            .collect();
-        let _ = writeln!(out, "{:<11} {}", s, if illegal.is_empty() { "-".to_string() } else { illegal.join(", ") });
-    }
-    out
+    let events: Vec<String> = EventKind::ALL.iter().map(ToString::to_string).collect();
+    let title = "# r2ccl-detect path health transitions (generated from health::TRANSITIONS)";
+    r2ccl_core::table::render_text(title, &["action"], &rules(), &state_names(), &events, "IllegalTransition")
 }
 
 /// The transition table as a Graphviz digraph (self-loops left out to keep it readable;
 /// they are in [`render_table`]).
 pub fn render_dot() -> String {
-    let mut out = String::from(
-        "// generated from r2ccl_detect::health::TRANSITIONS by tests/snapshots.rs; do not edit\n\
-         digraph path_health {\n  rankdir=LR;\n  node [shape=box, style=rounded];\n",
-    );
-    for s in StateKind::ALL {
-        let _ = writeln!(out, "  {s};");
-    }
-    for r in TRANSITIONS.iter().filter(|r| r.from != r.to) {
-        let label =
-            if r.guard == Guard::Always { r.event.to_string() } else { format!("{} [{}]", r.event, r.guard.label()) };
-        let _ = writeln!(out, "  {} -> {} [label=\"{}\"];", r.from, r.to, label);
-    }
-    out.push_str("}\n");
-    out
+    let source = "r2ccl_detect::health::TRANSITIONS by tests/snapshots.rs";
+    r2ccl_core::table::render_dot(source, "path_health", &rules(), &state_names())
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use crate::ids::{LaneId, PathId, TransferKey};
 use crate::session::MigrationRequest;
 use r2ccl_core::{NicId, Rank};
 use std::collections::{BTreeMap, VecDeque};
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::time::Duration;
 
 /// FAILOVER_REQ, sender to receiver: lane `lane` moves to the path (`local` -> `remote`, in the
@@ -624,51 +624,34 @@ impl fmt::Display for EventKind {
     }
 }
 
+fn rules() -> Vec<r2ccl_core::table::Rule> {
+    TRANSITIONS
+        .iter()
+        .map(|r| r2ccl_core::table::Rule {
+            from: r.from.to_string(),
+            event: r.event.to_string(),
+            guard: (r.guard != Guard::Always).then(|| r.guard.label().to_owned()),
+            to: r.to.to_string(),
+            notes: vec![format!("{:?}", r.action), r.says.to_owned()],
+        })
+        .collect()
+}
+
+fn state_names() -> Vec<String> {
+    StateKind::ALL.iter().map(ToString::to_string).collect()
+}
+
 /// The transition table as aligned text: one line per rule, then the illegal pairs.
 pub fn render_table() -> String {
-    let mut out = String::from("# r2ccl-transport lane migration transitions (generated from migrate::TRANSITIONS)\n");
-    let _ = writeln!(out, "{:<15} {:<9} {:<23} {:<15} {:<8} says", "from", "event", "guard", "to", "action");
-    for r in TRANSITIONS {
-        let action = format!("{:?}", r.action);
-        let _ = writeln!(
-            out,
-            "{:<15} {:<9} {:<23} {:<15} {:<8} {}",
-            r.from,
-            r.event,
-            r.guard.label(),
-            r.to,
-            action,
-            r.says
-        );
-    }
-    out.push_str("\n# illegal (returns IllegalMigration)\n");
-    for s in StateKind::ALL {
-        let illegal: Vec<String> = EventKind::ALL
-            .iter()
-            .filter(|e| !TRANSITIONS.iter().any(|r| r.from == s && r.event == **e))
-            .map(ToString::to_string)
-            .collect();
-        let _ = writeln!(out, "{:<15} {}", s, if illegal.is_empty() { "-".to_string() } else { illegal.join(", ") });
-    }
-    out
+    let events: Vec<String> = EventKind::ALL.iter().map(ToString::to_string).collect();
+    let title = "# r2ccl-transport lane migration transitions (generated from migrate::TRANSITIONS)";
+    r2ccl_core::table::render_text(title, &["action", "says"], &rules(), &state_names(), &events, "IllegalMigration")
 }
 
 /// The transition table as a Graphviz digraph (self-loops left out; they are in [`render_table`]).
 pub fn render_dot() -> String {
-    let mut out = String::from(
-        "// generated from r2ccl_transport::migrate::TRANSITIONS by tests/migrate_machine.rs; do not edit\n\
-         digraph lane_migration {\n  rankdir=LR;\n  node [shape=box, style=rounded];\n",
-    );
-    for s in StateKind::ALL {
-        let _ = writeln!(out, "  {s};");
-    }
-    for r in TRANSITIONS.iter().filter(|r| r.from != r.to) {
-        let label =
-            if r.guard == Guard::Always { r.event.to_string() } else { format!("{} [{}]", r.event, r.guard.label()) };
-        let _ = writeln!(out, "  {} -> {} [label=\"{}\"];", r.from, r.to, label);
-    }
-    out.push_str("}\n");
-    out
+    let source = "r2ccl_transport::migrate::TRANSITIONS by tests/migrate_machine.rs";
+    r2ccl_core::table::render_dot(source, "lane_migration", &rules(), &state_names())
 }
 
 #[cfg(test)]
