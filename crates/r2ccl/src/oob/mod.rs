@@ -483,6 +483,12 @@ impl OobMesh {
                 }
             }
         }
+        // From here on an error must also end the acceptor, which is running already.
+        let fail = |e: OobError| {
+            shutdown.store(true, Ordering::Relaxed);
+            stop.signal();
+            e
+        };
         let backlog = Arc::new(AtomicBool::new(false));
         let mut writers = Vec::with_capacity(world as usize);
         let mut peers = Vec::with_capacity(world as usize);
@@ -495,10 +501,10 @@ impl OobMesh {
             };
             let io = |source| OobError::Io { rank: peer as u32, source };
             // Control messages are small and latency-bound: no Nagle delay.
-            s.set_nodelay(true).map_err(io)?;
+            s.set_nodelay(true).map_err(io).map_err(fail)?;
             // Reads (MSG_DONTWAIT) and writes (queued) never block.
-            s.set_nonblocking(true).map_err(io)?;
-            let reader = s.try_clone().map_err(io)?;
+            s.set_nonblocking(true).map_err(io).map_err(fail)?;
+            let reader = s.try_clone().map_err(io).map_err(fail)?;
             peers.push(Some(PeerIn { stream: reader, key: keys.inbound, buf: Vec::new(), heard }));
             let out = PeerOut {
                 stream: s,
@@ -533,7 +539,7 @@ impl OobMesh {
         std::thread::Builder::new()
             .name("r2ccl-oob-heartbeat".into())
             .spawn(heartbeat)
-            .map_err(|source| OobError::Io { rank, source })?;
+            .map_err(|source| fail(OobError::Io { rank, source }))?;
         let inbox = Inbox { peers, events: VecDeque::new(), timeout: peer_timeout };
         Ok(Self { rank, writers, peer_timeout, backlog, inbox: Mutex::new(inbox), stats, shutdown, stop })
     }
