@@ -423,10 +423,11 @@ impl Harness {
                     }
                 }
             }
+            // The machine takes the lane now; its messages go once the events are handled (the end
+            // of `control`), so a migration that stops a lane again waits for the next round.
             SessionEvent::MigrationNeeded(req) => {
                 let path = self.sessions[rank.index()].choose_path(req.lane);
                 self.migrations[rank.index()].handle_stopped(now, req, now, path)?;
-                self.pump(now)?;
             }
             SessionEvent::BetterPath { lane, .. } => {
                 let mut port = self.fabric.port(rank)?;
