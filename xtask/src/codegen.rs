@@ -48,6 +48,8 @@ const FUNCTIONS: &[&str] = &[
     "ucp_tag_send_nbx",
     "ucp_tag_recv_nbx",
     "ucp_tag_recv_request_test",
+    "ucp_tag_probe_nb",
+    "ucp_tag_msg_recv_nbx",
     "ucp_request_check_status",
     "ucp_request_free",
     "ucp_request_cancel",

@@ -81,6 +81,16 @@ pub enum TransportEvent {
         /// Whether it is up now.
         up: bool,
     },
+    /// A message that arrived on `path` while no receive was posted there (a path the session does
+    /// not listen on yet), taken out of the backend's own queue so that nothing waits there without
+    /// bound. Handled as a completed receive on `path` ([`CompletionKind::Received`] or
+    /// [`CompletionKind::Header`]), with no request of the session's behind it.
+    Unsolicited {
+        /// The path it came on.
+        path: PathId,
+        /// What arrived.
+        kind: CompletionKind,
+    },
 }
 
 /// A payload that waits for its receive, announced by [`CompletionKind::Header`]. Opaque: only the

@@ -147,6 +147,12 @@ pub struct ucp_worker {
 }
 pub type ucp_worker_h = *mut ucp_worker;
 pub type ucp_tag_t = u64;
+#[repr(C)]
+#[derive(Debug)]
+pub struct ucp_recv_desc {
+    _unused: [u8; 0],
+}
+pub type ucp_tag_message_h = *mut ucp_recv_desc;
 pub type ucp_datatype_t = u64;
 pub type ucp_request_init_callback_t =
     ::std::option::Option<unsafe extern "C" fn(request: *mut ::std::os::raw::c_void)>;
@@ -546,6 +552,24 @@ unsafe extern "C" {
         count: usize,
         tag: ucp_tag_t,
         tag_mask: ucp_tag_t,
+        param: *const ucp_request_param_t,
+    ) -> ucs_status_ptr_t;
+}
+unsafe extern "C" {
+    pub fn ucp_tag_probe_nb(
+        worker: ucp_worker_h,
+        tag: ucp_tag_t,
+        tag_mask: ucp_tag_t,
+        remove: ::std::os::raw::c_int,
+        info: *mut ucp_tag_recv_info_t,
+    ) -> ucp_tag_message_h;
+}
+unsafe extern "C" {
+    pub fn ucp_tag_msg_recv_nbx(
+        worker: ucp_worker_h,
+        buffer: *mut ::std::os::raw::c_void,
+        count: usize,
+        message: ucp_tag_message_h,
         param: *const ucp_request_param_t,
     ) -> ucs_status_ptr_t;
 }

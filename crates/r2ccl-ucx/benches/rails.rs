@@ -33,6 +33,7 @@ fn scenario(tb: &Testbed, bytes: usize, chunk: u32, window: u32) -> Scenario {
         weights: Vec::new(),
         repeat: 1,
         inflight: 1,
+        report_after_ms: 0,
     }
 }
 

@@ -75,8 +75,10 @@ pub use memory::{MemRegion, RegionSlice};
 pub use netlink::{ifindex, is_running, parse_link_messages, LinkChange, LinkMonitor};
 pub use rail::{probe_seq, NicEndpointSet, PeerEndpoints, Rail, PROBE_TAG_BIT};
 pub use request::{wait_all, Pending, RecvBuf, Request, SendBuf, CANCEL_GRACE};
-pub use transport::{parse_address_blob, FiredFault, UcxTransport, UcxTransportConfig, UcxTransportError, FAULT_ENV};
-pub use worker::{Worker, WorkerAddress, DEFAULT_MAX_ACCEPTED};
+pub use transport::{
+    parse_address_blob, FiredFault, SweepStats, UcxTransport, UcxTransportConfig, UcxTransportError, FAULT_ENV,
+};
+pub use worker::{Unexpected, Worker, WorkerAddress, DEFAULT_MAX_ACCEPTED};
 
 /// The UCX library version this process runs with, as `major.minor.release`.
 pub fn ucx_version() -> (u32, u32, u32) {

@@ -443,6 +443,49 @@ impl<B: RecvBuf> Request<B> {
         req.accept(ptr, 0)?;
         Ok(req)
     }
+
+    /// Take the oldest message waiting in `worker`'s unexpected queue under exactly `tag` (one no
+    /// receive matched when it arrived) and receive it into `buffer`: `ucp_tag_probe_nb` with
+    /// removal, then `ucp_tag_msg_recv_nbx`, under one hold of the lock. `Ok(None)` when no such
+    /// message waits. A message longer than the buffer completes as truncated, which frees it.
+    pub(crate) fn take_unexpected(
+        worker: Arc<WorkerShared>,
+        tag: u64,
+        mut buffer: B,
+    ) -> Result<Option<Self>, UcxError> {
+        let mut param = zeroed_param();
+        // As for `tag_recv`: a request always, so that the length and sender tag are known.
+        param.op_attr_mask = sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+        if let Some(memh) = buffer.memh(worker.context()) {
+            param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH;
+            param.memh = memh;
+        }
+        let len = buffer.recv_capacity();
+        let ptr = {
+            let locked = worker.lock();
+            let mut info = sys::ucp_tag_recv_info { sender_tag: 0, length: 0 };
+            // SAFETY: live worker, lock held, valid out pointer; with `remove` set the message is
+            // ours to receive, which happens below before the lock is released.
+            let msg = unsafe { sys::ucp_tag_probe_nb(locked.handle, tag, u64::MAX, 1, &mut info) };
+            if msg.is_null() {
+                return Ok(None);
+            }
+            // SAFETY: as in `tag_recv` for the buffer; `msg` was just removed from this worker's
+            // unexpected queue and is received exactly once.
+            unsafe { sys::ucp_tag_msg_recv_nbx(locked.handle, buffer.as_mut_ptr().cast(), len, msg, &param) }
+        };
+        let mut req = Self {
+            worker,
+            raw: std::ptr::null_mut(),
+            op: Op::Recv,
+            tag,
+            buffer: Some(buffer),
+            done: None,
+            endpoint: None,
+        };
+        req.accept(ptr, 0)?;
+        Ok(Some(req))
+    }
 }
 
 impl<B: SendBuf> Drop for Request<B> {

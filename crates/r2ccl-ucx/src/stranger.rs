@@ -13,7 +13,8 @@
 //! - messages longer than any receive under the data tags (a truncated receive used to fail the
 //!   path), and now and then a 4 MiB one;
 //! - probe replies under every tag the old 14-bit scheme could use, and random ones;
-//! - malformed probes (wrong size) claiming to come from a rank.
+//! - malformed probes (wrong size) claiming to come from a rank;
+//! - 16 KiB messages under tags no receive of the job's matches.
 
 use crate::{Context, ContextConfig, Endpoint, Request, UcxError, Worker, WorkerAddress, PROBE_TAG_BIT};
 use r2ccl_transport::{ChunkHeader, ChunkId, HeaderKey, HeaderMac, TransferKey};
@@ -161,4 +162,9 @@ fn forge(
         post(PROBE_TAG_BIT | REPLY_BIT | (round.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 2), Vec::new());
     }
     post(PROBE_TAG_BIT | (rail << 32) | u64::from(src), vec![1, 2, 3]);
+    // Tags that no receive of the job's ever matches (bits no sender sets, a rank past the world,
+    // a rail no rank has): UCX kept these in its unexpected queue for good.
+    for junk in [data_tag | (1 << 45), (1 << 61) | (rail << 32) | 0xFFFF_FF00, (200 << 32) | u64::from(src)] {
+        post(junk, vec![0xEE; 16 << 10]);
+    }
 }

@@ -20,7 +20,9 @@
 //! reply cannot make a dead path look alive. A header receive that fails (a message longer than any
 //! chunk, or a stranger's rendezvous abandoned half way: tags match any endpoint) is handed to the
 //! session as an empty message, which it counts as malformed and re-posts: never a path failure
-//! unless the NIC itself is down. The receiver
+//! unless the NIC itself is down. What no receive takes does not stay in UCX's unexpected queues:
+//! sweeps drop it, or hand it to the session when it may be a peer's ([`TransportEvent::Unsolicited`];
+//! `transport/sweep.rs`). The receiver
 //! reports the header ([`CompletionKind::Header`]); the session decides where the payload goes, and
 //! [`Transport::post_payload_recv`] posts a receive for exactly that tag, straight into the destination
 //! region where it can (`SessionConfig::place_payloads`, [`Transport::can_place`]; UCX's rendezvous then
@@ -54,7 +56,9 @@ use std::time::{Duration, Instant};
 mod backend;
 mod events;
 mod lifecycle;
+mod sweep;
 use events::{outcome, TagRng};
+pub use sweep::SweepStats;
 
 /// Tag bit of probe replies (with [`PROBE_TAG_BIT`]).
 const REPLY_BIT: u64 = 1 << 62;
@@ -339,6 +343,8 @@ pub struct UcxTransport {
     detached: Vec<Request<Vec<u8>>>,
     /// Data requests given up on that UCX has not let go of yet (each keeps its buffer or region).
     detached_data: Vec<Request<DataBuf>>,
+    /// Messages taken from an unexpected queue for the session, still arriving (`sweep`).
+    unsolicited: Vec<(PathId, Request<DataBuf>)>,
     /// Random bits for payload tags and probe nonces.
     rng: TagRng,
     regions: BTreeMap<MemHandle, Arc<MemRegion>>,
@@ -375,6 +381,9 @@ pub struct UcxTransport {
     unpolled: bool,
     /// When every outstanding request was last polled.
     polled_at: Instant,
+    /// When the unexpected queues were last swept, and what the sweeps did (`sweep`).
+    swept_at: Instant,
+    sweep: SweepStats,
 }
 
 /// Longest sleep of [`UcxTransport::wait`] while a send is in flight (see there).
@@ -462,6 +471,7 @@ impl UcxTransport {
             out: BTreeMap::new(),
             detached: Vec::new(),
             detached_data: Vec::new(),
+            unsolicited: Vec::new(),
             rng: TagRng::default(),
             regions: BTreeMap::new(),
             set,
@@ -483,6 +493,8 @@ impl UcxTransport {
             pool: crate::pool::BufPool::default(),
             unpolled: true,
             polled_at: Instant::now(),
+            swept_at: Instant::now(),
+            sweep: SweepStats::default(),
         })
     }
 

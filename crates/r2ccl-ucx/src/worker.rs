@@ -296,6 +296,15 @@ impl Drop for WorkerShared {
     }
 }
 
+/// A message in a worker's unexpected queue ([`Worker::peek_unexpected`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unexpected {
+    /// The tag it was sent with.
+    pub tag: u64,
+    /// Its length in bytes.
+    pub len: usize,
+}
+
 /// A UCP worker (`ucp_worker_h`) on one NIC's context. Cheap to clone (a shared handle).
 ///
 /// Thread safety: created `UCS_THREAD_MODE_SERIALIZED`; every call takes the worker's lock, so a worker
@@ -452,5 +461,24 @@ impl Worker {
     /// Post a tagged receive of a message whose tag matches `tag` on the bits set in `mask`, into `buffer`.
     pub fn tag_recv<B: RecvBuf>(&self, tag: u64, mask: u64, buffer: B) -> Result<Request<B>, UcxError> {
         Request::tag_recv(self.shared.clone(), tag, mask, buffer)
+    }
+
+    /// The oldest message waiting in the worker's unexpected queue (one that no posted receive
+    /// matched when it arrived) whose tag matches `tag` on the bits set in `mask` (`mask` 0: the
+    /// oldest of all), without taking it: its tag and length.
+    pub fn peek_unexpected(&self, tag: u64, mask: u64) -> Option<Unexpected> {
+        let locked = self.shared.lock();
+        let mut info = sys::ucp_tag_recv_info { sender_tag: 0, length: 0 };
+        // SAFETY: live worker, lock held, valid out pointer; without `remove` the message stays
+        // where it is and the returned handle is not used.
+        let msg = unsafe { sys::ucp_tag_probe_nb(locked.handle, tag, mask, 0, &mut info) };
+        (!msg.is_null()).then_some(Unexpected { tag: info.sender_tag, len: info.length })
+    }
+
+    /// Take the oldest message waiting in the unexpected queue under exactly `tag` and receive it
+    /// into `buffer` (one longer than the buffer completes as truncated: a way to discard it).
+    /// `Ok(None)` when none waits.
+    pub fn take_unexpected<B: RecvBuf>(&self, tag: u64, buffer: B) -> Result<Option<Request<B>>, UcxError> {
+        Request::take_unexpected(self.shared.clone(), tag, buffer)
     }
 }

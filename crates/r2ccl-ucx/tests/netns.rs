@@ -42,6 +42,7 @@ fn scenario(tb: &Testbed) -> Scenario {
         weights: Vec::new(),
         repeat: 1,
         inflight: 1,
+        report_after_ms: 0,
     }
 }
 

@@ -73,43 +73,40 @@ fn four_ranks_ring_with_a_down_nic_and_a_slow_nic() {
     report("4 ranks", &o);
 }
 
-/// A stranger who speaks UCX but lacks the secret floods every listener of a 2-rank, 2-rail ring
-/// with forged chunk headers (current and future transfers), forged split headers and payloads,
-/// oversized messages under data tags, forged probe replies and malformed probes. The transfers stay
-/// bit-exact, no path fails, and the forgeries are refused and counted.
-fn a_stranger_speaking_ucx_changes_nothing() {
-    let mut sc = Scenario::loopback(2, 2, 128 << 20);
-    // The stand-in detector's stall deadline: generous, so that two ranks and the stranger sharing
-    // two cores (a descheduled rank) are not taken for a dead path; what the stranger sends must
-    // fail no path by itself (a failed request is a path failure whatever the deadline).
-    sc.stall_ms = 3000;
+/// Runs `sc` while a stranger attacks every listener for `attack`; what the stranger sent.
+fn attacked(sc: &Scenario, attack: Duration) -> (Outcome, stranger::Sent) {
     let cmds = (0..sc.ranks).map(|_| self_cmd()).collect();
     let seen = Arc::new(Mutex::new(stranger::Sent::default()));
     let out = seen.clone();
     let total = sc.bytes as u64;
     let inject: common::Injector = Box::new(move |blobs| {
-        let sent = stranger::attack(blobs, total, Duration::from_millis(1500)).expect("the stranger opens UCX on lo");
+        let sent = stranger::attack(blobs, total, attack).expect("the stranger opens UCX on lo");
         *out.lock().unwrap() = sent;
         Vec::new()
     });
-    let o = run_cluster(cmds, &sc, Some(inject), LIMIT);
+    let o = run_cluster(cmds, sc, Some(inject), LIMIT);
     let sent = *seen.lock().unwrap();
     let per_rank: Vec<String> = o
         .results
         .iter()
         .map(|r| {
             format!(
-                "rank {}: {} ms, bad {}, path failures {}",
+                "rank {}: {} ms, bad {}, path failures {}, swept {} ({} B), unsolicited {}, left {} ({} B)",
                 r.rank,
                 r.num("ms"),
                 r.num("bad"),
-                r.num("path_failures")
+                r.num("path_failures"),
+                r.num("swept"),
+                r.num("swept_bytes"),
+                r.num("unsolicited"),
+                r.num("left"),
+                r.num("left_bytes"),
             )
         })
         .collect();
     eprintln!("  stranger: {sent:?}; job {:?}; {}", o.elapsed, per_rank.join("; "));
     o.assert_exact();
-    assert_eq!(sent.endpoints, 4, "the stranger connected to every listener (2 ranks x 2 rails)");
+    assert_eq!(sent.endpoints, 2 * sc.ranks as usize, "the stranger connected to every listener (2 rails per rank)");
     assert!(sent.messages > 1000, "the stranger sent {sent:?}");
     for r in &o.results {
         // No migration anywhere. A path failing under attack with nothing migrated has been
@@ -122,11 +119,51 @@ fn a_stranger_speaking_ucx_changes_nothing() {
         assert!(failures <= 2, "rank {}: paths failed: {:?}", r.rank, r.fields);
         assert_eq!(r.num("migrations"), 0, "rank {}: nothing migrated: {:?}", r.rank, r.fields);
     }
-    // Bounded, not timed: a rank descheduled on two shared cores can take a few seconds.
-    assert!(o.elapsed < Duration::from_secs(20), "the job finished in {:?}", o.elapsed);
     let refused: u64 = o.results.iter().map(|r| r.num("bad")).sum();
     eprintln!("  forged or oversized messages refused by the ranks: {refused}");
     assert!(refused > 0, "the forgeries reached the ranks' receives and were refused: {:?}", o.results);
+    (o, sent)
+}
+
+/// A stranger who speaks UCX but lacks the secret floods every listener of a 2-rank, 2-rail ring
+/// with forged chunk headers (current and future transfers), forged split headers and payloads,
+/// oversized messages under data tags, forged probe replies and malformed probes. The transfers stay
+/// bit-exact, no path fails, and the forgeries are refused and counted.
+fn a_stranger_speaking_ucx_changes_nothing() {
+    let mut sc = Scenario::loopback(2, 2, 128 << 20);
+    // The stand-in detector's stall deadline: generous, so that two ranks and the stranger sharing
+    // two cores (a descheduled rank) are not taken for a dead path; what the stranger sends must
+    // fail no path by itself (a failed request is a path failure whatever the deadline).
+    sc.stall_ms = 3000;
+    let (o, _) = attacked(&sc, Duration::from_millis(1500));
+    // Bounded, not timed: a rank descheduled on two shared cores can take a few seconds.
+    assert!(o.elapsed < Duration::from_secs(20), "the job finished in {:?}", o.elapsed);
+}
+
+/// What the stranger sends under tags that no receive takes (payloads no header announced, probe
+/// replies to no probe, tags naming no rank or rail, and anything for a path a rank does not
+/// listen on: here rank 0 only sends) does not pile up in UCX's unexpected queues: each rank's
+/// sweeps take it out while the attack goes on, and once the stranger has stopped nothing of it
+/// is left. Before the sweeps, all of it stayed there (a rank's memory grew with it).
+fn a_strangers_unmatched_messages_do_not_pile_up_in_ucx() {
+    let mut sc = Scenario::loopback(2, 2, 32 << 20);
+    sc.pattern = "one".into();
+    sc.stall_ms = 3000;
+    // Reported after the stranger stopped (1.5 s, then 0.2 s closing its endpoints).
+    sc.report_after_ms = 3000;
+    let (o, sent) = attacked(&sc, Duration::from_millis(1500));
+    for r in &o.results {
+        let f = &r.fields;
+        assert!(r.num("swept") > 1000, "rank {}: the sweeps dropped the unmatched messages: {f:?}", r.rank);
+        // What arrived between the last sweep and the count, at most.
+        assert!(r.num("left") <= 64, "rank {}: messages left waiting in UCX after the attack: {f:?}", r.rank);
+    }
+    // Rank 0 listens on no path: the stranger's headers claiming rank 1 reached it as unsolicited
+    // messages, refused by its session.
+    let r0 = &o.results[0];
+    assert!(r0.num("unsolicited") > 100, "rank 0 took in the headers on paths it does not listen on: {r0:?}");
+    assert!(r0.num("bad") > 100, "and refused them: {r0:?}");
+    eprintln!("  unmatched: the stranger sent {} messages", sent.messages);
 }
 
 fn main() {
@@ -148,6 +185,10 @@ fn main() {
             ),
             ("four_ranks_ring_with_a_down_nic_and_a_slow_nic", four_ranks_ring_with_a_down_nic_and_a_slow_nic),
             ("a_stranger_speaking_ucx_changes_nothing", a_stranger_speaking_ucx_changes_nothing),
+            (
+                "a_strangers_unmatched_messages_do_not_pile_up_in_ucx",
+                a_strangers_unmatched_messages_do_not_pile_up_in_ucx,
+            ),
         ],
     );
 }

@@ -30,6 +30,11 @@ impl Session {
                     self.handle_nic_down(now, t, nic);
                 }
             }
+            TransportEvent::Unsolicited { path, kind } => match kind {
+                CompletionKind::Received(bytes) => self.on_message(now, t, path, bytes),
+                CompletionKind::Header { header, payload } => self.on_header(now, t, path, header, payload),
+                _ => {}
+            },
         }
     }
 

@@ -191,6 +191,8 @@ impl Transport for UcxTransport {
     }
 
     fn progress(&mut self, _now: Duration) {
+        // First, while every event of the last round has been handled (see `sweep`).
+        self.sweep_unexpected();
         self.run_faults();
         self.run_link_monitor();
         // Drain what UCX has ready (bounded), so a rendezvous pipeline is not held up by the caller's loop.
@@ -203,6 +205,7 @@ impl Transport for UcxTransport {
         self.answer_probes();
         self.report_endpoint_errors();
         self.collect_completions();
+        self.collect_unsolicited();
     }
 
     fn poll_event(&mut self) -> Option<TransportEvent> {

@@ -56,28 +56,35 @@ impl UcxTransport {
         unsettled
     }
 
-    /// Take in the peers' settle messages ([`UcxTransport::leave`]) that arrived here, so that
-    /// UCX does not report them as unmatched when the workers go (a `tag_match.c` warning per
-    /// message at exit). Call it once every peer has left.
+    /// Take in the peers' settle messages ([`UcxTransport::leave`]) that arrived here, and whatever
+    /// else waits in the unexpected queues, so that UCX does not report them as unmatched when the
+    /// workers go (a `tag_match.c` warning per message at exit). Call it once every peer has left.
     pub fn drain_settles(&mut self) {
-        let mut left = Vec::new();
         for rail in self.set.rails() {
             rail.worker().progress();
-            // At most two messages (data and probe endpoint) per peer.
-            for _ in 0..(2 * self.peers.len() + 2) {
-                let Ok(mut r) = rail.worker().tag_recv(SETTLE_TAG, u64::MAX, Vec::new()) else { break };
-                if !r.is_done() {
-                    rail.worker().progress();
+        }
+        let (n, bytes) = self.discard_unexpected();
+        tracing::debug!(target: NET, messages = n, bytes, "unexpected messages discarded at the end");
+    }
+
+    /// Receive and drop every message waiting in the unexpected queues now, whatever its tag;
+    /// returns how many and their bytes. For the end of a communicator (and tests), not while data
+    /// flows: a peer's message that waits for its receive would be lost.
+    pub fn discard_unexpected(&mut self) -> (u64, u64) {
+        let (mut n, mut bytes) = (0, 0);
+        for rail in self.set.rails() {
+            let w = rail.worker();
+            while let Some(m) = w.peek_unexpected(0, 0) {
+                match w.take_unexpected(m.tag, Vec::new()) {
+                    Ok(Some(r)) => self.detached.push(r),
+                    Ok(None) => break,
+                    Err(_) => {}
                 }
-                if r.is_done() {
-                    continue;
-                }
-                r.cancel();
-                left.push(r);
-                break;
+                n += 1;
+                bytes += m.len as u64;
             }
         }
-        self.detached.extend(left);
+        (n, bytes)
     }
 
     /// Forget `peer`, which left the communicator: close its endpoints on every rail now, so

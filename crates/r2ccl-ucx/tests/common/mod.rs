@@ -71,6 +71,9 @@ pub struct Scenario {
     pub repeat: u32,
     /// Transfers of a stream in flight at once.
     pub inflight: u32,
+    /// Report `RESULT` no earlier than this long after GO (0: as soon as done); the report then
+    /// also counts what still waits in UCX's unexpected queues (and drops it).
+    pub report_after_ms: u64,
 }
 
 impl Scenario {
@@ -88,6 +91,7 @@ impl Scenario {
             weights: Vec::new(),
             repeat: 1,
             inflight: 1,
+            report_after_ms: 0,
         }
     }
 
@@ -104,6 +108,7 @@ impl Scenario {
             .env("R2T_WEIGHTS", self.weights.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
             .env("R2T_REPEAT", self.repeat.to_string())
             .env("R2T_INFLIGHT", self.inflight.to_string())
+            .env("R2T_REPORT_AFTER_MS", self.report_after_ms.to_string())
             .env("R2CCL_FAULT", &self.fault);
     }
 
@@ -122,6 +127,7 @@ impl Scenario {
             weights: weights.split(',').filter(|w| !w.is_empty()).map(|w| w.parse().unwrap()).collect(),
             repeat: get("R2T_REPEAT").parse().unwrap(),
             inflight: get("R2T_INFLIGHT").parse().unwrap(),
+            report_after_ms: get("R2T_REPORT_AFTER_MS").parse().unwrap(),
         };
         (get("R2T_RANK").parse().unwrap(), s)
     }
@@ -567,19 +573,27 @@ pub fn rank_main() {
             say(&format!("FIRED {}", unix_ns() - ago));
             fired_seen += 1;
         }
-        if recv_done && send_done && !reported {
+        let report_due = started.elapsed() >= Duration::from_millis(sc.report_after_ms);
+        if recv_done && send_done && !reported && report_due {
             reported = true;
             let st = s.stats();
+            let swept = t.sweep_stats();
+            // What still waits in UCX's unexpected queues (counted by taking it out).
+            let (left, left_bytes) = if sc.report_after_ms > 0 { t.discard_unexpected() } else { (0, 0) };
             let resumed: Vec<String> = migs.iter().filter_map(|m| m.resumed_ns).map(|n| n.to_string()).collect();
             let migrated: Vec<String> = migs.iter().map(|m| m.at_ns.to_string()).collect();
             say(&format!(
                 "RESULT ok={} bytes={len} ms={finish_ms} migrations={} replayed={} duplicates={} bad={bad_chunks} \
-                 path_failures={} resumed={} migrated={}",
+                 path_failures={} swept={} swept_bytes={} unsolicited={} left={left} left_bytes={left_bytes} \
+                 resumed={} migrated={}",
                 recv_ok,
                 st.migrations,
                 st.chunks_replayed,
                 st.duplicates,
                 st.path_failures,
+                swept.dropped,
+                swept.dropped_bytes,
+                swept.unsolicited,
                 if resumed.is_empty() { "-".into() } else { resumed.join(",") },
                 if migrated.is_empty() { "-".into() } else { migrated.join(",") },
             ));

@@ -162,6 +162,12 @@ impl Progress {
                 self.fail(&mut current, CommError::from_engine(seq, &e));
             }
             self.flush_engine();
+            let swept = self.transport.sweep_stats().dropped;
+            if swept > self.swept_seen {
+                // Messages no receive would ever take (a stranger's, most likely), dropped from UCX.
+                crate::metrics::count_malformed("unmatched", swept - self.swept_seen);
+                self.swept_seen = swept;
+            }
             self.drive_switch();
             if let Some(c) = &current {
                 if self.engine.take_finished() == Some(c.seq) {

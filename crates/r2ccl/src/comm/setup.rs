@@ -42,6 +42,8 @@ pub(super) struct Progress {
     pub(super) last_done: u64,
     /// Chunks and frames refused so far (forged, malformed or stray); logged at powers of two.
     pub(super) refused_inputs: u64,
+    /// Messages the transport's sweeps dropped from UCX's unexpected queues, as last counted.
+    pub(super) swept_seen: u64,
     /// A mismatch at a later collective than the current one, applied when the current one is
     /// over or at the instant given (see the `Abort` handler).
     pub(super) deferred_break: Option<(CommError, Instant)>,
@@ -316,6 +318,7 @@ impl Progress {
             departed_after: std::collections::BTreeMap::new(),
             last_done: 0,
             refused_inputs: 0,
+            swept_seen: 0,
             deferred_break: None,
             metrics,
             wake_rx,

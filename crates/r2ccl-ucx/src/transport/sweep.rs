@@ -1,0 +1,210 @@
+//! Emptying UCX's unexpected queues: a message no receive of this rank's will ever take is
+//! received and dropped, and a header or whole chunk on a path the session does not listen on
+//! yet goes to the session as unsolicited; so nothing a stranger sends waits inside UCX without
+//! bound. Part of [`UcxTransport`]; its state lives there.
+//!
+//! UCX keeps a message that matched no posted receive in its worker's unexpected queue until a
+//! receive takes it. A sweep looks at each rail's queue oldest first and judges each message by
+//! its tag alone:
+//! - a probe reply: dropped. Its receive is posted before the probe goes out, so a reply that
+//!   waits here answers a probe given up on, or none;
+//! - a probe: left for the responder (it re-arms until the queue holds none), and the sweep of
+//!   that rail stops there;
+//! - a payload (bit 60): dropped, unless a header announced it and the receive for it is not
+//!   posted yet, and then the sweep of that rail stops there. Why that is sound: a peer sends a
+//!   payload after its header on the same endpoint, so the header arrived first. Either a header
+//!   receive took it, and the session, which handled every event before this sweep, has posted
+//!   the payload's receive (it would have taken the payload at once); or the header waits in the
+//!   queue too, older, and this sweep hands it over first and notes the payload it names;
+//! - a data tag with bits set that no sender sets, naming no peer, or a rail the peer does not
+//!   have (the settle messages of [`UcxTransport::leave`] among them): dropped;
+//! - any other data tag (a header or whole chunk of a peer's, on a path the session does not
+//!   listen on yet, or a forgery claiming to be one): received into a buffer and handed to the
+//!   session ([`TransportEvent::Unsolicited`]), which checks its keyed header like any other,
+//!   stashes an early chunk within its bounds and refuses the rest.
+//!
+//! A sweep runs only when the session has handled every event and no header receive has
+//! finished unseen (one posted since the last round may have taken a waiting header at once):
+//! the soundness argument above relies on both. It runs at most every [`SWEEP_EVERY`] and takes
+//! at most [`SWEEP_MAX`] messages per rail. A split header is exactly a header and its payload's
+//! tag; anything else under a split tag is dropped, so every split header handed over is read
+//! at once and its payload noted before the sweep looks further. Unsolicited receives still in flight are at most [`UNSOLICITED_MAX`]; beyond that the
+//! sweep drops the message (a peer's early chunk dropped so costs a replay, under attack only).
+
+#[allow(clippy::wildcard_imports, reason = "UcxTransport split by concern: its types are the parent's")]
+use super::*;
+
+/// Least time between two sweeps.
+pub(super) const SWEEP_EVERY: Duration = Duration::from_millis(10);
+/// Most messages one sweep takes from one rail's queue.
+const SWEEP_MAX: usize = 4096;
+/// Most unsolicited receives in flight (a rendezvous message is received in the background).
+const UNSOLICITED_MAX: usize = 64;
+
+/// What the sweeps of the unexpected queues did ([`UcxTransport::sweep_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepStats {
+    /// Messages received and dropped: stray probe replies, tags naming no peer or rail, payloads
+    /// no header announced.
+    pub dropped: u64,
+    /// Bytes of the dropped messages.
+    pub dropped_bytes: u64,
+    /// Messages handed to the session as unsolicited.
+    pub unsolicited: u64,
+    /// Sweeps of a rail that stopped at a message they had to leave (a probe, or a payload whose
+    /// header was just handed over).
+    pub held_off: u64,
+}
+
+/// What a sweep does with a message.
+enum Verdict {
+    Drop,
+    Unsolicited(PathId),
+    Leave,
+}
+
+impl UcxTransport {
+    /// What the sweeps of the unexpected queues did so far.
+    pub fn sweep_stats(&self) -> SweepStats {
+        self.sweep
+    }
+
+    /// Sweep every rail's unexpected queue (see the module docs), if one is due.
+    pub(super) fn sweep_unexpected(&mut self) {
+        let now = Instant::now();
+        if !self.events.is_empty() || now < self.swept_at + SWEEP_EVERY {
+            return;
+        }
+        self.swept_at = now;
+        // A header receive that UCX finished and nobody looked at yet (one posted since the last
+        // round took a waiting header at once): its payload may wait in the queue, its receive not
+        // posted yet. The next round reports it and the session posts that receive; sweep then.
+        let unseen = self.out.values_mut().any(|o| match &mut o.state {
+            State::Live(r) if o.kind == Kind::Recv => r.is_done(),
+            _ => false,
+        });
+        if unseen {
+            self.sweep.held_off += 1;
+            return;
+        }
+        // Payloads whose header was handled but whose receive is held back (a black-holed NIC).
+        let mut announced: BTreeSet<u64> = self
+            .out
+            .values()
+            .filter_map(|o| match &o.state {
+                State::Held(Held::Payload(tag, _)) => Some(*tag),
+                _ => None,
+            })
+            .collect();
+        for rail in 0..self.nics.len() {
+            for _ in 0..SWEEP_MAX {
+                let Some(m) = self.set.rails()[rail].worker().peek_unexpected(0, 0) else { break };
+                match self.verdict(rail, m.tag, m.len, &announced) {
+                    Verdict::Leave => {
+                        self.sweep.held_off += 1;
+                        break;
+                    }
+                    Verdict::Unsolicited(path) if self.unsolicited.len() < UNSOLICITED_MAX => {
+                        if !self.take_unsolicited(rail, path, m.tag, &mut announced) {
+                            self.sweep.held_off += 1;
+                            break;
+                        }
+                    }
+                    Verdict::Drop | Verdict::Unsolicited(_) => {
+                        match self.set.rails()[rail].worker().take_unexpected(m.tag, Vec::new()) {
+                            Ok(Some(r)) => self.detached.push(r),
+                            Ok(None) => break,
+                            // Completed at once as truncated: UCX freed it.
+                            Err(_) => {}
+                        }
+                        self.sweep.dropped += 1;
+                        self.sweep.dropped_bytes += m.len as u64;
+                    }
+                }
+            }
+        }
+    }
+
+    fn verdict(&self, rail: usize, tag: u64, len: usize, announced: &BTreeSet<u64>) -> Verdict {
+        if tag & PROBE_TAG_BIT != 0 {
+            return if tag & REPLY_BIT != 0 || self.nics[rail].responder.is_none() {
+                Verdict::Drop
+            } else {
+                Verdict::Leave
+            };
+        }
+        if tag & PAYLOAD_BIT != 0 {
+            return if tag & !(PAYLOAD_BIT | PAYLOAD_RANDOM) == 0 && announced.contains(&tag) {
+                Verdict::Leave
+            } else {
+                Verdict::Drop
+            };
+        }
+        if tag & !(DATA_MASK | SPLIT_BIT) != 0 {
+            return Verdict::Drop;
+        }
+        // A split header is exactly a header and its payload's tag: small, so it arrives whole at
+        // once. Anything else under a split tag is not a peer's (and could not be read at once).
+        if tag & SPLIT_BIT != 0 && len != HEADER_LEN + PAYLOAD_TAG_LEN {
+            return Verdict::Drop;
+        }
+        let peer = Rank((tag & 0xFFFF_FFFF) as u32);
+        let remote_rail = ((tag >> 32) & 0xFF) as usize;
+        match self.peers.get(&peer) {
+            Some(p) if peer != self.rank && !self.forgotten.contains(&peer) && remote_rail < p.addrs.len() => {
+                let remote = NicId { node: p.node, rail: RailId(rail_u16(remote_rail)) };
+                Verdict::Unsolicited(PathId::new(self.nic_id(rail), peer, remote))
+            }
+            _ => Verdict::Drop,
+        }
+    }
+
+    /// Receive the waiting message under `tag` for the session. Returns false when the sweep of
+    /// this rail must stop here: a split header whose payload tag is not known yet (its receive
+    /// still in flight).
+    fn take_unsolicited(&mut self, rail: usize, path: PathId, tag: u64, announced: &mut BTreeSet<u64>) -> bool {
+        let buf = self.pool.take(HEADER_LEN + SPLIT_MIN);
+        let mut r = match self.set.rails()[rail].worker().take_unexpected(tag, DataBuf::Owned(buf)) {
+            Ok(Some(r)) => r,
+            Ok(None) => return false,
+            Err(e) => {
+                // Failed at once (longer than any chunk): what a header receive reports then.
+                tracing::debug!(target: NET, %path, error = %e, "unsolicited message failed to arrive; dropped");
+                self.events.push_back(TransportEvent::Unsolicited { path, kind: CompletionKind::Received(Vec::new()) });
+                self.sweep.unsolicited += 1;
+                return true;
+            }
+        };
+        self.sweep.unsolicited += 1;
+        match outcome(&self.nics, Kind::Recv, rail, &mut r) {
+            Some((kind, n)) => {
+                self.nics[rail].rx_bytes += n as u64;
+                if let CompletionKind::Header { payload, .. } = &kind {
+                    announced.insert(payload.0);
+                }
+                self.events.push_back(TransportEvent::Unsolicited { path, kind });
+                true
+            }
+            None => {
+                self.unsolicited.push((path, r));
+                tag & SPLIT_BIT == 0
+            }
+        }
+    }
+
+    /// Unsolicited receives that finished since the last call, as events.
+    pub(super) fn collect_unsolicited(&mut self) {
+        let nics = &self.nics;
+        let events = &mut self.events;
+        self.unsolicited.retain_mut(|(path, r)| {
+            let rail = path.local.rail.index();
+            match outcome(nics, Kind::Recv, rail, r) {
+                Some((kind, _)) => {
+                    events.push_back(TransportEvent::Unsolicited { path: *path, kind });
+                    false
+                }
+                None => true,
+            }
+        });
+    }
+}
