@@ -21,6 +21,7 @@ fuzz_target!(|data: &[u8]| {
         total_len: u64::from(len) + u64::from(u32_at(36)),
         len,
         flags: u16::from(f[40] & 1),
+        args: u32_at(36),
     };
     let mut msg = h.encode(&mac).to_vec();
     msg.extend(std::iter::repeat_n(0u8, len as usize));

@@ -65,6 +65,7 @@ fuzz_target!(|data: &[u8]| {
             total_len: LEN as u64,
             len: CS,
             flags: u16::from(d & 1),
+            args: 0,
         };
         match a % 8 {
             // A posted receive completes with a whole chunk: tagged right, wrong, or raw bytes.

@@ -47,8 +47,8 @@ pub use chunkset::ChunkSet;
 pub use fabric::{FabricConfig, FabricPort, FaultAction, MemFabric, NicStats};
 pub use ids::{ChunkId, CommId, LaneId, MemHandle, PathId, RequestId, TransferKey};
 pub use session::{
-    transfer_chunk_size, Buffer, ChunkProblem, LaneInfo, MigrationRequest, MoveReason, PathActivity, Session,
-    SessionConfig, SessionError, SessionEvent, SessionStats, MIN_STRIPE_CHUNK,
+    transfer_chunk_size, ArgDigest, Buffer, ChunkProblem, LaneInfo, MigrationRequest, MoveReason, PathActivity,
+    Session, SessionConfig, SessionError, SessionEvent, SessionStats, MIN_STRIPE_CHUNK,
 };
 pub use stripe::{chunk_count, chunk_len, stripe, stripe_wide, Striper};
 pub use topology::{Topology, TopologyError};

@@ -22,7 +22,9 @@ use r2ccl_core::{DType, NicId, NodeId, Rank, ReduceOp};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
+mod args;
 mod drive;
+pub use args::ArgDigest;
 mod paths;
 
 /// A byte range of a registered region: the source or destination of a transfer.
@@ -275,6 +277,18 @@ pub enum ChunkProblem {
     Mismatch(ChunkId),
     /// The chunk came before its transfer was expected and the early buffer is full.
     Unexpected(ChunkId),
+    /// The sender called the collective with other arguments than this rank
+    /// ([`Session::set_args`]).
+    ArgsDiffer {
+        /// The collective.
+        seq: u64,
+        /// The sender.
+        from: Rank,
+        /// The sender's digest (the header's).
+        theirs: u32,
+        /// This rank's digest for that sender.
+        mine: u32,
+    },
 }
 
 /// Something the session reports to the layer above.
@@ -348,6 +362,8 @@ pub struct SessionStats {
     pub unknown_collective: u64,
     /// Chunks whose header disagrees with the expected transfer.
     pub mismatched: u64,
+    /// Chunks whose sender called their collective with other arguments ([`Session::set_args`]).
+    pub args_differ: u64,
     /// Chunks kept because they came before their transfer was expected.
     pub early_stashed: u64,
     /// Early chunks dropped because the early buffer was full.
@@ -510,6 +526,8 @@ pub struct Session {
     early: BTreeMap<TransferKey, Early>,
     early_bytes: usize,
     early_chunks: usize,
+    /// This rank's argument digests of its recent collectives ([`Session::set_args`]).
+    args: BTreeMap<(CommId, u64), ArgDigest>,
     /// Tags outgoing chunk headers and verifies incoming ones.
     mac: HeaderMac,
     requests: BTreeMap<RequestId, Pending>,
@@ -548,6 +566,7 @@ impl Session {
             early: BTreeMap::new(),
             early_bytes: 0,
             early_chunks: 0,
+            args: BTreeMap::new(),
             mac: HeaderMac::new(key),
             requests: BTreeMap::new(),
             paths: BTreeMap::new(),

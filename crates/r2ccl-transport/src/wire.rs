@@ -16,13 +16,17 @@
 //! | 36..40 | dst       | receiving rank                                    |
 //! | 40..48 | total_len | bytes of the whole transfer                       |
 //! | 48..52 | len       | payload bytes that follow the header              |
-//! | 52..64 | tag       | HMAC-SHA-256 of bytes 0..52 under the [`HeaderKey`], first 12 bytes |
+//! | 52..56 | args      | digest of the collective's arguments as the sender called it (0: none) |
+//! | 56..64 | tag       | HMAC-SHA-256 of bytes 0..56 under the [`HeaderKey`], first 8 bytes |
 //!
 //! The tag makes a header unforgeable by anyone who does not hold the communicator's key (derived
-//! from the job secret): a stranger who can connect to a rank's data listeners can make it receive
+//! from the job secret; a guess verifies with probability 2^-64): a stranger who can connect to a rank's data listeners can make it receive
 //! bytes, but never have them applied as a chunk. Only the header is keyed, not the payload (hashing
 //! every byte would cost bandwidth; see `docs/security.md` for why that suffices against a stranger
 //! who cannot read the traffic). Comparison is constant-time.
+//!
+//! `args` lets the receiver check, on every chunk and at no cost in messages, that the sender
+//! called the same collective with the same arguments (`Session::set_args`).
 //!
 //! The payload follows the header directly; a message is exactly `HEADER_LEN + len` bytes. A backend
 //! may also send the header alone (exactly `HEADER_LEN` bytes) with the payload as a message of its
@@ -36,9 +40,9 @@ use sha2::Sha256;
 /// Size of an encoded chunk header in bytes.
 pub const HEADER_LEN: usize = 64;
 /// The header format version this crate writes and accepts.
-pub const WIRE_VERSION: u8 = 2;
+pub const WIRE_VERSION: u8 = 3;
 /// Bytes of the header that the tag covers.
-const SIGNED: usize = 52;
+const SIGNED: usize = 56;
 /// Bytes of the truncated HMAC-SHA-256 tag.
 const TAG_LEN: usize = HEADER_LEN - SIGNED;
 
@@ -99,7 +103,26 @@ impl HeaderMac {
         m.update(signed);
         m.verify_truncated_left(tag).is_ok()
     }
+
+    /// The 64-bit id the data endpoints of `rank`'s NIC on `rail` present when they connect (a
+    /// backend that can send one with its connection request, as UCX's client id): the first 8
+    /// bytes of HMAC-SHA-256, under the header key, of a label of its own (never a header's first
+    /// bytes) and the rank and rail. Only holders of the key can name one; a listener that admits
+    /// only these keeps every stranger's connection out.
+    pub fn endpoint_id(&self, rank: Rank, rail: u16) -> u64 {
+        let mut m = self.0.clone();
+        m.update(ENDPOINT_ID_LABEL);
+        m.update(&rank.0.to_le_bytes());
+        m.update(&rail.to_le_bytes());
+        let full = m.finalize().into_bytes();
+        let mut out = [0u8; 8];
+        out.copy_from_slice(&full[..8]);
+        u64::from_le_bytes(out)
+    }
 }
+
+/// What [`HeaderMac::endpoint_id`] tags before the rank and rail (headers begin with `MAGIC`).
+const ENDPOINT_ID_LABEL: &[u8] = b"r2ccl data endpoint id v1";
 
 impl std::fmt::Debug for HeaderMac {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -177,6 +200,8 @@ pub struct ChunkHeader {
     pub len: u32,
     /// Flag bits ([`FLAG_REPLAY`]).
     pub flags: u16,
+    /// Digest of the arguments the sender called the collective with (0: not given).
+    pub args: u32,
 }
 
 fn arr<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
@@ -214,6 +239,7 @@ impl ChunkHeader {
         b[36..40].copy_from_slice(&t.dst.0.to_le_bytes());
         b[40..48].copy_from_slice(&self.total_len.to_le_bytes());
         b[48..52].copy_from_slice(&self.len.to_le_bytes());
+        b[52..56].copy_from_slice(&self.args.to_le_bytes());
         let tag = mac.tag(&b[..SIGNED]);
         b[SIGNED..].copy_from_slice(&tag);
         b
@@ -276,7 +302,7 @@ impl ChunkHeader {
             dst: Rank(u32::from_le_bytes(arr(head, 36))),
         };
         let id = ChunkId { transfer, index: u32::from_le_bytes(arr(head, 28)) };
-        Ok(Self { id, total_len, len, flags })
+        Ok(Self { id, total_len, len, flags, args: u32::from_le_bytes(arr(head, 52)) })
     }
 }
 
@@ -292,6 +318,7 @@ mod tests {
             total_len: 100,
             len: 4,
             flags: FLAG_REPLAY,
+            args: 0xA5A5_0001,
         };
         let mut msg = h.encode(&mac).to_vec();
         msg.extend_from_slice(&[1, 2, 3, 4]);

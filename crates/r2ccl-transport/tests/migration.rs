@@ -227,7 +227,7 @@ fn bad_chunks_are_counted_and_never_applied() {
     h.verify().unwrap();
     let (a, b) = (NicId::new(0, 0), NicId::new(1, 0));
     let good = |k: TransferKey, index: u32, fill: u8| {
-        let hdr = ChunkHeader { id: ChunkId { transfer: k, index }, total_len: len as u64, len: CS, flags: 0 };
+        let hdr = ChunkHeader { id: ChunkId { transfer: k, index }, total_len: len as u64, len: CS, flags: 0, args: 0 };
         let mut m = hdr.encode(&HeaderMac::new(&HARNESS_KEY)).to_vec();
         m.extend(std::iter::repeat_n(fill, CS as usize));
         m
@@ -265,7 +265,8 @@ fn duplicates_during_a_transfer_are_not_applied() {
     h.start_transfer(key, data.clone(), None).unwrap();
     h.run_until(us(500)).unwrap();
     assert!(h.session(Rank(1)).unwrap().holds_chunk(key, 0));
-    let hdr = ChunkHeader { id: ChunkId { transfer: key, index: 0 }, total_len: len as u64, len: CS, flags: 0 };
+    let hdr =
+        ChunkHeader { id: ChunkId { transfer: key, index: 0 }, total_len: len as u64, len: CS, flags: 0, args: 0 };
     let mut m = hdr.encode(&HeaderMac::new(&HARNESS_KEY)).to_vec();
     m.extend(std::iter::repeat_n(0u8, CS as usize));
     for _ in 0..3 {

@@ -33,6 +33,7 @@ fn header(index: u32, replay: bool) -> Vec<u8> {
         total_len: LEN as u64,
         len: CS,
         flags: if replay { r2ccl_transport::wire::FLAG_REPLAY } else { 0 },
+        args: 0,
     };
     h.encode(&mac()).to_vec()
 }

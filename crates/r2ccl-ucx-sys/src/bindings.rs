@@ -305,6 +305,9 @@ pub const UCP_WORKER_ATTR_FIELD_MAX_INFO_STRING: ucp_worker_attr_field = 32;
 pub type ucp_worker_attr_field = ::std::os::raw::c_uint;
 pub const UCP_LISTENER_ATTR_FIELD_SOCKADDR: ucp_listener_attr_field = 1;
 pub type ucp_listener_attr_field = ::std::os::raw::c_uint;
+pub const UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR: ucp_conn_request_attr_field = 1;
+pub const UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ID: ucp_conn_request_attr_field = 2;
+pub type ucp_conn_request_attr_field = ::std::os::raw::c_uint;
 pub const UCP_OP_ATTR_FIELD_REQUEST: ucp_op_attr_t = 1;
 pub const UCP_OP_ATTR_FIELD_CALLBACK: ucp_op_attr_t = 2;
 pub const UCP_OP_ATTR_FIELD_USER_DATA: ucp_op_attr_t = 4;
@@ -369,6 +372,14 @@ pub struct ucp_listener_attr {
     pub sockaddr: sockaddr_storage,
 }
 pub type ucp_listener_attr_t = ucp_listener_attr;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_conn_request_attr {
+    pub field_mask: u64,
+    pub client_address: sockaddr_storage,
+    pub client_id: u64,
+}
+pub type ucp_conn_request_attr_t = ucp_conn_request_attr;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct ucp_listener_params {
@@ -499,6 +510,10 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn ucp_listener_query(listener: ucp_listener_h, attr: *mut ucp_listener_attr_t) -> ucs_status_t;
+}
+unsafe extern "C" {
+    pub fn ucp_conn_request_query(conn_request: ucp_conn_request_h, attr: *mut ucp_conn_request_attr_t)
+        -> ucs_status_t;
 }
 unsafe extern "C" {
     pub fn ucp_ep_create(worker: ucp_worker_h, params: *const ucp_ep_params_t, ep_p: *mut ucp_ep_h) -> ucs_status_t;

@@ -34,6 +34,7 @@ fn scenario(tb: &Testbed, bytes: usize, chunk: u32, window: u32) -> Scenario {
         repeat: 1,
         inflight: 1,
         report_after_ms: 0,
+        endpoint_ids: false,
     }
 }
 

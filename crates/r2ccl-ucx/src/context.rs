@@ -47,6 +47,10 @@ pub struct ContextConfig {
     pub rx_segment: Option<usize>,
     /// Further `(key, value)` settings passed to `ucp_config_modify` verbatim (keys without `UCX_`).
     pub extra: Vec<(String, String)>,
+    /// The id the endpoints of this context's worker present when they connect (the worker's
+    /// client id, sent with each connection request); `None`: none. A listener that admits only
+    /// known ids ([`crate::Worker::admit_only`]) refuses a connection without one.
+    pub client_id: Option<u64>,
 }
 
 impl ContextConfig {
@@ -63,6 +67,7 @@ impl ContextConfig {
             keepalive: None,
             rx_segment: Some(DEFAULT_RX_SEGMENT),
             extra: Vec::new(),
+            client_id: None,
         }
     }
 

@@ -113,6 +113,11 @@ impl Endpoint {
                 | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER,
         );
         params.flags = sys::UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+        if worker.context().config().client_id.is_some() {
+            // The worker's id goes with the connection request (the peer's listener may admit
+            // only the job's ids, `Worker::admit_only`).
+            params.flags |= sys::UCP_EP_PARAMS_FLAGS_SEND_CLIENT_ID;
+        }
         params.sockaddr = remote.as_ucs();
         params.err_mode = sys::UCP_ERR_HANDLING_MODE_PEER;
         params.err_handler = state.err_handler();

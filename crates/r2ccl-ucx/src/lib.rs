@@ -76,7 +76,8 @@ pub use netlink::{ifindex, is_running, parse_link_messages, LinkChange, LinkMoni
 pub use rail::{probe_seq, NicEndpointSet, PeerEndpoints, Rail, PROBE_TAG_BIT};
 pub use request::{wait_all, Pending, RecvBuf, Request, SendBuf, CANCEL_GRACE};
 pub use transport::{
-    parse_address_blob, FiredFault, SweepStats, UcxTransport, UcxTransportConfig, UcxTransportError, FAULT_ENV,
+    parse_address_blob, EndpointAuth, FiredFault, SweepStats, UcxTransport, UcxTransportConfig, UcxTransportError,
+    FAULT_ENV,
 };
 pub use worker::{Unexpected, Worker, WorkerAddress, DEFAULT_MAX_ACCEPTED};
 

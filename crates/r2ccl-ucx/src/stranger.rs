@@ -143,6 +143,7 @@ fn forge(
             total_len,
             len: 4096,
             flags: 0,
+            args: 0,
         };
         let mut whole = h.encode(mac).to_vec();
         whole.extend(std::iter::repeat_n(0xEE, 4096));

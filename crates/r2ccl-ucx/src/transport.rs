@@ -40,7 +40,7 @@ use crate::fault::{parse_faults, FaultKind, FaultParseError, FaultSpec};
 use crate::memory::{MemRegion, RegionSlice};
 use crate::netlink::{self, LinkMonitor};
 use crate::rail::{NicEndpointSet, PROBE_TAG_BIT};
-use crate::request::{RecvBuf, Request, SendBuf};
+use crate::request::{Request, SendBuf};
 use crate::worker::WorkerAddress;
 use r2ccl_core::subsys::NET;
 use r2ccl_core::{NicId, NodeId, RailId, Rank};
@@ -54,9 +54,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod backend;
+mod databuf;
 mod events;
 mod lifecycle;
 mod sweep;
+use databuf::DataBuf;
 use events::{outcome, TagRng};
 pub use sweep::SweepStats;
 
@@ -144,6 +146,21 @@ pub struct UcxTransportConfig {
     pub faults: Vec<FaultSpec>,
     /// Watch link state with netlink (Linux).
     pub link_monitor: bool,
+    /// Who may connect to this rank's data listeners: `Some`, only the communicator's ranks (each
+    /// endpoint presents an id derived from the communicator's key, and a listener rejects a
+    /// connection without one of the ids it expects); `None`, anyone (every message still proves
+    /// itself by its keyed header).
+    pub endpoints: Option<EndpointAuth>,
+}
+
+/// The key and size of the communicator whose ranks alone may connect
+/// ([`UcxTransportConfig::endpoints`]).
+#[derive(Clone, Debug)]
+pub struct EndpointAuth {
+    /// The communicator's header key; endpoint ids come from it (`HeaderMac::endpoint_id`).
+    pub key: r2ccl_transport::HeaderKey,
+    /// Ranks in the communicator: the listener of rail `i` admits rail `i` of every other rank.
+    pub world: u32,
 }
 
 impl UcxTransportConfig {
@@ -155,6 +172,7 @@ impl UcxTransportConfig {
             nics: devices.iter().map(|d| ContextConfig::tcp(*d)).collect(),
             faults: Vec::new(),
             link_monitor: true,
+            endpoints: None,
         }
     }
 
@@ -235,71 +253,6 @@ enum Held {
     /// A payload receive: its exact tag and where the bytes go.
     Payload(u64, DataBuf),
     Probe,
-}
-
-/// The buffer of a data request: a staging or receive buffer, a range of a registered region (a
-/// split payload, sent or received in place), or a buffer holding a header with the payload received
-/// after it.
-#[derive(Debug)]
-enum DataBuf {
-    Owned(Vec<u8>),
-    Region(RegionSlice),
-    /// `.0[..=.1]` holds the header; the payload lands after it.
-    After(Vec<u8>, usize),
-}
-
-// SAFETY: each variant's bytes are heap memory owned by the value (the Vecs) or kept alive by it (the
-// region's Arc), at addresses that do not move with the value; `After` only hands out its tail.
-unsafe impl SendBuf for DataBuf {
-    fn as_ptr(&self) -> *const u8 {
-        match self {
-            Self::Owned(v) | Self::After(v, _) => v.as_ptr(),
-            Self::Region(r) => r.as_ptr(),
-        }
-    }
-    fn byte_len(&self) -> usize {
-        match self {
-            Self::Owned(v) | Self::After(v, _) => v.len(),
-            Self::Region(r) => r.byte_len(),
-        }
-    }
-    fn memh(&self, context: &crate::context::Context) -> Option<r2ccl_ucx_sys::ucp_mem_h> {
-        match self {
-            Self::Region(r) => r.memh(context),
-            Self::Owned(_) | Self::After(..) => None,
-        }
-    }
-    unsafe fn on_received(&mut self, n: usize) {
-        match self {
-            // SAFETY: forwarded under the same contract.
-            Self::Owned(v) => unsafe { v.on_received(n) },
-            Self::After(v, at) => {
-                // SAFETY: UCX wrote n <= capacity - at bytes from `at` (the posted capacity), and
-                // 0..at already held the header.
-                unsafe { v.set_len(*at + n) }
-            }
-            Self::Region(_) => {}
-        }
-    }
-}
-
-// SAFETY: as for SendBuf; `After` receives into its spare capacity past the header only.
-unsafe impl RecvBuf for DataBuf {
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        match self {
-            Self::Owned(v) => v.as_mut_ptr(),
-            // SAFETY: at <= len <= capacity.
-            Self::After(v, at) => unsafe { v.as_mut_ptr().add(*at) },
-            Self::Region(r) => r.as_mut_ptr(),
-        }
-    }
-    fn recv_capacity(&self) -> usize {
-        match self {
-            Self::Owned(v) => v.capacity(),
-            Self::After(v, at) => v.capacity() - *at,
-            Self::Region(r) => r.byte_len(),
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -397,6 +350,12 @@ fn rail_u16(i: usize) -> u16 {
 }
 
 impl UcxTransport {
+    /// Connection requests this rank's listeners rejected for presenting none of the
+    /// communicator's endpoint ids ([`UcxTransportConfig::endpoints`]).
+    pub fn strangers_rejected(&self) -> u64 {
+        self.set.rails().iter().map(|r| r.worker().strangers_rejected()).sum()
+    }
+
     /// The registered region behind `handle`, shared: it stays mapped (and registered with the
     /// NICs' contexts) as long as this `Arc` lives, even after [`Transport::deregister`].
     pub fn region_arc(&self, handle: MemHandle) -> Option<Arc<MemRegion>> {
@@ -404,7 +363,7 @@ impl UcxTransport {
     }
 
     /// Open one rail per configured NIC and start the link monitor.
-    pub fn open(cfg: UcxTransportConfig) -> Result<Self, UcxTransportError> {
+    pub fn open(mut cfg: UcxTransportConfig) -> Result<Self, UcxTransportError> {
         if cfg.nics.is_empty() {
             return Err(UcxTransportError::NoDevices);
         }
@@ -412,9 +371,25 @@ impl UcxTransport {
             return Err(UcxTransportError::TooManyDevices(cfg.nics.len()));
         }
         let devices: Vec<String> = cfg.nics.iter().map(|c| c.device.clone()).collect();
+        let mac = cfg.endpoints.as_ref().map(|a| r2ccl_transport::HeaderMac::new(&a.key));
+        if let Some(m) = &mac {
+            for (rail, c) in cfg.nics.iter_mut().enumerate() {
+                c.client_id = Some(m.endpoint_id(cfg.rank, rail_u16(rail)));
+            }
+        }
         // A NIC that cannot be opened now (down or missing at start) is a dead rail: the job runs
         // on the others, and every rank learns it from the address blob.
         let (set, dead) = NicEndpointSet::open_tolerant(cfg.nics)?;
+        if let (Some(m), Some(auth)) = (&mac, &cfg.endpoints) {
+            // Before any address is published: no peer can have connected yet.
+            for (rail, r) in set.rails().iter().enumerate() {
+                let ids = (0..auth.world)
+                    .filter(|&q| q != cfg.rank.0)
+                    .map(|q| m.endpoint_id(Rank(q), rail_u16(rail)))
+                    .collect();
+                r.worker().admit_only(ids);
+            }
+        }
         for (rail, e) in &dead {
             tracing::warn!(target: NET, rail, device = %devices[*rail], error = %e, "NIC unusable at start: running without it");
         }

@@ -97,6 +97,10 @@ pub(crate) struct WorkerState {
     max_accepted: usize,
     /// Connection requests rejected for being over `max_accepted`.
     rejected: u64,
+    /// The client ids admitted (`Worker::admit_only`); `None`: every request.
+    admitted: Option<std::collections::BTreeSet<u64>>,
+    /// Connection requests rejected for presenting no admitted client id.
+    strangers: u64,
 }
 
 /// The default cap on endpoints a worker's listener keeps accepted at once (each holds a socket
@@ -173,11 +177,40 @@ impl Locked<'_> {
         unsafe { sys::ucp_worker_progress(self.handle) };
     }
 
+    /// Whether `request` may be accepted: every one when no ids are set, else only one whose
+    /// client id is admitted (a request that carries none, or cannot be queried, is not).
+    fn admits(&self, request: sys::ucp_conn_request_h) -> bool {
+        let Some(ids) = &self.state.admitted else { return true };
+        // SAFETY: ucp_conn_request_attr_t is a plain C struct; all-zero is valid before the query.
+        let mut attr: sys::ucp_conn_request_attr_t = unsafe { std::mem::zeroed() };
+        attr.field_mask = u64::from(sys::UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ID);
+        // SAFETY: a live request this worker's listener delivered, not yet accepted or rejected;
+        // lock held; valid out pointer.
+        let status = Status(unsafe { sys::ucp_conn_request_query(request, &mut attr) });
+        status.is_ok() && ids.contains(&attr.client_id)
+    }
+
     /// Create an endpoint for every queued connection request.
     fn accept_incoming(&mut self) {
         let requests = std::mem::take(&mut *self.incoming.lock().unwrap_or_else(PoisonError::into_inner));
         let mut rejected_now = 0u64;
         for ConnRequest(request) in requests {
+            if !self.admits(request) {
+                if let Some(l) = &self.state.listener {
+                    // SAFETY: live listener and a request it delivered, lock held; used once.
+                    unsafe { sys::ucp_listener_reject(l.handle, request) };
+                }
+                rejected_now += 1;
+                self.state.strangers += 1;
+                if self.state.strangers.is_power_of_two() {
+                    tracing::warn!(
+                        target: r2ccl_core::subsys::NET,
+                        rejected = self.state.strangers,
+                        "connection request without this job's endpoint id rejected (a stranger, or another job)"
+                    );
+                }
+                continue;
+            }
             if self.state.accepted.len() >= self.state.max_accepted {
                 // Requests only come from the listener's callback, so it exists.
                 debug_assert!(self.state.listener.is_some(), "a connection request without a listener");
@@ -327,6 +360,10 @@ impl Worker {
         let mut params: sys::ucp_worker_params_t = unsafe { std::mem::zeroed() };
         params.field_mask = u64::from(sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE);
         params.thread_mode = sys::UCS_THREAD_MODE_SERIALIZED;
+        if let Some(id) = context.config().client_id {
+            params.field_mask |= u64::from(sys::UCP_WORKER_PARAM_FIELD_CLIENT_ID);
+            params.client_id = id;
+        }
         let mut handle: sys::ucp_worker_h = ptr::null_mut();
         // SAFETY: the context is live (we hold an Arc); params and the out pointer are valid.
         let status = Status(unsafe { sys::ucp_worker_create(context.raw(), &params, &mut handle) });
@@ -340,6 +377,8 @@ impl Worker {
                     accepted: Vec::new(),
                     max_accepted: DEFAULT_MAX_ACCEPTED,
                     rejected: 0,
+                    admitted: None,
+                    strangers: 0,
                 }),
                 context,
                 incoming: Mutex::new(Vec::new()),
@@ -398,6 +437,19 @@ impl Worker {
         let address = WorkerAddress::from_socket_addr(SocketAddr::new(ip, port));
         locked.state.listener = Some(Listener { handle, address: address.clone() });
         Ok(address)
+    }
+
+    /// From now on accept only connection requests whose client id is in `ids` (the ids of the
+    /// job's endpoints, [`crate::ContextConfig::client_id`]); reject the rest at once, counted
+    /// ([`Worker::strangers_rejected`]) and warned about (the 1st, 2nd, 4th, ...). Set it before
+    /// peers connect: requests already accepted stay.
+    pub fn admit_only(&self, ids: std::collections::BTreeSet<u64>) {
+        self.shared.lock().state.admitted = Some(ids);
+    }
+
+    /// Connection requests rejected for presenting no admitted client id.
+    pub fn strangers_rejected(&self) -> u64 {
+        self.shared.lock().state.strangers
     }
 
     /// How many endpoints accepted from peers' connections are open.

@@ -80,6 +80,42 @@ fn a_listener_keeps_at_most_its_cap_of_accepted_endpoints() {
     drop(eps);
 }
 
+fn worker_with_id(id: u64) -> Worker {
+    Worker::new(Context::new(ContextConfig { client_id: Some(id), ..ContextConfig::tcp("lo") }).unwrap()).unwrap()
+}
+
+/// A listener that admits only the job's endpoint ids rejects every other connection request at
+/// once: strangers (no id, or a wrong one) hold none of its places, so a peer that connects
+/// while they keep trying is accepted and its messages flow, and the strangers' endpoints fail.
+/// Without the ids the strangers would fill the cap of 2 and the peer would be rejected.
+#[test]
+fn a_listener_admitting_only_the_jobs_ids_keeps_strangers_out_and_lets_a_peer_in() {
+    let target = worker_on_lo();
+    target.set_max_accepted(2);
+    target.admit_only([7].into());
+    let addr = target.address().unwrap();
+    let (stranger, impostor) = (worker_on_lo(), worker_with_id(8));
+    let mut eps: Vec<_> = (0..10).map(|i| stranger.connect(&addr, format!("stranger {i}")).unwrap()).collect();
+    eps.extend((0..5).map(|i| impostor.connect(&addr, format!("impostor {i}")).unwrap()));
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until && (target.strangers_rejected() < 15 || eps.iter().any(|e| e.failure().is_none())) {
+        target.progress();
+        stranger.progress();
+        impostor.progress();
+    }
+    assert_eq!(target.strangers_rejected(), 15, "every stranger's request rejected");
+    assert_eq!(target.accepted_count(), 0, "no stranger holds a place");
+    assert!(eps.iter().all(|e| e.failure().is_some()), "the strangers' endpoints failed");
+    let peer = worker_with_id(7);
+    let ep = peer.connect(&addr, "peer").unwrap();
+    let mut recv = target.tag_recv(1, u64::MAX, vec![0u8; 5]).unwrap();
+    let mut send = ep.tag_send(1, vec![1, 2, 3, 4, 5]).unwrap();
+    wait_all(&[&target, &peer], &mut [&mut send as &mut dyn Pending, &mut recv], DEADLINE).unwrap();
+    assert_eq!(recv.take_buffer().unwrap(), vec![1, 2, 3, 4, 5]);
+    assert_eq!(target.accepted_count(), 1, "the peer's endpoint");
+    assert_eq!(target.rejected_count(), 0, "nothing rejected for the cap");
+}
+
 #[test]
 fn a_receive_that_never_matches_times_out_by_its_deadline_and_is_cancelled() {
     let w = worker_on_lo();

@@ -43,6 +43,7 @@ fn scenario(tb: &Testbed) -> Scenario {
         repeat: 1,
         inflight: 1,
         report_after_ms: 0,
+        endpoint_ids: false,
     }
 }
 

@@ -166,6 +166,36 @@ fn a_strangers_unmatched_messages_do_not_pile_up_in_ucx() {
     eprintln!("  unmatched: the stranger sent {} messages", sent.messages);
 }
 
+/// With listeners that admit only the ranks' endpoint ids (what a communicator sets up), the
+/// stranger connects to nothing: every connection request of its is rejected, none of what it
+/// sends reaches a rank (nothing refused, nothing swept), and the transfer is exact.
+fn with_endpoint_ids_a_stranger_reaches_no_rank() {
+    let mut sc = Scenario::loopback(2, 2, 32 << 20);
+    sc.stall_ms = 3000;
+    sc.endpoint_ids = true;
+    sc.report_after_ms = 2000;
+    let cmds = (0..sc.ranks).map(|_| self_cmd()).collect();
+    let seen = Arc::new(Mutex::new(stranger::Sent::default()));
+    let out = seen.clone();
+    let inject: common::Injector = Box::new(move |blobs| {
+        *out.lock().unwrap() =
+            stranger::attack(blobs, 32 << 20, Duration::from_millis(1000)).expect("the stranger opens UCX on lo");
+        Vec::new()
+    });
+    let o = run_cluster(cmds, &sc, Some(inject), LIMIT);
+    let sent = *seen.lock().unwrap();
+    eprintln!("  endpoint ids: stranger {sent:?}; {:?}", o.results.iter().map(|r| &r.fields).collect::<Vec<_>>());
+    o.assert_exact();
+    assert_eq!(sent.endpoints, 4, "the stranger tried every listener (2 ranks x 2 rails)");
+    for r in &o.results {
+        let f = &r.fields;
+        assert_eq!(r.num("strangers"), 2, "rank {}: one rejected request per listener: {f:?}", r.rank);
+        assert_eq!(r.num("bad"), 0, "rank {}: nothing of the stranger's reached the session: {f:?}", r.rank);
+        assert_eq!(r.num("swept") + r.num("left"), 0, "rank {}: nor UCX's queues: {f:?}", r.rank);
+        assert_eq!(r.num("path_failures") + r.num("migrations"), 0, "rank {}: {f:?}", r.rank);
+    }
+}
+
 fn main() {
     if std::env::var(ROLE_VAR).is_ok() {
         rank_main();
@@ -189,6 +219,7 @@ fn main() {
                 "a_strangers_unmatched_messages_do_not_pile_up_in_ucx",
                 a_strangers_unmatched_messages_do_not_pile_up_in_ucx,
             ),
+            ("with_endpoint_ids_a_stranger_reaches_no_rank", with_endpoint_ids_a_stranger_reaches_no_rank),
         ],
     );
 }

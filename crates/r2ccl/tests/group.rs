@@ -95,3 +95,25 @@ fn a_group_that_does_not_mirror_its_peer_is_a_mismatch_on_every_rank() {
         assert!(err.to_string().contains("rank 0 -> 1 [8]") || err.to_string().contains("rank 0 -> 1 [12]"), "{err}");
     }
 }
+
+/// A mismatch no chunk shows: ranks 0 and 1 each only receive from the other, so neither sends
+/// anything whose header could carry its arguments. Each sends its argument description once
+/// the group has run for 100 ms, and both end with a named mismatch, well before the collective
+/// deadline (the peer timeout is 30 s here).
+#[test]
+fn a_mismatch_where_both_ranks_only_wait_is_named_on_both_by_the_late_check() {
+    let threads = common::spawn_ranks(2, 30_000, |me, comm| {
+        let mut buf = [0u8; 8];
+        let t0 = std::time::Instant::now();
+        let err = comm.group(|g| {
+            g.recv(&mut buf, Rank(1 - me));
+        });
+        (err, t0.elapsed())
+    });
+    for (r, t) in threads.into_iter().enumerate() {
+        let (err, took) = t.join().unwrap();
+        assert!(matches!(err, Err(CommError::Mismatch { .. })), "rank {r} got {err:?}");
+        assert!(took < std::time::Duration::from_secs(10), "rank {r}: the mismatch took {took:?}");
+        eprintln!("rank {r}: {:?} after {took:?}", err.unwrap_err());
+    }
+}

@@ -2,9 +2,10 @@
 //! (`Communicator::oob_messages_sent`, exported as `r2ccl_oob_messages_total`): four ranks as
 //! threads of this process, each its own node with two `lo` rails, run 8-byte and 1 MiB
 //! AllReduces with nothing failing. The test pins today's protocol (no health view at all: the
-//! switch protocol runs only when a view changes; one argument description to the ring
-//! successor per collective; nothing on the abort channel) and prints the receipts on the detect
-//! channel, so a change to the control plane shows here as numbers.
+//! switch protocol runs only when a view changes; no argument description unless a collective
+//! runs for 100 ms, the arguments' digest travels in the chunk headers; nothing on the abort
+//! channel) and prints the receipts on the detect channel, so a change to the control plane
+//! shows here as numbers.
 #![allow(clippy::unwrap_used, clippy::print_stderr, reason = "a panic or a printed figure is the report")]
 
 mod common;
@@ -44,7 +45,10 @@ fn fault_free_collectives_send_a_counted_number_of_oob_messages() {
                 "rank {me}: {bytes} B AllReduce: OOB messages per collective: agree {agree:.2}, control {control:.2}, detect (receipts) {detect:.2}, abort {abort:.2}"
             );
             assert_eq!(agree, 0.0, "no health view while nothing changes");
-            assert_eq!(control, 1.0, "one argument description to the ring successor per collective");
+            // An 8-byte collective takes far less than 100 ms, but a debug build of four ranks on
+            // two loaded cores may take longer now and then: at most 5 of the 20.
+            let most = if bytes < 1024 { 0.25 } else { 1.0 };
+            assert!(control <= most, "argument descriptions only from collectives that ran 100 ms: {control}");
             assert_eq!(abort, 0.0, "nothing on the abort channel while nothing fails");
         }
     }

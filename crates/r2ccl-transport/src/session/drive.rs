@@ -138,6 +138,9 @@ impl Session {
             self.bad(path, ChunkProblem::UnknownCollective(key.comm));
             return None;
         }
+        if !self.args_agree(path, &h) {
+            return None;
+        }
         if self.recvs.contains_key(&key) {
             self.apply(now, t, path, &h, payload);
             return None;
@@ -176,6 +179,11 @@ impl Session {
                 // this rank hold a buffer for a message that may never come.
                 self.stats.malformed += 1;
                 self.bad(path, ChunkProblem::Malformed(e));
+                t.recycle(header);
+                return;
+            }
+            Ok(h) if !self.args_agree(path, &h) => {
+                // Nothing of it is applied: its payload gets no receive either.
                 t.recycle(header);
                 return;
             }
@@ -289,6 +297,10 @@ impl Session {
         payload: &[u8],
     ) {
         let key = h.transfer();
+        // Checked again for a chunk kept from before this rank set its digest (an early one).
+        if !self.recvs.contains_key(&key) || !self.args_agree(path, h) {
+            return;
+        }
         let Some(rt) = self.recvs.get_mut(&key) else { return };
         let cs = rt.chunk;
         let idx = h.id.index;
@@ -356,6 +368,7 @@ impl Session {
         let mut failed = Vec::new();
         for (&key, tr) in &mut self.sends {
             let cs = tr.chunk;
+            let args = args::for_send(&self.args, key);
             for (i, lane) in tr.lanes.iter_mut().enumerate() {
                 if lane.quiesced {
                     continue;
@@ -377,6 +390,7 @@ impl Session {
                         total_len: tr.len,
                         len,
                         flags: if replay { FLAG_REPLAY } else { 0 },
+                        args,
                     };
                     let off = tr.offset + idx as usize * cs as usize;
                     match t.post_send(now, lane.path, &header.encode(&self.mac), tr.src, off, len as usize) {

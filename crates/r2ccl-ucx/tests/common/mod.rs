@@ -18,7 +18,7 @@ use r2ccl_transport::{
     Buffer, CommId, LaneId, PathFault, PathId, RequestId, Session, SessionConfig, SessionError, SessionEvent, Topology,
     TransferKey, Transport,
 };
-use r2ccl_ucx::{UcxTransport, UcxTransportConfig};
+use r2ccl_ucx::{EndpointAuth, UcxTransport, UcxTransportConfig};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -74,6 +74,8 @@ pub struct Scenario {
     /// Report `RESULT` no earlier than this long after GO (0: as soon as done); the report then
     /// also counts what still waits in UCX's unexpected queues (and drops it).
     pub report_after_ms: u64,
+    /// Listeners admit only the ranks' endpoint ids (`UcxTransportConfig::endpoints`).
+    pub endpoint_ids: bool,
 }
 
 impl Scenario {
@@ -92,6 +94,7 @@ impl Scenario {
             repeat: 1,
             inflight: 1,
             report_after_ms: 0,
+            endpoint_ids: false,
         }
     }
 
@@ -109,6 +112,7 @@ impl Scenario {
             .env("R2T_REPEAT", self.repeat.to_string())
             .env("R2T_INFLIGHT", self.inflight.to_string())
             .env("R2T_REPORT_AFTER_MS", self.report_after_ms.to_string())
+            .env("R2T_ENDPOINT_IDS", if self.endpoint_ids { "1" } else { "0" })
             .env("R2CCL_FAULT", &self.fault);
     }
 
@@ -128,6 +132,7 @@ impl Scenario {
             repeat: get("R2T_REPEAT").parse().unwrap(),
             inflight: get("R2T_INFLIGHT").parse().unwrap(),
             report_after_ms: get("R2T_REPORT_AFTER_MS").parse().unwrap(),
+            endpoint_ids: get("R2T_ENDPOINT_IDS") == "1",
         };
         (get("R2T_RANK").parse().unwrap(), s)
     }
@@ -264,7 +269,10 @@ pub fn rank_main() {
     let (me, sc) = Scenario::from_env();
     let k = sc.devices.len();
     let devs: Vec<&str> = sc.devices.iter().map(String::as_str).collect();
-    let cfg = UcxTransportConfig::tcp(Rank(me), NodeId(me), &devs).with_env_faults().unwrap();
+    let mut cfg = UcxTransportConfig::tcp(Rank(me), NodeId(me), &devs).with_env_faults().unwrap();
+    if sc.endpoint_ids {
+        cfg.endpoints = Some(EndpointAuth { key: r2ccl_transport::harness::HARNESS_KEY, world: sc.ranks });
+    }
     let mut t = UcxTransport::open(cfg).unwrap();
     let (tx, rx) = mpsc::channel::<String>();
     std::thread::spawn(move || {
@@ -510,6 +518,9 @@ pub fn rank_main() {
                 Err(SessionError::PathDown(_)) => {
                     migrations.handle_stopped(now, req, stopped_at, s.choose_path(req.lane)).unwrap();
                 }
+                // Its transfer finished and was released while the request was out (as the
+                // engine, nothing left to move).
+                Err(SessionError::UnknownLane(_)) => {}
                 Err(e) => panic!("rank {me}: migration of {} refused: {e}", req.lane),
             }
             busy = true;
@@ -585,6 +596,7 @@ pub fn rank_main() {
             say(&format!(
                 "RESULT ok={} bytes={len} ms={finish_ms} migrations={} replayed={} duplicates={} bad={bad_chunks} \
                  path_failures={} swept={} swept_bytes={} unsolicited={} left={left} left_bytes={left_bytes} \
+                 strangers={} \
                  resumed={} migrated={}",
                 recv_ok,
                 st.migrations,
@@ -594,6 +606,7 @@ pub fn rank_main() {
                 swept.dropped,
                 swept.dropped_bytes,
                 swept.unsolicited,
+                t.strangers_rejected(),
                 if resumed.is_empty() { "-".into() } else { resumed.join(",") },
                 if migrated.is_empty() { "-".into() } else { migrated.join(",") },
             ));

@@ -24,8 +24,8 @@ use r2ccl_algo::{Collective, P2pOp};
 use r2ccl_config::Config;
 use r2ccl_core::{subsys, DType, HealthView, NicId, NodeId, Rank};
 use r2ccl_policy::{Choice, PlannerError};
-use r2ccl_transport::{MemHandle, SessionConfig, Topology, Transport as _};
-use r2ccl_ucx::{ContextConfig, UcxTransport, UcxTransportConfig};
+use r2ccl_transport::{ArgDigest, MemHandle, SessionConfig, Topology, Transport as _};
+use r2ccl_ucx::{ContextConfig, EndpointAuth, UcxTransport, UcxTransportConfig};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
@@ -222,6 +222,20 @@ impl Work {
 
 /// How ranks `me` and `q` describe the operations between them in a group: both list the
 /// counts from the lower rank to the higher, then back, so that mirrored calls compare equal.
+/// A 32-bit digest of an argument description (FNV-1a), which chunk headers carry. Not a MAC (the
+/// headers are keyed): two ranks' descriptions that differ have the same digest with a chance of
+/// 2^-32.
+fn args_digest(desc: &str) -> u32 {
+    desc.bytes().fold(0x811c_9dc5, |h: u32, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
+}
+
+/// How long a collective runs before this rank sends its argument description to the peers it
+/// checks against (a mismatch no chunk shows: every rank waits for another's data).
+const ARG_CHECK_AFTER: Duration = Duration::from_millis(100);
+
+/// Collectives whose argument descriptions are kept for a peer's late check.
+const DESCS_KEPT: u64 = 16;
+
 fn pair_desc(me: u32, q: u32, dtype: DType, ops: &[P2pOp]) -> String {
     let counts = |send: bool| -> Vec<u64> {
         ops.iter().filter(|o| o.peer() == Rank(q) && o.is_send() == send).map(P2pOp::count).collect()

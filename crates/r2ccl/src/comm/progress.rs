@@ -162,12 +162,8 @@ impl Progress {
                 self.fail(&mut current, CommError::from_engine(seq, &e));
             }
             self.flush_engine();
-            let swept = self.transport.sweep_stats().dropped;
-            if swept > self.swept_seen {
-                // Messages no receive would ever take (a stranger's, most likely), dropped from UCX.
-                crate::metrics::count_malformed("unmatched", swept - self.swept_seen);
-                self.swept_seen = swept;
-            }
+            self.count_strangers();
+            self.send_late_arg_check(current.as_ref().map(|c| c.seq));
             self.drive_switch();
             if let Some(c) = &current {
                 if self.engine.take_finished() == Some(c.seq) {
@@ -327,6 +323,35 @@ impl Progress {
 
     /// Give the switch protocol this rank's view when the engine's down NICs changed, repeat what
     /// is unanswered, and send what it has to send.
+    /// Sends this rank's argument descriptions for the current collective once it has run for
+    /// [`ARG_CHECK_AFTER`] (see where they are made); forgets them once it is over.
+    fn send_late_arg_check(&mut self, current: Option<u64>) {
+        let Some((seq, at, _)) = &self.arg_check else { return };
+        if current != Some(*seq) {
+            self.arg_check = None;
+        } else if Instant::now() >= *at {
+            for (to, desc) in self.arg_check.take().map(|(_, _, sends)| sends).unwrap_or_default() {
+                let (channel, payload) = Msg::ArgCheck { seq: current.unwrap_or(0), desc }.encode();
+                let _ = self.mesh.send(to, channel, &payload);
+            }
+        }
+    }
+
+    /// Counts what the transport kept out since the last call: messages no receive would ever
+    /// take, dropped from UCX's queues, and connections without this communicator's endpoint id.
+    fn count_strangers(&mut self) {
+        let swept = self.transport.sweep_stats().dropped;
+        if swept > self.swept_seen {
+            crate::metrics::count_malformed("unmatched", swept - self.swept_seen);
+            self.swept_seen = swept;
+        }
+        let strangers = self.transport.strangers_rejected();
+        if strangers > self.strangers_seen {
+            crate::metrics::count_malformed("ucx_connect", strangers - self.strangers_seen);
+            self.strangers_seen = strangers;
+        }
+    }
+
     pub(super) fn drive_switch(&mut self) {
         let now = self.now();
         if *self.engine.down_nics() != self.fed_down {
@@ -370,7 +395,6 @@ impl Progress {
         // Argument check: a collective with the ring neighbours (each rank sends its call to the
         // next and compares with the previous); a group with every other rank (the operations
         // between two ranks must mirror each other, so both describe the pair the same way).
-        type Descs = Vec<(u32, String)>;
         let (sends, expects): (Descs, Descs) = match work {
             _ if self.world < 2 => (Vec::new(), Vec::new()),
             Work::Coll(coll) => {
@@ -386,10 +410,24 @@ impl Progress {
                 (pairs.clone(), pairs)
             }
         };
-        for (to, desc) in sends {
-            let (channel, payload) = Msg::ArgCheck { seq, desc }.encode();
-            let _ = self.mesh.send(to, channel, &payload);
+        // The digests of these descriptions go in every chunk header, and the session checks
+        // them as chunks arrive: no message of its own. The descriptions themselves go to the
+        // peers only if the collective is still running ARG_CHECK_AFTER from now, which finds a
+        // mismatch where no chunk crosses (each rank waiting for another).
+        if !sends.is_empty() {
+            let digest = match work {
+                Work::Coll(_) => ArgDigest::Same(args_digest(&sends[0].1)),
+                Work::Group(_) => ArgDigest::PerPeer(expects.iter().map(|(q, d)| (Rank(*q), args_digest(d))).collect()),
+            };
+            self.engine.set_args(seq, digest);
+            let texts = match work {
+                Work::Coll(_) => vec![(u32::MAX, sends[0].1.clone())],
+                Work::Group(_) => expects.clone(),
+            };
+            self.arg_texts = Some((seq, texts));
         }
+        self.arg_check = (!sends.is_empty()).then(|| (seq, Instant::now() + ARG_CHECK_AFTER, sends));
+        self.descs.retain(|&(s, _), _| s.saturating_add(DESCS_KEPT) > seq);
         for (from, desc) in expects {
             match self.peer_descs.remove(&(seq, from)) {
                 Some(theirs) if theirs != desc => {
@@ -719,6 +757,21 @@ impl Progress {
                 EngineEvent::Localized { path, verdict, method, .. } => {
                     self.metrics.verdict(verdict_label(verdict), method_label(method));
                     self.note(format!("path {path} failed: verdict {verdict} ({method:?})"));
+                }
+                EngineEvent::ArgsDiffer { seq, from } => {
+                    let mine = self.arg_texts.as_ref().filter(|(s, _)| *s == seq).and_then(|(_, texts)| {
+                        texts.iter().find(|(q, _)| *q == from.0 || *q == u32::MAX).map(|(_, d)| d.clone())
+                    });
+                    let text = format!(
+                        "collective #{seq}: rank {from} called it with other arguments than rank {}{}",
+                        self.rank,
+                        mine.map(|d| format!(", which called {d}")).unwrap_or_default()
+                    );
+                    if self.broken.is_none() && self.deferred_break.is_none() {
+                        self.broadcast_mismatch(seq, &text);
+                        // Ends the current collective and the communicator in the next round.
+                        self.deferred_break = Some((CommError::Mismatch { seq, detail: text }, Instant::now()));
+                    }
                 }
                 EngineEvent::BadInput { from, what } => {
                     crate::metrics::count_malformed("chunk_header", 1);

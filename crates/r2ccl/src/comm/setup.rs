@@ -29,6 +29,12 @@ pub(super) struct Progress {
     pub(super) descs: BTreeMap<(u64, u32), String>,
     /// Peers' argument descriptions that came before this rank's: (collective, peer) -> text.
     pub(super) peer_descs: BTreeMap<(u64, u32), String>,
+    /// The current collective's descriptions to send if it runs for `ARG_CHECK_AFTER`: its
+    /// sequence number, when they are due, and (peer, text).
+    pub(super) arg_check: Option<(u64, Instant, Descs)>,
+    /// This rank's descriptions of its latest collective, by peer (`u32::MAX`: every peer), to
+    /// name them in a mismatch.
+    pub(super) arg_texts: Option<(u64, Descs)>,
     pub(super) broken: Option<CommError>,
     /// Every planning decision: strategy, fallback, pipelining, the plan cache.
     pub(super) planner: r2ccl_policy::Planner,
@@ -44,6 +50,9 @@ pub(super) struct Progress {
     pub(super) refused_inputs: u64,
     /// Messages the transport's sweeps dropped from UCX's unexpected queues, as last counted.
     pub(super) swept_seen: u64,
+    /// Connection requests the data listeners rejected for presenting no endpoint id of this
+    /// communicator's, as last counted.
+    pub(super) strangers_seen: u64,
     /// A mismatch at a later collective than the current one, applied when the current one is
     /// over or at the instant given (see the `Abort` handler).
     pub(super) deferred_break: Option<(CommError, Instant)>,
@@ -51,6 +60,9 @@ pub(super) struct Progress {
     /// This communicator's series and their labels.
     pub(super) metrics: crate::metrics::CommMetrics,
 }
+
+/// Argument descriptions by peer: (rank, text).
+pub(super) type Descs = Vec<(u32, String)>;
 
 pub(super) struct Current {
     pub(super) seq: u64,
@@ -155,6 +167,10 @@ impl Progress {
         )
         .map_err(|e| CommError::Bootstrap(e.to_string()))?;
         let node = NodeId(node_of[opts.rank as usize]);
+        // This communicator's chunk-header key and id: from the secret and the random session
+        // nonce rank 0 put in the authenticated table (docs/security.md). The data listeners admit
+        // only the endpoint ids derived from the key.
+        let (header_key, comm_id) = crate::bootstrap_mac::data_keys(&opts.secret, &table.session);
         let mut ucfg = UcxTransportConfig {
             rank: Rank(opts.rank),
             node,
@@ -168,6 +184,7 @@ impl Progress {
                 .collect(),
             faults: Vec::new(),
             link_monitor: true,
+            endpoints: Some(EndpointAuth { key: header_key.clone(), world: opts.world }),
         };
         if opts.env_faults {
             ucfg = ucfg.with_env_faults().map_err(|e| CommError::Invalid(format!("R2CCL_FAULT: {e}")))?;
@@ -231,9 +248,6 @@ impl Progress {
         // A slow peer (a busy or descheduled process) must be given time to answer before
         // its path counts as dead; a silent black hole is still declared within a second.
         let probe_timeout = (2 * stall_timeout).max(Duration::from_millis(500));
-        // This communicator's chunk-header key and id: from the secret and the random session
-        // nonce rank 0 put in the authenticated table (docs/security.md).
-        let (header_key, comm_id) = crate::bootstrap_mac::data_keys(&opts.secret, &table.session);
         let ecfg = EngineConfig {
             comm: comm_id,
             header_key,
@@ -311,6 +325,8 @@ impl Progress {
             seq: 0,
             descs: BTreeMap::new(),
             peer_descs: BTreeMap::new(),
+            arg_check: None,
+            arg_texts: None,
             broken: None,
             planner,
             early_oob,
@@ -319,6 +335,7 @@ impl Progress {
             last_done: 0,
             refused_inputs: 0,
             swept_seen: 0,
+            strangers_seen: 0,
             deferred_break: None,
             metrics,
             wake_rx,

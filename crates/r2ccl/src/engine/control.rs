@@ -610,6 +610,13 @@ impl Engine {
                     tracing::debug!(target: subsys::NET, rank = %self.rank, %path, chunk = id.index, "early chunk dropped; asking for a replay");
                     self.send_ctrl(id.transfer.src, Ctrl::Nack { key: id.transfer, index: id.index });
                 }
+                SessionEvent::BadChunk {
+                    problem: r2ccl_transport::ChunkProblem::ArgsDiffer { seq, from, theirs, mine },
+                    ..
+                } => {
+                    tracing::debug!(target: subsys::NET, rank = %self.rank, seq, %from, theirs, mine, "a peer's arguments differ");
+                    self.events.push_back(EngineEvent::ArgsDiffer { seq, from });
+                }
                 SessionEvent::BadChunk { path, problem } => {
                     tracing::debug!(target: subsys::NET, rank = %self.rank, %path, ?problem, "refused a chunk");
                     self.events.push_back(EngineEvent::BadInput { from: path.peer, what: format!("{problem:?}") });

@@ -83,6 +83,13 @@ impl Engine {
         self.finished.take()
     }
 
+    /// This rank's digest of the arguments of collective `seq`, set before it starts: its chunks
+    /// carry it, and a peer's chunk for `seq` with another digest ends in
+    /// [`EngineEvent::ArgsDiffer`] instead of being applied.
+    pub fn set_args(&mut self, seq: u64, args: r2ccl_transport::ArgDigest) {
+        self.session.set_args(CommId(self.cfg.comm), seq, args);
+    }
+
     /// Lanes still looking for a usable path or waiting for the receiver's answer to a migration.
     /// None is left once every send is acknowledged (a receipt drops its transfer's lanes).
     #[cfg(test)]

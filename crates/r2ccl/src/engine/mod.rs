@@ -220,6 +220,13 @@ pub enum EngineEvent {
         /// The path.
         path: PathId,
     },
+    /// A peer's chunk says it called collective `seq` with other arguments than this rank.
+    ArgsDiffer {
+        /// The collective.
+        seq: u64,
+        /// The peer.
+        from: Rank,
+    },
     /// A peer sent a chunk or control message that was refused.
     BadInput {
         /// Who sent it.
