@@ -204,6 +204,8 @@ pub struct Request<B: SendBuf> {
     done: Option<Done>,
     /// The endpoint a send went out on, to name a failed path in the error.
     endpoint: Option<Arc<EpState>>,
+    /// Bytes posted: what a send reads, or the most a receive may write.
+    posted: usize,
 }
 
 // SAFETY: the raw request is only used under the worker's lock; the buffer is Send (SendBuf: Send).
@@ -259,6 +261,7 @@ impl<B: SendBuf> Request<B> {
             buffer: Some(buffer),
             done: None,
             endpoint: Some(endpoint),
+            posted: len,
         };
         req.accept(ptr, len)?;
         Ok(req)
@@ -287,8 +290,7 @@ impl<B: SendBuf> Request<B> {
             }
         }
         if status == Status::MESSAGE_TRUNCATED {
-            let capacity = self.buffer.as_ref().map_or(0, SendBuf::byte_len);
-            return UcxError::Truncated { got: len, capacity };
+            return UcxError::Truncated { got: len, capacity: self.posted };
         }
         UcxError::status(self.op.name(), status)
     }
@@ -439,6 +441,7 @@ impl<B: RecvBuf> Request<B> {
             buffer: Some(buffer),
             done: None,
             endpoint: None,
+            posted: len,
         };
         req.accept(ptr, 0)?;
         Ok(req)
@@ -482,6 +485,7 @@ impl<B: RecvBuf> Request<B> {
             buffer: Some(buffer),
             done: None,
             endpoint: None,
+            posted: len,
         };
         req.accept(ptr, 0)?;
         Ok(Some(req))
