@@ -4,12 +4,12 @@
 //! bound. Part of [`UcxTransport`]; its state lives there.
 //!
 //! UCX keeps a message that matched no posted receive in its worker's unexpected queue until a
-//! receive takes it. A sweep looks at each rail's queue oldest first and judges each message by
-//! its tag alone:
+//! receive takes it. A sweep looks at each rail's queue (probes apart, the rest oldest first) and
+//! judges each message by its tag alone:
 //! - a probe reply: dropped. Its receive is posted before the probe goes out, so a reply that
 //!   waits here answers a probe given up on, or none;
-//! - a probe: left for the responder (it re-arms until the queue holds none), and the sweep of
-//!   that rail stops there;
+//! - a probe: left for the responder (it re-arms until the queue holds none; dropped when a rail
+//!   has no responder). Probes are swept apart from the rest, so a flood of them holds nothing up;
 //! - a payload (bit 60): dropped, unless a header announced it and the receive for it is not
 //!   posted yet, and then the sweep of that rail stops there. Why that is sound: a peer sends a
 //!   payload after its header on the same endpoint, so the header arrived first. Either a header
@@ -51,8 +51,9 @@ pub struct SweepStats {
     pub dropped_bytes: u64,
     /// Messages handed to the session as unsolicited.
     pub unsolicited: u64,
-    /// Sweeps of a rail that stopped at a message they had to leave (a probe, or a payload whose
-    /// header was just handed over).
+    /// Sweeps of a rail that stopped at a message they had to leave (a payload whose header was
+    /// just handed over, or a split header still arriving), or skipped because a header receive
+    /// had finished unseen.
     pub held_off: u64,
 }
 
@@ -97,8 +98,18 @@ impl UcxTransport {
             })
             .collect();
         for rail in 0..self.nics.len() {
+            // Probe replies, and probes while no responder takes them: dropped, in any order.
+            let probes = if self.nics[rail].responder.is_some() { PROBE_TAG_BIT | REPLY_BIT } else { PROBE_TAG_BIT };
             for _ in 0..SWEEP_MAX {
-                let Some(m) = self.set.rails()[rail].worker().peek_unexpected(0, 0) else { break };
+                let Some(m) = self.set.rails()[rail].worker().peek_unexpected(probes, probes) else { break };
+                if !self.drop_unexpected(rail, m) {
+                    break;
+                }
+            }
+            // Everything else, oldest first (the order the soundness argument needs): probes
+            // are passed over, the responder takes them.
+            for _ in 0..SWEEP_MAX {
+                let Some(m) = self.set.rails()[rail].worker().peek_unexpected(0, PROBE_TAG_BIT) else { break };
                 match self.verdict(rail, m.tag, m.len, &announced) {
                     Verdict::Leave => {
                         self.sweep.held_off += 1;
@@ -111,27 +122,33 @@ impl UcxTransport {
                         }
                     }
                     Verdict::Drop | Verdict::Unsolicited(_) => {
-                        match self.set.rails()[rail].worker().take_unexpected(m.tag, Vec::new()) {
-                            Ok(Some(r)) => self.detached.push(r),
-                            Ok(None) => break,
-                            // Completed at once as truncated: UCX freed it.
-                            Err(_) => {}
+                        if !self.drop_unexpected(rail, m) {
+                            break;
                         }
-                        self.sweep.dropped += 1;
-                        self.sweep.dropped_bytes += m.len as u64;
                     }
                 }
             }
         }
     }
 
+    /// Receive `m` (the oldest waiting message under its tag) into nothing, which frees it.
+    /// Returns false when it was gone.
+    fn drop_unexpected(&mut self, rail: usize, m: crate::Unexpected) -> bool {
+        match self.set.rails()[rail].worker().take_unexpected(m.tag, Vec::new()) {
+            Ok(Some(r)) => self.detached.push(r),
+            Ok(None) => return false,
+            // Completed at once as truncated: UCX freed it.
+            Err(_) => {}
+        }
+        self.sweep.dropped += 1;
+        self.sweep.dropped_bytes += m.len as u64;
+        true
+    }
+
     fn verdict(&self, rail: usize, tag: u64, len: usize, announced: &BTreeSet<u64>) -> Verdict {
         if tag & PROBE_TAG_BIT != 0 {
-            return if tag & REPLY_BIT != 0 || self.nics[rail].responder.is_none() {
-                Verdict::Drop
-            } else {
-                Verdict::Leave
-            };
+            // Not looked at here (the probe space is swept first); the responder's, if ever.
+            return Verdict::Leave;
         }
         if tag & PAYLOAD_BIT != 0 {
             return if tag & !(PAYLOAD_BIT | PAYLOAD_RANDOM) == 0 && announced.contains(&tag) {

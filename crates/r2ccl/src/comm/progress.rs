@@ -323,6 +323,12 @@ impl Progress {
 
     /// Give the switch protocol this rank's view when the engine's down NICs changed, repeat what
     /// is unanswered, and send what it has to send.
+    /// This rank's description of collective `seq` as it concerns `peer`, if still kept.
+    fn my_arg_text(&self, seq: u64, peer: u32) -> Option<String> {
+        let (_, texts) = self.arg_texts.iter().find(|(s, _)| *s == seq)?;
+        texts.iter().find(|(q, _)| *q == peer || *q == u32::MAX).map(|(_, d)| d.clone())
+    }
+
     /// Sends this rank's argument descriptions for the current collective once it has run for
     /// [`ARG_CHECK_AFTER`] (see where they are made); forgets them once it is over.
     fn send_late_arg_check(&mut self, current: Option<u64>) {
@@ -424,7 +430,10 @@ impl Progress {
                 Work::Coll(_) => vec![(u32::MAX, sends[0].1.clone())],
                 Work::Group(_) => expects.clone(),
             };
-            self.arg_texts = Some((seq, texts));
+            if self.arg_texts.len() >= DESCS_KEPT as usize {
+                self.arg_texts.pop_front();
+            }
+            self.arg_texts.push_back((seq, texts));
         }
         self.arg_check = (!sends.is_empty()).then(|| (seq, Instant::now() + ARG_CHECK_AFTER, sends));
         self.descs.retain(|&(s, _), _| s.saturating_add(DESCS_KEPT) > seq);
@@ -643,24 +652,26 @@ impl Progress {
                 }
                 self.drive_switch();
             }
-            Msg::ArgCheck { seq, desc: theirs } => match self.descs.remove(&(seq, from)) {
-                Some(mine) if mine != theirs => {
-                    let text =
-                        format!("collective #{seq}: rank {from} called {theirs}, rank {} called {mine}", self.rank);
-                    self.broadcast_mismatch(seq, &text);
-                    self.set_broken(CommError::Mismatch { seq, detail: text.clone() });
-                    self.fail(current, CommError::Mismatch { seq, detail: text });
+            Msg::ArgCheck { seq, desc: theirs } => {
+                match self.descs.remove(&(seq, from)).or_else(|| self.my_arg_text(seq, from)) {
+                    Some(mine) if mine != theirs => {
+                        let text =
+                            format!("collective #{seq}: rank {from} called {theirs}, rank {} called {mine}", self.rank);
+                        self.broadcast_mismatch(seq, &text);
+                        self.set_broken(CommError::Mismatch { seq, detail: text.clone() });
+                        self.fail(current, CommError::Mismatch { seq, detail: text });
+                    }
+                    Some(_) => {}
+                    // Kept for a collective this rank has not reached, at most PEER_AHEAD ahead.
+                    None if seq >= self.seq && seq <= self.seq.saturating_add(PEER_AHEAD) => {
+                        self.peer_descs.insert((seq, from), theirs);
+                    }
+                    None => {
+                        crate::metrics::count_malformed("oob", 1);
+                        tracing::debug!(target: subsys::BOOTSTRAP, from, seq, "dropped a description for a collective out of range");
+                    }
                 }
-                Some(_) => {}
-                // Kept for a collective this rank has not reached, at most PEER_AHEAD ahead.
-                None if seq >= self.seq && seq <= self.seq.saturating_add(PEER_AHEAD) => {
-                    self.peer_descs.insert((seq, from), theirs);
-                }
-                None => {
-                    crate::metrics::count_malformed("oob", 1);
-                    tracing::debug!(target: subsys::BOOTSTRAP, from, seq, "dropped a description for a collective out of range");
-                }
-            },
+            }
             Msg::Address(_) => {
                 // Addresses are exchanged once, at setup.
                 crate::metrics::count_malformed("oob", 1);
@@ -759,18 +770,23 @@ impl Progress {
                     self.note(format!("path {path} failed: verdict {verdict} ({method:?})"));
                 }
                 EngineEvent::ArgsDiffer { seq, from } => {
-                    let mine = self.arg_texts.as_ref().filter(|(s, _)| *s == seq).and_then(|(_, texts)| {
-                        texts.iter().find(|(q, _)| *q == from.0 || *q == u32::MAX).map(|(_, d)| d.clone())
-                    });
+                    // The digest says only that the arguments differ: this rank's description
+                    // goes to the peer, which compares it with its own and names both to every
+                    // rank. Should no such word come, this rank ends with what it knows.
+                    let mine = self.my_arg_text(seq, from.0);
+                    if let Some(desc) = mine.clone() {
+                        let (channel, payload) = Msg::ArgCheck { seq, desc }.encode();
+                        let _ = self.mesh.send(from.0, channel, &payload);
+                    }
                     let text = format!(
-                        "collective #{seq}: rank {from} called it with other arguments than rank {}{}",
+                        "collective #{seq}: rank {} called it with other arguments than rank {}{}",
+                        from.0,
                         self.rank,
                         mine.map(|d| format!(", which called {d}")).unwrap_or_default()
                     );
                     if self.broken.is_none() && self.deferred_break.is_none() {
-                        self.broadcast_mismatch(seq, &text);
-                        // Ends the current collective and the communicator in the next round.
-                        self.deferred_break = Some((CommError::Mismatch { seq, detail: text }, Instant::now()));
+                        let grace = Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.min(1000));
+                        self.deferred_break = Some((CommError::Mismatch { seq, detail: text }, Instant::now() + grace));
                     }
                 }
                 EngineEvent::BadInput { from, what } => {

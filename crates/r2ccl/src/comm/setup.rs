@@ -32,9 +32,9 @@ pub(super) struct Progress {
     /// The current collective's descriptions to send if it runs for `ARG_CHECK_AFTER`: its
     /// sequence number, when they are due, and (peer, text).
     pub(super) arg_check: Option<(u64, Instant, Descs)>,
-    /// This rank's descriptions of its latest collective, by peer (`u32::MAX`: every peer), to
-    /// name them in a mismatch.
-    pub(super) arg_texts: Option<(u64, Descs)>,
+    /// This rank's descriptions of its latest collectives (at most `DESCS_KEPT`), by peer
+    /// (`u32::MAX`: every peer), to compare with a peer's and name both in a mismatch.
+    pub(super) arg_texts: std::collections::VecDeque<(u64, Descs)>,
     pub(super) broken: Option<CommError>,
     /// Every planning decision: strategy, fallback, pipelining, the plan cache.
     pub(super) planner: r2ccl_policy::Planner,
@@ -326,7 +326,7 @@ impl Progress {
             descs: BTreeMap::new(),
             peer_descs: BTreeMap::new(),
             arg_check: None,
-            arg_texts: None,
+            arg_texts: std::collections::VecDeque::new(),
             broken: None,
             planner,
             early_oob,
