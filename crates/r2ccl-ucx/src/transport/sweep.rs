@@ -26,7 +26,8 @@
 //! A sweep runs only when the session has handled every event and no header receive has
 //! finished unseen (one posted since the last round may have taken a waiting header at once):
 //! the soundness argument above relies on both. It runs at most every [`SWEEP_EVERY`] and takes
-//! at most [`SWEEP_MAX`] messages per rail. A split header is exactly a header and its payload's
+//! at most [`SWEEP_MAX`] messages per rail; it passes over a rail that is down or an (injected)
+//! black hole, whose completions wait too. A split header is exactly a header and its payload's
 //! tag; anything else under a split tag is dropped, so every split header handed over is read
 //! at once and its payload noted before the sweep looks further. Unsolicited receives still in flight are at most [`UNSOLICITED_MAX`]; beyond that the
 //! sweep drops the message (a peer's early chunk dropped so costs a replay, under attack only).
@@ -80,8 +81,10 @@ impl UcxTransport {
         // A header receive that UCX finished and nobody looked at yet (one posted since the last
         // round took a waiting header at once): its payload may wait in the queue, its receive not
         // posted yet. The next round reports it and the session posts that receive; sweep then.
+        // (Rails that are down or black holes are not swept: their completions wait too.)
+        let nics = &self.nics;
         let unseen = self.out.values_mut().any(|o| match &mut o.state {
-            State::Live(r) if o.kind == Kind::Recv => r.is_done(),
+            State::Live(r) if o.kind == Kind::Recv && !nics[o.path.local.rail.index()].blackhole => r.is_done(),
             _ => false,
         });
         if unseen {
@@ -98,6 +101,11 @@ impl UcxTransport {
             })
             .collect();
         for rail in 0..self.nics.len() {
+            // A black hole (injected) takes in nothing, and a down NIC's requests are failed:
+            // what waits there stays for when the rail is back.
+            if self.nics[rail].blackhole || self.nics[rail].is_down() {
+                continue;
+            }
             // Probe replies, and probes while no responder takes them: dropped, in any order.
             let probes = if self.nics[rail].responder.is_some() { PROBE_TAG_BIT | REPLY_BIT } else { PROBE_TAG_BIT };
             for _ in 0..SWEEP_MAX {
@@ -137,7 +145,8 @@ impl UcxTransport {
         match self.set.rails()[rail].worker().take_unexpected(m.tag, Vec::new()) {
             Ok(Some(r)) => self.detached.push(r),
             Ok(None) => return false,
-            // Completed at once as truncated: UCX freed it.
+            // The receive could not start (UCX out of memory): the message is out of the queue,
+            // and what UCX holds of it is UCX's to free.
             Err(_) => {}
         }
         self.sweep.dropped += 1;
@@ -213,15 +222,20 @@ impl UcxTransport {
     pub(super) fn collect_unsolicited(&mut self) {
         let nics = &self.nics;
         let events = &mut self.events;
+        let mut rx = vec![0u64; nics.len()];
         self.unsolicited.retain_mut(|(path, r)| {
             let rail = path.local.rail.index();
             match outcome(nics, Kind::Recv, rail, r) {
-                Some((kind, _)) => {
+                Some((kind, n)) => {
+                    rx[rail] += n as u64;
                     events.push_back(TransportEvent::Unsolicited { path: *path, kind });
                     false
                 }
                 None => true,
             }
         });
+        for (nic, n) in self.nics.iter_mut().zip(rx) {
+            nic.rx_bytes += n;
+        }
     }
 }

@@ -220,8 +220,6 @@ impl Work {
     }
 }
 
-/// How ranks `me` and `q` describe the operations between them in a group: both list the
-/// counts from the lower rank to the higher, then back, so that mirrored calls compare equal.
 /// A 32-bit digest of an argument description (FNV-1a), which chunk headers carry. Not a MAC (the
 /// headers are keyed): two ranks' descriptions that differ have the same digest with a chance of
 /// 2^-32.
@@ -236,6 +234,8 @@ const ARG_CHECK_AFTER: Duration = Duration::from_millis(100);
 /// Collectives whose argument descriptions are kept for a peer's late check.
 const DESCS_KEPT: u64 = 16;
 
+/// How ranks `me` and `q` describe the operations between them in a group: both list the
+/// counts from the lower rank to the higher, then back, so that mirrored calls compare equal.
 fn pair_desc(me: u32, q: u32, dtype: DType, ops: &[P2pOp]) -> String {
     let counts = |send: bool| -> Vec<u64> {
         ops.iter().filter(|o| o.peer() == Rank(q) && o.is_send() == send).map(P2pOp::count).collect()

@@ -76,6 +76,16 @@ impl Progress {
         loop {
             // A mismatch reported for a later collective ends the communicator once the current
             // one is over (its peers finished it: they were at the later one), or after a grace.
+            // A digest mismatch the peer did not answer in time: what this rank knows, to all.
+            if let Some((seq, _, until)) = &self.mismatch_fallback {
+                if self.broken.is_some() {
+                    self.mismatch_fallback = None;
+                } else if Instant::now() >= *until {
+                    let (seq, text) = (*seq, self.mismatch_fallback.take().map(|f| f.1).unwrap_or_default());
+                    self.broadcast_mismatch(seq, &text);
+                    self.deferred_break = Some((CommError::Mismatch { seq, detail: text }, Instant::now()));
+                }
+            }
             if let Some((e, until)) = &self.deferred_break {
                 if current.is_none() || Instant::now() >= *until {
                     let e = e.clone();
@@ -321,8 +331,6 @@ impl Progress {
         !is_coll || self.switch.may_start()
     }
 
-    /// Give the switch protocol this rank's view when the engine's down NICs changed, repeat what
-    /// is unanswered, and send what it has to send.
     /// This rank's description of collective `seq` as it concerns `peer`, if still kept.
     fn my_arg_text(&self, seq: u64, peer: u32) -> Option<String> {
         let (_, texts) = self.arg_texts.iter().find(|(s, _)| *s == seq)?;
@@ -358,6 +366,8 @@ impl Progress {
         }
     }
 
+    /// Give the switch protocol this rank's view when the engine's down NICs changed, repeat what
+    /// is unanswered, and send what it has to send.
     pub(super) fn drive_switch(&mut self) {
         let now = self.now();
         if *self.engine.down_nics() != self.fed_down {
@@ -437,21 +447,36 @@ impl Progress {
         }
         self.arg_check = (!sends.is_empty()).then(|| (seq, Instant::now() + ARG_CHECK_AFTER, sends));
         self.descs.retain(|&(s, _), _| s.saturating_add(DESCS_KEPT) > seq);
+        let mut mismatch = None;
+        let text = |from: u32, theirs: &str, mine: &str| {
+            format!("collective #{seq}: rank {from} called {theirs}, rank {} called {mine}", self.rank)
+        };
         for (from, desc) in expects {
             match self.peer_descs.remove(&(seq, from)) {
                 Some(theirs) if theirs != desc => {
-                    let text =
-                        format!("collective #{seq}: rank {from} called {theirs}, rank {} called {desc}", self.rank);
-                    self.broadcast_mismatch(seq, &text);
-                    let _ = reply.send(Err(CommError::Mismatch { seq, detail: text.clone() }));
-                    self.set_broken(CommError::Mismatch { seq, detail: text });
-                    return None;
+                    mismatch.get_or_insert_with(|| text(from, &theirs, &desc));
                 }
                 Some(_) => {}
                 None => {
                     self.descs.insert((seq, from), desc);
                 }
             }
+        }
+        // Descriptions other peers sent ahead for this collective (one that saw a digest
+        // mismatch sends its own to the sender) are compared now; older ones are dropped.
+        let ahead: Vec<(u32, String)> =
+            self.peer_descs.range((seq, 0)..=(seq, u32::MAX)).map(|(&(_, q), d)| (q, d.clone())).collect();
+        self.peer_descs.retain(|&(s, _), _| s > seq);
+        for (from, theirs) in ahead {
+            if let Some(mine) = self.my_arg_text(seq, from).filter(|mine| *mine != theirs) {
+                mismatch.get_or_insert_with(|| text(from, &theirs, &mine));
+            }
+        }
+        if let Some(text) = mismatch {
+            self.broadcast_mismatch(seq, &text);
+            let _ = reply.send(Err(CommError::Mismatch { seq, detail: text.clone() }));
+            self.set_broken(CommError::Mismatch { seq, detail: text });
+            return None;
         }
         let failed = |seq: u64, e: PlannerError| match e {
             PlannerError::Build(e) => CommError::Invalid(e.to_string()),
@@ -657,7 +682,9 @@ impl Progress {
                     Some(mine) if mine != theirs => {
                         let text =
                             format!("collective #{seq}: rank {from} called {theirs}, rank {} called {mine}", self.rank);
-                        self.broadcast_mismatch(seq, &text);
+                        if self.broken.is_none() {
+                            self.broadcast_mismatch(seq, &text);
+                        }
                         self.set_broken(CommError::Mismatch { seq, detail: text.clone() });
                         self.fail(current, CommError::Mismatch { seq, detail: text });
                     }
@@ -769,10 +796,13 @@ impl Progress {
                     self.metrics.verdict(verdict_label(verdict), method_label(method));
                     self.note(format!("path {path} failed: verdict {verdict} ({method:?})"));
                 }
+                // Once per communicator: every refused chunk of the collective reports it again.
+                EngineEvent::ArgsDiffer { .. }
+                    if self.broken.is_some() || self.deferred_break.is_some() || self.mismatch_fallback.is_some() => {}
                 EngineEvent::ArgsDiffer { seq, from } => {
                     // The digest says only that the arguments differ: this rank's description
                     // goes to the peer, which compares it with its own and names both to every
-                    // rank. Should no such word come, this rank ends with what it knows.
+                    // rank. Should no such word come, this rank tells every rank what it knows.
                     let mine = self.my_arg_text(seq, from.0);
                     if let Some(desc) = mine.clone() {
                         let (channel, payload) = Msg::ArgCheck { seq, desc }.encode();
@@ -784,10 +814,8 @@ impl Progress {
                         self.rank,
                         mine.map(|d| format!(", which called {d}")).unwrap_or_default()
                     );
-                    if self.broken.is_none() && self.deferred_break.is_none() {
-                        let grace = Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.min(1000));
-                        self.deferred_break = Some((CommError::Mismatch { seq, detail: text }, Instant::now() + grace));
-                    }
+                    let grace = Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.min(1000));
+                    self.mismatch_fallback = Some((seq, text, Instant::now() + grace));
                 }
                 EngineEvent::BadInput { from, what } => {
                     crate::metrics::count_malformed("chunk_header", 1);

@@ -35,6 +35,9 @@ pub(super) struct Progress {
     /// This rank's descriptions of its latest collectives (at most `DESCS_KEPT`), by peer
     /// (`u32::MAX`: every peer), to compare with a peer's and name both in a mismatch.
     pub(super) arg_texts: std::collections::VecDeque<(u64, Descs)>,
+    /// A digest mismatch this rank saw and told the peer of: the collective, what this rank
+    /// knows, and when to tell every rank that if the peer has not named both sides by then.
+    pub(super) mismatch_fallback: Option<(u64, String, Instant)>,
     pub(super) broken: Option<CommError>,
     /// Every planning decision: strategy, fallback, pipelining, the plan cache.
     pub(super) planner: r2ccl_policy::Planner,
@@ -327,6 +330,7 @@ impl Progress {
             peer_descs: BTreeMap::new(),
             arg_check: None,
             arg_texts: std::collections::VecDeque::new(),
+            mismatch_fallback: None,
             broken: None,
             planner,
             early_oob,
@@ -471,9 +475,11 @@ pub(super) fn nic_facts(nics: &[String], configured: u64, file: Option<&r2ccl_to
         .collect()
 }
 
-/// How many collectives ahead of this rank a peer's health views and argument descriptions are
-/// kept (a peer runs ahead by the collectives already queued; the rest is dropped and counted).
-pub(super) const PEER_AHEAD: u64 = 4096;
+/// How many collectives ahead of this rank a peer's argument descriptions are kept (a peer sends
+/// one only from a collective that ran `ARG_CHECK_AFTER`, or after a digest mismatch, and is
+/// rarely ahead by more than one; the rest is dropped and counted): at most this many, per peer,
+/// of at most 4 KiB each.
+pub(super) const PEER_AHEAD: u64 = 64;
 
 /// NUMA node "unknown" in a blob.
 pub(super) const NO_NUMA: u32 = u32::MAX;
