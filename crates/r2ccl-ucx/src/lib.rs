@@ -4,7 +4,10 @@
 //! - [`Context`]: one UCP context per NIC, restricted to it (`NET_DEVICES`), TCP only (keepalive tunable, UCX defaults by default)
 //!   through `ucp_config_modify` (never the process environment), with the TAG and WAKEUP features.
 //! - [`Worker`]: progress, a listener on its NIC's IP address (its [`WorkerAddress`]; progress accepts
-//!   peers' connections), tagged receives; every UCX call on a worker is serialized by its lock.
+//!   peers' connections, only those presenting an admitted endpoint id once [`Worker::admit_only`]
+//!   is set), tagged receives, and a look into UCX's unexpected queue
+//!   ([`Worker::peek_unexpected`], [`Worker::take_unexpected`]); every UCX call on a worker is
+//!   serialized by its lock.
 //!   [`Endpoint`]: to a peer worker's listener (one point-to-point TCP socket), `UCP_ERR_HANDLING_MODE_PEER`, with an error callback that records
 //!   the failure for the owning path.
 //! - [`Request`]: tagged send/receive (`*_nbx`) owning its buffer until UCX releases it; completion, cancel,
@@ -19,8 +22,11 @@
 //!   node-wide registration, sends/receives/probes as UCX tagged requests, probe-and-reply answered by the
 //!   peer's progress, endpoint errors as `PathError`, netlink link state as `LinkState` (a local NIC going
 //!   down fails its requests at once with `LocalNicDown`), the kernel's TCP evidence on a path
-//!   (`Transport::path_evidence`: `TCP_INFO` of this process's sockets between the two NICs' IPs), and
-//!   `R2CCL_FAULT` software fault injection.
+//!   (`Transport::path_evidence`: `TCP_INFO` of this process's sockets between the two NICs' IPs),
+//!   listeners that admit only the communicator's endpoint ids ([`UcxTransportConfig::endpoints`]),
+//!   sweeps of the workers' unexpected queues (what no receive would take is dropped, headers on
+//!   paths the session does not listen on go to it as unsolicited; [`UcxTransport::sweep_stats`]),
+//!   and `R2CCL_FAULT` software fault injection.
 //! - [`LinkMonitor`]: a non-blocking `NETLINK_ROUTE` socket for link-state changes.
 //!
 //! # `R2CCL_FAULT`
