@@ -190,16 +190,41 @@ impl Locked<'_> {
         status.is_ok() && ids.contains(&attr.client_id)
     }
 
+    /// Turn a connection request away. Not with `ucp_listener_reject`: over TCP, a UCX without
+    /// openucx/ucx#11393 (Debian's 1.13 among them) calls a null callback on its async thread
+    /// when the client sends more after a reject, which a stranger can do at will. The request is
+    /// accepted and its endpoint closed by force at once instead (no warning: it is expected).
+    fn refuse(&mut self, request: sys::ucp_conn_request_h) {
+        let state = Arc::new(EpState::new("refused connection".into(), false));
+        // SAFETY: ucp_ep_params_t is a plain C struct; all-zero means "no fields set".
+        let mut params: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
+        params.field_mask = u64::from(
+            sys::UCP_EP_PARAM_FIELD_CONN_REQUEST
+                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        );
+        params.conn_request = request;
+        params.err_mode = sys::UCP_ERR_HANDLING_MODE_PEER;
+        params.err_handler = state.err_handler();
+        let mut handle: sys::ucp_ep_h = ptr::null_mut();
+        // SAFETY: live worker, lock held; the request came from this worker's listener and is used
+        // once; the error callback's argument lives as long as the close (kept with it).
+        let status = Status(unsafe { sys::ucp_ep_create(self.handle, &params, &mut handle) });
+        if status.is_ok() {
+            // SAFETY: the endpoint just created, lock held; never used again.
+            if let Some(o) = unsafe { close_force_nowait(handle, Box::new(state)) } {
+                self.state.orphans.push(o);
+            }
+        }
+    }
+
     /// Create an endpoint for every queued connection request.
     fn accept_incoming(&mut self) {
         let requests = std::mem::take(&mut *self.incoming.lock().unwrap_or_else(PoisonError::into_inner));
         let mut rejected_now = 0u64;
         for ConnRequest(request) in requests {
             if !self.admits(request) {
-                if let Some(l) = &self.state.listener {
-                    // SAFETY: live listener and a request it delivered, lock held; used once.
-                    unsafe { sys::ucp_listener_reject(l.handle, request) };
-                }
+                self.refuse(request);
                 rejected_now += 1;
                 self.state.strangers += 1;
                 if self.state.strangers.is_power_of_two() {
@@ -212,12 +237,7 @@ impl Locked<'_> {
                 continue;
             }
             if self.state.accepted.len() >= self.state.max_accepted {
-                // Requests only come from the listener's callback, so it exists.
-                debug_assert!(self.state.listener.is_some(), "a connection request without a listener");
-                if let Some(l) = &self.state.listener {
-                    // SAFETY: live listener and a request it delivered, lock held; used once.
-                    unsafe { sys::ucp_listener_reject(l.handle, request) };
-                }
+                self.refuse(request);
                 rejected_now += 1;
                 self.state.rejected += 1;
                 if self.state.rejected.is_power_of_two() {
@@ -286,8 +306,8 @@ impl Drop for WorkerShared {
             if let Some(l) = locked.state.listener.take() {
                 let pending = std::mem::take(&mut *self.incoming.lock().unwrap_or_else(PoisonError::into_inner));
                 for ConnRequest(r) in pending {
-                    // SAFETY: live listener and a request it delivered, lock held.
-                    unsafe { sys::ucp_listener_reject(l.handle, r) };
+                    // Turned away as any other (see `refuse`); its close is drained below.
+                    locked.refuse(r);
                 }
                 // SAFETY: the listener came from ucp_listener_create on this worker and is destroyed once.
                 unsafe { sys::ucp_listener_destroy(l.handle) };
