@@ -418,14 +418,7 @@ impl<B: SendBuf> Request<B> {
 impl<B: RecvBuf> Request<B> {
     /// Post a tagged receive on `worker`.
     pub(crate) fn tag_recv(worker: Arc<WorkerShared>, tag: u64, mask: u64, mut buffer: B) -> Result<Self, UcxError> {
-        let mut param = zeroed_param();
-        // Always get a request: UCX 1.13.1 does not fill `recv_info.tag_info` when a receive completes
-        // immediately (measured: length and sender tag stay unwritten), so the length would be lost.
-        param.op_attr_mask = sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-        if let Some(memh) = buffer.memh(worker.context()) {
-            param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH;
-            param.memh = memh;
-        }
+        let param = recv_param(&worker, &buffer);
         let len = buffer.recv_capacity();
         let ptr = {
             let locked = worker.lock();
@@ -433,6 +426,17 @@ impl<B: RecvBuf> Request<B> {
             // the request owns from now on (RecvBuf contract).
             unsafe { sys::ucp_tag_recv_nbx(locked.handle, buffer.as_mut_ptr().cast(), len, tag, mask, &param) }
         };
+        Self::posted_recv(worker, tag, buffer, ptr)
+    }
+
+    /// The request a receive call returned as `ptr`, owning `buffer`.
+    fn posted_recv(
+        worker: Arc<WorkerShared>,
+        tag: u64,
+        buffer: B,
+        ptr: sys::ucs_status_ptr_t,
+    ) -> Result<Self, UcxError> {
+        let posted = buffer.recv_capacity();
         let mut req = Self {
             worker,
             raw: std::ptr::null_mut(),
@@ -441,7 +445,7 @@ impl<B: RecvBuf> Request<B> {
             buffer: Some(buffer),
             done: None,
             endpoint: None,
-            posted: len,
+            posted,
         };
         req.accept(ptr, 0)?;
         Ok(req)
@@ -456,13 +460,7 @@ impl<B: RecvBuf> Request<B> {
         tag: u64,
         mut buffer: B,
     ) -> Result<Option<Self>, UcxError> {
-        let mut param = zeroed_param();
-        // As for `tag_recv`: a request always, so that the length and sender tag are known.
-        param.op_attr_mask = sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-        if let Some(memh) = buffer.memh(worker.context()) {
-            param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH;
-            param.memh = memh;
-        }
+        let param = recv_param(&worker, &buffer);
         let len = buffer.recv_capacity();
         let ptr = {
             let locked = worker.lock();
@@ -477,19 +475,21 @@ impl<B: RecvBuf> Request<B> {
             // unexpected queue and is received exactly once.
             unsafe { sys::ucp_tag_msg_recv_nbx(locked.handle, buffer.as_mut_ptr().cast(), len, msg, &param) }
         };
-        let mut req = Self {
-            worker,
-            raw: std::ptr::null_mut(),
-            op: Op::Recv,
-            tag,
-            buffer: Some(buffer),
-            done: None,
-            endpoint: None,
-            posted: len,
-        };
-        req.accept(ptr, 0)?;
-        Ok(Some(req))
+        Self::posted_recv(worker, tag, buffer, ptr).map(Some)
     }
+}
+
+/// The parameters of a receive into `buffer`: always a request (UCX 1.13.1 does not fill
+/// `recv_info.tag_info` when a receive completes immediately, measured: length and sender tag stay
+/// unwritten, so the length would be lost), and the buffer's memory handle when it has one.
+fn recv_param<B: RecvBuf>(worker: &WorkerShared, buffer: &B) -> sys::ucp_request_param_t {
+    let mut param = zeroed_param();
+    param.op_attr_mask = sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    if let Some(memh) = buffer.memh(worker.context()) {
+        param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH;
+        param.memh = memh;
+    }
+    param
 }
 
 impl<B: SendBuf> Drop for Request<B> {

@@ -196,6 +196,22 @@ impl Locked<'_> {
     /// accepted and its endpoint closed by force at once instead (no warning: it is expected).
     fn refuse(&mut self, request: sys::ucp_conn_request_h) {
         let state = Arc::new(EpState::new("refused connection".into(), false));
+        if let Ok(handle) = self.server_endpoint(request, &state) {
+            // SAFETY: the endpoint just created, lock held; never used again. Its error state is
+            // kept with the close.
+            if let Some(o) = unsafe { close_force_nowait(handle, Box::new(state)) } {
+                self.state.orphans.push(o);
+            }
+        }
+    }
+
+    /// The endpoint for a connection request this worker's listener delivered, with peer error
+    /// handling reported to `state` (which must outlive the endpoint: the caller keeps it).
+    fn server_endpoint(
+        &mut self,
+        request: sys::ucp_conn_request_h,
+        state: &Arc<EpState>,
+    ) -> Result<sys::ucp_ep_h, Status> {
         // SAFETY: ucp_ep_params_t is a plain C struct; all-zero means "no fields set".
         let mut params: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
         params.field_mask = u64::from(
@@ -208,13 +224,12 @@ impl Locked<'_> {
         params.err_handler = state.err_handler();
         let mut handle: sys::ucp_ep_h = ptr::null_mut();
         // SAFETY: live worker, lock held; the request came from this worker's listener and is used
-        // once; the error callback's argument lives as long as the close (kept with it).
+        // once; the error callback's argument lives as long as the endpoint (the caller's contract).
         let status = Status(unsafe { sys::ucp_ep_create(self.handle, &params, &mut handle) });
         if status.is_ok() {
-            // SAFETY: the endpoint just created, lock held; never used again.
-            if let Some(o) = unsafe { close_force_nowait(handle, Box::new(state)) } {
-                self.state.orphans.push(o);
-            }
+            Ok(handle)
+        } else {
+            Err(status)
         }
     }
 
@@ -251,25 +266,13 @@ impl Locked<'_> {
                 continue;
             }
             let state = Arc::new(EpState::new("accepted peer endpoint".into(), false));
-            // SAFETY: ucp_ep_params_t is a plain C struct; all-zero means "no fields set".
-            let mut params: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
-            params.field_mask = u64::from(
-                sys::UCP_EP_PARAM_FIELD_CONN_REQUEST
-                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
-                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER,
-            );
-            params.conn_request = request;
-            params.err_mode = sys::UCP_ERR_HANDLING_MODE_PEER;
-            params.err_handler = state.err_handler();
-            let mut handle: sys::ucp_ep_h = ptr::null_mut();
-            // SAFETY: live worker, lock held; the request came from this worker's listener and is used
-            // once; the error callback's argument lives as long as the endpoint (kept in `accepted`).
-            let status = Status(unsafe { sys::ucp_ep_create(self.handle, &params, &mut handle) });
-            if status.is_ok() {
-                self.state.accepted.push(Accepted { handle, state });
-            } else {
-                tracing::debug!(target: r2ccl_core::subsys::NET, %status, "could not accept a peer's connection");
-                self.drain_missed_events();
+            // The error state lives as long as the endpoint: both are kept in `accepted`.
+            match self.server_endpoint(request, &state) {
+                Ok(handle) => self.state.accepted.push(Accepted { handle, state }),
+                Err(status) => {
+                    tracing::debug!(target: r2ccl_core::subsys::NET, %status, "could not accept a peer's connection");
+                    self.drain_missed_events();
+                }
             }
         }
         if rejected_now > 0 {
