@@ -167,6 +167,10 @@ pub struct Detector {
 
 /// How long answered probe requests are remembered, to answer duplicates from.
 const REMEMBER: Duration = Duration::from_secs(10);
+/// The most probe requests of one rank served at a time; more are rejected.
+pub const MAX_OPEN_REQUESTS: usize = 32;
+/// The most probe requests of one rank remembered (over [`REMEMBER`]); more are rejected.
+pub const MAX_REMEMBERED_REQUESTS: usize = 1024;
 
 impl Detector {
     /// A detector for rank `me` in a cluster of `members` (every rank with its node).
@@ -776,6 +780,21 @@ impl Detector {
                 why: "probe source NIC not on this node",
             });
             return;
+        }
+        if !self.served.contains_key(&(from, id)) {
+            // A rank asks for a few probes at a time (one per localization it runs), each answered
+            // within the probe timeout: more is a rank this one will not be flooded by.
+            let asked = self.served.range((from, 0)..=(from, u64::MAX));
+            let (mut open, mut all) = (0, 0);
+            for (_, (outcome, _)) in asked {
+                all += 1;
+                open += usize::from(outcome.is_none());
+            }
+            if open >= MAX_OPEN_REQUESTS || all >= MAX_REMEMBERED_REQUESTS {
+                let why = "too many probe requests from one rank";
+                self.events.push_back(DetectEvent::Rejected { at: now, from, msg, why });
+                return;
+            }
         }
         match self.served.get(&(from, id)) {
             Some((Some(outcome), _)) => {

@@ -70,7 +70,7 @@ pub mod triangulate;
 pub mod wire;
 
 pub use config::{ConfigError, DetectConfig};
-pub use detector::{DetectError, Detector, Member, ProbeResult};
+pub use detector::{DetectError, Detector, Member, ProbeResult, MAX_OPEN_REQUESTS, MAX_REMEMBERED_REQUESTS};
 pub use health::{IllegalTransition, PathState};
 pub use ids::{ConnId, PathId, PathPair, ProbeId};
 pub use output::{Command, DetectEvent};

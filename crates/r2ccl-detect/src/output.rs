@@ -120,7 +120,9 @@ pub enum DetectEvent {
         /// The message.
         msg: OobMessage,
     },
-    /// A probe request that names a NIC not on this detector's node as the prober was refused.
+    /// A probe request was refused: it names a NIC not on this detector's node as the prober, or
+    /// its rank has [`crate::MAX_OPEN_REQUESTS`] open or
+    /// [`crate::MAX_REMEMBERED_REQUESTS`] remembered already.
     Rejected {
         /// When.
         at: Duration,

@@ -231,6 +231,9 @@ impl Engine {
                 DetectEvent::HeldDown { path, holddown, flaps, .. } if flaps > 0 => {
                     tracing::info!(target: subsys::DETECT, rank = %self.rank, %path, ?holddown, flaps, "flapping path held down");
                 }
+                DetectEvent::Rejected { from, why, .. } => {
+                    self.events.push_back(EngineEvent::BadInput { from, what: why.to_owned() });
+                }
                 other => tracing::trace!(target: subsys::DETECT, rank = %self.rank, event = ?other, "detector"),
             }
         }
@@ -713,6 +716,10 @@ impl Engine {
                 return Ok(());
             }
         };
+        if let Some(what) = self.misaddressed(from, &msg) {
+            self.events.push_back(EngineEvent::BadInput { from, what });
+            return Ok(());
+        }
         match msg {
             Ctrl::PathDown { local, remote } => {
                 let path = Ctrl::mirrored(local, remote, from);
@@ -812,11 +819,40 @@ impl Engine {
                 let known = self.exec.as_mut().is_some_and(|x| x.unacked.remove(&key));
                 let current = self.exec.as_ref().map_or(self.finished.unwrap_or(0), |x| x.seq);
                 if !known && key.seq >= current {
-                    self.early_receipts.insert(key);
+                    // Kept for a send not started yet: of a collective at most RECEIPTS_AHEAD
+                    // ahead, and at most MAX_EARLY_RECEIPTS in all (a peer cannot grow them).
+                    if key.seq > current.saturating_add(RECEIPTS_AHEAD)
+                        || self.early_receipts.len() >= MAX_EARLY_RECEIPTS
+                    {
+                        let what = format!("receipt of {key}, a send this rank is far from starting (at #{current})");
+                        self.events.push_back(EngineEvent::BadInput { from, what });
+                    } else {
+                        self.early_receipts.insert(key);
+                    }
                 }
             }
         }
         self.process_session_events(now, t)?;
         self.advance(now, t)
+    }
+
+    /// Why a control message from `from` names something it cannot speak for: a path that is
+    /// not between `from`'s node and this rank's, a NIC the topology does not have, or a transfer
+    /// `from` does not receive. `None` when it is well addressed. Such messages change nothing
+    /// (a peer cannot fail a path of another pair, nor grow this rank's state with made-up ids).
+    fn misaddressed(&self, from: Rank, msg: &Ctrl) -> Option<String> {
+        let topo = self.session.topology();
+        let nic_ok = |nic: NicId, rank: Rank| topo.has_nic(nic) && topo.node_of(rank) == Some(nic.node);
+        match *msg {
+            Ctrl::PathDown { local, remote } | Ctrl::PathUp { local, remote } => (!(nic_ok(local, from)
+                && nic_ok(remote, self.rank)))
+            .then(|| format!("path {local}=>{remote}, not between rank {} and this rank", from.0)),
+            Ctrl::NicState { nic, .. } | Ctrl::Blame { nic, .. } => {
+                (!topo.has_nic(nic)).then(|| format!("state of {nic}, a NIC the topology does not have"))
+            }
+            Ctrl::Nack { key, .. } | Ctrl::RecvDone { key } => (key.dst != from || key.comm != CommId(self.cfg.comm))
+                .then(|| format!("acknowledgement of {key} from rank {}, which does not receive it", from.0)),
+            Ctrl::MigrateReq(_) | Ctrl::MigrateAck(_) => None,
+        }
     }
 }

@@ -78,6 +78,12 @@ impl Engine {
         self.moved_sends
     }
 
+    /// How many receipts are kept for sends not started yet.
+    #[cfg(test)]
+    pub fn early_receipts(&self) -> usize {
+        self.early_receipts.len()
+    }
+
     /// The sequence number of a collective that finished since the last call.
     pub fn take_finished(&mut self) -> Option<u64> {
         self.finished.take()

@@ -425,6 +425,11 @@ fn move_bytes<T: Transport + ?Sized>(
     }
 }
 
+/// How many collectives ahead of this rank's a receipt for a send not started yet is kept.
+const RECEIPTS_AHEAD: u64 = 64;
+/// The most receipts kept for sends not started yet.
+const MAX_EARLY_RECEIPTS: usize = 4096;
+
 /// How long a write waits for the receipts of the sends whose bytes it overwrites before
 /// those sends move to their private copies (a receipt is normally in within a round trip).
 pub const PRIVATE_COPY_AFTER: Duration = Duration::from_millis(50);
