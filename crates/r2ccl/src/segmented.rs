@@ -11,12 +11,15 @@
 //! slot size; a different `host_segment_bytes` on one rank is an argument mismatch, not a hang).
 //!
 //! A call on registered buffers ([`crate::CommBuf`]) needs no slot: one of a single block
-//! (AllReduce, Broadcast, Reduce) larger than two slots runs as segments of two slots' bytes,
-//! each in place on a sub-range of the caller's regions, so the engine's workspace (room for
-//! private copies of late sends) is sized by a segment; a registered ReduceScatter (its blocks
-//! are not contiguous in a segment, and whole its scratch is as large as its input) goes through
-//! the slots as caller memory does; registered AllGather and AlltoAll run whole (their workspace
-//! does not grow with the call).
+//! (AllReduce, Broadcast, Reduce) larger than two slots runs as the same segments as caller
+//! memory (one slot's bytes each), each in place on a sub-range of the caller's regions, so the
+//! engine's workspace (room for private copies of late sends) is sized by a segment and ranks may
+//! mix registered and caller memory in one call; a registered ReduceScatter (its blocks are not
+//! contiguous in a segment, and whole its scratch is as large as its input) goes through the
+//! slots as caller memory does; registered AllGather and AlltoAll run whole (their workspace does
+//! not grow with the call, and through the slots they would copy every byte), so one of them
+//! larger than two slots, registered on one rank and on caller memory on another, is an argument
+//! mismatch error.
 //!
 //! The host lane is one worker thread per communicator, started by its first cut call: it
 //! copies a segment in while the one before runs, copies each result out after, and answers
@@ -192,8 +195,22 @@ impl Communicator {
             return Err(call);
         };
         let (Ok(in_len), Ok(out_len)) = (usize::try_from(in_len), usize::try_from(out_len)) else { return Err(call) };
-        let one_block =
-            matches!(coll, Collective::AllReduce { .. } | Collective::Broadcast { .. } | Collective::Reduce { .. });
+        // A call of one block or a ReduceScatter is cut the same way whatever its buffers, so
+        // ranks may mix registered and caller memory in it: into the segments `cut_collective`
+        // makes of its arguments. A registered call of one block runs them in place on its own
+        // regions; a registered ReduceScatter (whole, its scratch would be as large as its input,
+        // and its segments are not contiguous) runs them through the slots as caller memory does.
+        // A registered AllGather or AlltoAll runs whole (its workspace does not grow with the call:
+        // no scratch, no send a later step overwrites; through the slots it would copy every
+        // byte, 25-37% of its bus bandwidth at 64 MiB), so a rank that runs one larger than two
+        // slots on caller memory while another runs it registered gets a mismatch error.
+        let one_block = matches!(
+            coll,
+            Collective::AllReduce { .. }
+                | Collective::Broadcast { .. }
+                | Collective::Reduce { .. }
+                | Collective::SendRecv { .. }
+        );
         let is_rs = matches!(coll, Collective::ReduceScatter { .. });
         if one_block && matches!(call.bufs, Bufs::Registered { .. } | Bufs::RegisteredInPlace { .. }) {
             return self.parts_of(call, coll, (in_len, out_len), slot_len).map(Planned::InPlace);
@@ -206,10 +223,6 @@ impl Communicator {
             Bufs::Owned { input, output } => {
                 (input.as_mut_ptr(), output.as_mut_ptr(), input.len() == in_len && output.len() == out_len)
             }
-            // A registered ReduceScatter: whole, its scratch would be as large as its input, and
-            // its blocks are not contiguous in a segment, so it goes through the slots as caller
-            // memory does. Registered AllGather and AlltoAll run whole: their workspace does not
-            // grow with the call (no scratch, no send a later step overwrites).
             Bufs::Registered { input, output, mem: Some((i, o)) } if is_rs => {
                 (i.cast_mut(), *o, input.1 >= in_len && output.1 >= out_len)
             }
@@ -239,10 +252,11 @@ impl Communicator {
         Ok(Planned::Copied(Cut { segs, dtype: call.dtype, send, recv, access, owned }))
     }
 
-    /// A registered call of one block (AllReduce, Broadcast, Reduce) larger than two slots, cut
-    /// into segments of two slots' bytes, each the same collective in place on a sub-range of
-    /// the caller's regions: no copy, and the engine's workspace (room for private copies of
-    /// late sends) is sized by a segment, not by the call.
+    /// A registered call of one block (AllReduce, Broadcast, Reduce, SendRecv) larger than two
+    /// slots, cut into segments of one slot's bytes (as `cut_collective` cuts caller memory),
+    /// each the same collective in place on a sub-range of the caller's regions: no copy, and
+    /// the engine's workspace (room for private copies of late sends) is sized by a segment, not
+    /// by the call.
     fn parts_of(
         &self,
         call: Call,
@@ -256,8 +270,8 @@ impl Communicator {
             _ => return Err(call),
         };
         let elem = call.dtype.size();
-        let per = (2 * slot_len / elem) as u64;
-        if !fits || self.world < 2 || in_len != out_len || in_len <= 2 * slot_len || per == 0 {
+        let per = (slot_len / elem) as u64;
+        if !fits || self.world < 2 || in_len != out_len || in_len <= SLOTS * slot_len || per == 0 {
             return Err(call);
         }
         let mut parts = Vec::new();

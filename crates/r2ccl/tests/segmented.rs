@@ -4,7 +4,8 @@
 //! about 1.2 MB per block; results are bit-exact against the definition, the calls really were
 //! cut (the sequence numbers jump by the segment count), and a call of two slots or less runs
 //! whole. Non-blocking calls (`start`, `start_raw`, scopes) are cut too, and calls started
-//! behind a cut one, large or small, run after it in the order they were made.
+//! behind a cut one, large or small, run after it in the order they were made. Registered
+//! calls are cut the same way, so ranks may mix registered and caller memory in one call.
 #![allow(clippy::unwrap_used, reason = "a panic here is a test failure with a message")]
 
 mod common;
@@ -261,6 +262,65 @@ fn registered_calls_run_in_segments_one_block_ones_in_place() {
         assert!(e.seq >= d.seq + 18, "rank {me}: a registered ReduceScatter is cut: {d:?} {e:?}");
         let mine = me as usize * n..(me as usize + 1) * n;
         assert_eq!(&big[mine], &sum_of(n, me as usize)[..], "rank {me}: registered reduce_scatter in place");
+    });
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn ranks_may_mix_registered_and_caller_memory_in_one_call() {
+    let mut config = common::config(10_000);
+    config.transport.host_segment_bytes = 64 << 10;
+    let threads = common::spawn_ranks_with(WORLD, config, |me, comm| {
+        let (p, n) = (WORLD as usize, N);
+        let f32s = DType::F32;
+        let sum = ReduceOp::Sum;
+        let xs: Vec<Vec<f32>> = (0..WORLD).map(|q| input(q, n)).collect();
+        let total: Vec<f32> = (0..n).map(|i| xs.iter().map(|v| v[i]).sum()).collect();
+        // Rank 0 runs every call on registered buffers, the others on their own memory.
+        let run = |coll: Collective, count: usize, x: &[f32], out_len: usize| {
+            if me == 0 {
+                let mut inp = comm.alloc::<f32>(x.len()).unwrap();
+                inp.copy_from_slice(x);
+                let mut out = comm.alloc::<f32>(out_len).unwrap();
+                comm.run_registered(coll, f32s, count as u64, &inp, &mut out).map(|_| out.to_vec())
+            } else {
+                let mut out = vec![0u8; out_len * 4];
+                comm.run(coll, f32s, count as u64, &bytes(x), &mut out).map(|_| floats(&out))
+            }
+        };
+        // Cut on every rank (1.2 MB calls, 64 KiB slots).
+        let x = input(me, n);
+        assert_eq!(run(Collective::AllReduce { op: sum }, n, &x, n).unwrap(), total, "rank {me}: all_reduce");
+        let b = run(Collective::Broadcast { root: Rank(1) }, n, &x, n).unwrap();
+        assert_eq!(b, input(1, n), "rank {me}: broadcast");
+        let big = input(me, p * n);
+        let rs = run(Collective::ReduceScatter { op: sum }, n, &big, n).unwrap();
+        assert_eq!(rs, sum_of(n, me as usize), "rank {me}: reduce_scatter");
+        let buf = if me == 0 {
+            let mut reg = comm.alloc::<f32>(n).unwrap();
+            reg.copy_from_slice(&x);
+            comm.run_registered_in_place(Collective::AllReduce { op: sum }, f32s, n as u64, &mut reg).unwrap();
+            reg.to_vec()
+        } else {
+            let mut raw = bytes(&x);
+            comm.run_in_place(Collective::AllReduce { op: sum }, f32s, n as u64, &mut raw).unwrap();
+            floats(&raw)
+        };
+        assert_eq!(buf, total, "rank {me}: all_reduce in place");
+        // AllGather and AlltoAll of at most two slots run whole either way.
+        let m = 10_000;
+        let gathered: Vec<f32> = (0..WORLD).flat_map(|q| input(q, m)).collect();
+        assert_eq!(run(Collective::AllGather, m, &input(me, m), p * m).unwrap(), gathered, "rank {me}: all_gather");
+        let a2a = run(Collective::AlltoAll, m, &input(me, p * m), p * m).unwrap();
+        let mine = me as usize * m..(me as usize + 1) * m;
+        let want: Vec<f32> = (0..WORLD).flat_map(|q| input(q, p * m)[mine.clone()].to_vec()).collect();
+        assert_eq!(a2a, want, "rank {me}: all_to_all");
+        // Larger, a registered AllGather runs whole and a cut one does not match it: a clear
+        // error on every rank, naming the counts, not a hang.
+        let err = run(Collective::AllGather, n, &x, p * n).unwrap_err();
+        assert!(matches!(err, r2ccl::CommError::Mismatch { .. }), "rank {me}: {err}");
     });
     for t in threads {
         t.join().unwrap();
