@@ -9,7 +9,13 @@
 //! - a probe reply: dropped. Its receive is posted before the probe goes out, so a reply that
 //!   waits here answers a probe given up on, or none;
 //! - a probe: left for the responder (it re-arms until the queue holds none; dropped when a rail
-//!   has no responder). Probes are swept apart from the rest, so a flood of them holds nothing up;
+//!   has no responder). Probes are swept apart from the rest, so a flood of them holds nothing up.
+//!   A probe waiting while the responder is posted means the responder is held: a free one takes
+//!   a probe at once (a receive posted after a probe arrived takes it from the queue). What holds
+//!   it is a message under the probe tag whose rest never comes (a stranger's, sent in part and
+//!   left so with its connection open). That responder is set aside, to end whenever UCX ends
+//!   it (UCX 1.22 keeps it until the worker goes, even once the stranger has gone), and a new one
+//!   posted, which takes the waiting probes; at most [`RESPONDERS_REPLACED_MAX`] are set aside;
 //! - a payload (bit 60): dropped, unless a header announced it and the receive for it is not
 //!   posted yet, and then the sweep of that rail stops there. Why that is sound: a peer sends a
 //!   payload after its header on the same endpoint, so the header arrived first. Either a header
@@ -41,6 +47,10 @@ pub(super) const SWEEP_EVERY: Duration = Duration::from_millis(10);
 const SWEEP_MAX: usize = 4096;
 /// Most unsolicited receives in flight (a rendezvous message is received in the background).
 const UNSOLICITED_MAX: usize = 64;
+/// Most held probe responders set aside (UCX keeps each until its worker goes: ending the
+/// stranger's connection does not end it); past that a held responder stays, and probes on its
+/// rail go unanswered until it ends.
+const RESPONDERS_REPLACED_MAX: u64 = 64;
 
 /// What the sweeps of the unexpected queues did ([`UcxTransport::sweep_stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -56,6 +66,9 @@ pub struct SweepStats {
     /// just handed over, or a split header still arriving), or skipped because a header receive
     /// had finished unseen.
     pub held_off: u64,
+    /// Probe responders set aside because a message that never finished held them while probes
+    /// waited (a new one took their place).
+    pub responders_replaced: u64,
 }
 
 /// What a sweep does with a message.
@@ -105,6 +118,21 @@ impl UcxTransport {
             // what waits there stays for when the rail is back.
             if self.nics[rail].blackhole || self.nics[rail].is_down() {
                 continue;
+            }
+            // A probe waiting beside a posted responder: that responder is held (module doc).
+            let held = self.nics[rail].responder.is_some()
+                && self.sweep.responders_replaced < RESPONDERS_REPLACED_MAX
+                && self.set.rails()[rail].worker().peek_unexpected(PROBE_TAG_BIT, PROBE_TAG_BIT | REPLY_BIT).is_some();
+            if held {
+                if let Some(old) = self.nics[rail].responder.take() {
+                    self.detached.push(old);
+                }
+                self.arm_responder(rail);
+                self.sweep.responders_replaced += 1;
+                let n = self.sweep.responders_replaced;
+                if n.is_power_of_two() {
+                    tracing::warn!(target: NET, rail, replaced_so_far = n, "probe responder held by a message that does not finish (a stranger's?); replaced");
+                }
             }
             // Probe replies, and probes while no responder takes them: dropped, in any order.
             let probes = if self.nics[rail].responder.is_some() { PROBE_TAG_BIT | REPLY_BIT } else { PROBE_TAG_BIT };
