@@ -248,6 +248,11 @@ impl Progress {
         }
     }
 
+    /// What two ranks called, for a mismatch error: `from` called `theirs`, this rank `mine`.
+    pub(super) fn mismatch_text(&self, seq: u64, from: u32, theirs: &str, mine: &str) -> String {
+        format!("collective #{seq}: rank {from} called {theirs}, rank {} called {mine}", self.rank)
+    }
+
     /// Answer every queued call: the communicator is going away.
     pub(super) fn fail_queued(&mut self, queue: &mut std::collections::VecDeque<(Instant, Req)>) {
         for (_, req) in queue.drain(..) {
@@ -448,13 +453,10 @@ impl Progress {
         self.arg_check = (!sends.is_empty()).then(|| (seq, Instant::now() + ARG_CHECK_AFTER, sends));
         self.descs.retain(|&(s, _), _| s.saturating_add(DESCS_KEPT) > seq);
         let mut mismatch = None;
-        let text = |from: u32, theirs: &str, mine: &str| {
-            format!("collective #{seq}: rank {from} called {theirs}, rank {} called {mine}", self.rank)
-        };
         for (from, desc) in expects {
             match self.peer_descs.remove(&(seq, from)) {
                 Some(theirs) if theirs != desc => {
-                    mismatch.get_or_insert_with(|| text(from, &theirs, &desc));
+                    mismatch.get_or_insert_with(|| self.mismatch_text(seq, from, &theirs, &desc));
                 }
                 Some(_) => {}
                 None => {
@@ -469,7 +471,7 @@ impl Progress {
         self.peer_descs.retain(|&(s, _), _| s > seq);
         for (from, theirs) in ahead {
             if let Some(mine) = self.my_arg_text(seq, from).filter(|mine| *mine != theirs) {
-                mismatch.get_or_insert_with(|| text(from, &theirs, &mine));
+                mismatch.get_or_insert_with(|| self.mismatch_text(seq, from, &theirs, &mine));
             }
         }
         if let Some(text) = mismatch {
@@ -680,8 +682,7 @@ impl Progress {
             Msg::ArgCheck { seq, desc: theirs } => {
                 match self.descs.remove(&(seq, from)).or_else(|| self.my_arg_text(seq, from)) {
                     Some(mine) if mine != theirs => {
-                        let text =
-                            format!("collective #{seq}: rank {from} called {theirs}, rank {} called {mine}", self.rank);
+                        let text = self.mismatch_text(seq, from, &theirs, &mine);
                         if self.broken.is_none() {
                             self.broadcast_mismatch(seq, &text);
                         }
