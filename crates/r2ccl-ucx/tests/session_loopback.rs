@@ -109,14 +109,10 @@ fn attacked(sc: &Scenario, attack: Duration) -> (Outcome, stranger::Sent) {
     assert_eq!(sent.endpoints, 2 * sc.ranks as usize, "the stranger connected to every listener (2 rails per rank)");
     assert!(sent.messages > 1000, "the stranger sent {sent:?}");
     for r in &o.results {
-        // No migration anywhere. A path failing under attack with nothing migrated has been
-        // seen now and then here and in the whole-job test (cause open, docs/security.md, "Not
-        // done yet"): reported loudly and bounded, not refused.
-        let failures = r.num("path_failures");
-        if failures > 0 {
-            eprintln!("PATH FAILURE UNDER ATTACK (see docs/security.md): rank {}: {:?}", r.rank, r.fields);
-        }
-        assert!(failures <= 2, "rank {}: paths failed: {:?}", r.rank, r.fields);
+        // No path failed and nothing migrated anywhere. (Paths failing now and then here came
+        // from this harness: a receiver checked its 128 MiB before sending the receipt, seconds
+        // on a loaded host, so its peer probed and, unanswered, took the path down.)
+        assert_eq!(r.num("path_failures"), 0, "rank {}: no path failed: {:?}", r.rank, r.fields);
         assert_eq!(r.num("migrations"), 0, "rank {}: nothing migrated: {:?}", r.rank, r.fields);
     }
     let refused: u64 = o.results.iter().map(|r| r.num("bad")).sum();

@@ -356,6 +356,14 @@ pub fn rank_main() {
                 SessionEvent::SendComplete(_) | SessionEvent::BetterPath { .. } => {}
                 SessionEvent::RecvComplete(key) => {
                     finish_ms = started.elapsed().as_millis();
+                    // The receipt first: checking the bytes takes seconds in a debug build on a
+                    // loaded host, and a sender without its receipt probes the path meanwhile
+                    // (this loop answers no probe while it checks, and the stand-in detector
+                    // would take the path down).
+                    s.release_recv(key);
+                    migrate_rx.release(key);
+                    say(&format!("TO {} RECVDONE", key.src.0));
+                    recv_done = true;
                     let got = t.region(dst.unwrap()).unwrap();
                     let want = pattern(len, key.src.0 as u8);
                     recv_ok = got == want.as_slice();
@@ -363,10 +371,6 @@ pub fn rank_main() {
                         let at = got.iter().zip(&want).position(|(a, b)| a != b);
                         eprintln!("rank {me}: transfer {key} differs first at byte {at:?}");
                     }
-                    s.release_recv(key);
-                    migrate_rx.release(key);
-                    say(&format!("TO {} RECVDONE", key.src.0));
-                    recv_done = true;
                 }
                 SessionEvent::PathFailed { path, fault } => {
                     if fault != PathFault::Reported {
