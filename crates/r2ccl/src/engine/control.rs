@@ -837,8 +837,8 @@ impl Engine {
     }
 
     /// Why a control message from `from` names something it cannot speak for: a path that is
-    /// not between `from`'s node and this rank's, a NIC the topology does not have, or a transfer
-    /// `from` does not receive. `None` when it is well addressed. Such messages change nothing
+    /// not between `from`'s node and this rank's, a NIC state not of `from`'s node, a NIC the
+    /// topology does not have, or a transfer `from` does not receive. `None` when it is well addressed. Such messages change nothing
     /// (a peer cannot fail a path of another pair, nor grow this rank's state with made-up ids).
     fn misaddressed(&self, from: Rank, msg: &Ctrl) -> Option<String> {
         let topo = self.session.topology();
@@ -847,8 +847,12 @@ impl Engine {
             Ctrl::PathDown { local, remote } | Ctrl::PathUp { local, remote } => (!(nic_ok(local, from)
                 && nic_ok(remote, self.rank)))
             .then(|| format!("path {local}=>{remote}, not between rank {} and this rank", from.0)),
-            Ctrl::NicState { nic, .. } | Ctrl::Blame { nic, .. } => {
-                (!topo.has_nic(nic)).then(|| format!("state of {nic}, a NIC the topology does not have"))
+            // A rank announces the state of its own node's NICs (the lead's verdicts included).
+            Ctrl::NicState { nic, .. } => {
+                (!nic_ok(nic, from)).then(|| format!("state of {nic}, not a NIC of rank {}'s node", from.0))
+            }
+            Ctrl::Blame { nic, .. } => {
+                (!topo.has_nic(nic)).then(|| format!("verdict on {nic}, a NIC the topology does not have"))
             }
             Ctrl::Nack { key, .. } | Ctrl::RecvDone { key } => (key.dst != from || key.comm != CommId(self.cfg.comm))
                 .then(|| format!("acknowledgement of {key} from rank {}, which does not receive it", from.0)),

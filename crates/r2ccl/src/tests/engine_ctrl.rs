@@ -51,6 +51,7 @@ fn messages_about_what_the_sender_cannot_speak_for_change_nothing() {
         Ctrl::PathDown { local: NicId::new(1, 0), remote: NicId::new(0, 7) },
         Ctrl::PathUp { local: NicId::new(1, 9), remote: NicId::new(0, 0) },
         Ctrl::NicState { nic: NicId::new(7, 0), state: NicStatus::LinkDown },
+        Ctrl::NicState { nic: NicId::new(2, 0), state: NicStatus::LinkDown },
         Ctrl::Blame { nic: NicId::new(0, 5), failed: true },
         // Transfers rank 1 does not receive, or of another communicator.
         Ctrl::RecvDone { key: TransferKey::new(1, 1, 0, 0, 2) },
