@@ -159,6 +159,8 @@ pub struct Detector {
     probes: BTreeMap<ProbeId, ProbeEntry>,
     requests: BTreeMap<u64, (PathId, Slot)>,
     served: BTreeMap<(Rank, u64), (Option<Observation>, Duration)>,
+    /// Per rank, how many of its `served` requests are open (no outcome yet) and in all.
+    served_by: BTreeMap<Rank, (usize, usize)>,
     retx: BTreeMap<u64, Retx>,
     next_id: u64,
     commands: VecDeque<Command>,
@@ -167,10 +169,12 @@ pub struct Detector {
 
 /// How long answered probe requests are remembered, to answer duplicates from.
 const REMEMBER: Duration = Duration::from_secs(10);
-/// The most probe requests of one rank served at a time; more are rejected.
-pub const MAX_OPEN_REQUESTS: usize = 32;
+/// The most probe requests of one rank served at a time; more are rejected. A rank asks a helper
+/// two per path it localizes, and every rank asks the same helper (the first member on neither
+/// end's node): one NIC lost under an AlltoAll of 512 nodes asks it about 1,000 at once.
+pub const MAX_OPEN_REQUESTS: usize = 1024;
 /// The most probe requests of one rank remembered (over [`REMEMBER`]); more are rejected.
-pub const MAX_REMEMBERED_REQUESTS: usize = 1024;
+pub const MAX_REMEMBERED_REQUESTS: usize = 16 * 1024;
 
 impl Detector {
     /// A detector for rank `me` in a cluster of `members` (every rank with its node).
@@ -209,6 +213,7 @@ impl Detector {
             probes: BTreeMap::new(),
             requests: BTreeMap::new(),
             served: BTreeMap::new(),
+            served_by: BTreeMap::new(),
             retx: BTreeMap::new(),
             next_id: 1,
             commands: VecDeque::new(),
@@ -492,7 +497,18 @@ impl Detector {
                 PathState::Suspect | PathState::Probing { .. } => {}
             }
         }
-        self.served.retain(|_, (_, at)| *at + REMEMBER > now);
+        let counts = &mut self.served_by;
+        self.served.retain(|(rank, _), (outcome, at)| {
+            let keep = *at + REMEMBER > now;
+            if let (false, Some(c)) = (keep, counts.get_mut(rank)) {
+                c.1 = c.1.saturating_sub(1);
+                if outcome.is_none() {
+                    c.0 = c.0.saturating_sub(1);
+                }
+            }
+            keep
+        });
+        counts.retain(|_, c| c.1 > 0);
         Ok(())
     }
 
@@ -763,6 +779,11 @@ impl Detector {
             }
             ProbeOwner::Serve { rank, id } => {
                 if let Some(s) = self.served.get_mut(&(rank, id)) {
+                    if s.0.is_none() {
+                        if let Some(c) = self.served_by.get_mut(&rank) {
+                            c.0 = c.0.saturating_sub(1);
+                        }
+                    }
                     s.0 = Some(obs);
                 }
                 self.send(rank, OobMessage::ProbeReport { id, outcome: obs }, false);
@@ -782,14 +803,9 @@ impl Detector {
             return;
         }
         if !self.served.contains_key(&(from, id)) {
-            // A rank asks for a few probes at a time (one per localization it runs), each answered
-            // within the probe timeout: more is a rank this one will not be flooded by.
-            let asked = self.served.range((from, 0)..=(from, u64::MAX));
-            let (mut open, mut all) = (0, 0);
-            for (_, (outcome, _)) in asked {
-                all += 1;
-                open += usize::from(outcome.is_none());
-            }
+            // A rank asks for two probes per localization it runs, each answered within the probe
+            // timeout: more than the bounds is a rank this one will not be flooded by.
+            let (open, all) = self.served_by.get(&from).copied().unwrap_or((0, 0));
             if open >= MAX_OPEN_REQUESTS || all >= MAX_REMEMBERED_REQUESTS {
                 let why = "too many probe requests from one rank";
                 self.events.push_back(DetectEvent::Rejected { at: now, from, msg, why });
@@ -804,6 +820,8 @@ impl Detector {
             Some((None, _)) => {}
             None => {
                 self.served.insert((from, id), (None, now));
+                let c = self.served_by.entry(from).or_default();
+                *c = (c.0 + 1, c.1 + 1);
                 let probe = self.new_probe(now, ProbeOwner::Serve { rank: from, id });
                 self.commands.push_back(Command::StartProbe { probe, from: nic, to });
             }

@@ -42,16 +42,17 @@ fn ask(det: &mut Detector, now: Duration, ids: std::ops::Range<u64>) -> (Vec<r2c
 fn a_flood_of_probe_requests_is_served_only_up_to_the_bounds() {
     let mut det = detector();
     let now = Duration::from_millis(1);
-    let (started, rejected) = ask(&mut det, now, 0..1000);
+    let flood = 3 * MAX_OPEN_REQUESTS as u64;
+    let (started, rejected) = ask(&mut det, now, 0..flood);
     assert_eq!(started.len(), MAX_OPEN_REQUESTS, "probes started for the flood");
-    assert_eq!(rejected, 1000 - MAX_OPEN_REQUESTS, "requests rejected");
+    assert_eq!(rejected, flood as usize - MAX_OPEN_REQUESTS, "requests rejected");
 
     // Asked again while being served: nothing new starts, nothing is rejected.
     let (again, rejected) = ask(&mut det, now, 0..MAX_OPEN_REQUESTS as u64);
     assert_eq!((again.len(), rejected), (0, 0), "duplicates of open requests");
 
     // Answered, they make room for more, until MAX_REMEMBERED_REQUESTS are remembered.
-    let mut next = 1000u64;
+    let mut next = flood;
     let mut served = MAX_OPEN_REQUESTS;
     let mut open = started;
     while served < MAX_REMEMBERED_REQUESTS {
