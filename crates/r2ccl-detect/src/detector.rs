@@ -655,8 +655,15 @@ impl Detector {
         probe
     }
 
+    /// The helper that probes both ends of a path to `remote`: a member on neither end's node,
+    /// picked by the pair of nodes, so that the paths of one lost NIC (every peer's, under an
+    /// AlltoAll) spread their requests over the helpers instead of all asking the first member.
     fn aux_for(&self, remote: NicId) -> Option<Member> {
-        self.members.iter().find(|m| m.node != self.node && m.node != remote.node).copied()
+        let helpers: Vec<&Member> =
+            self.members.iter().filter(|m| m.node != self.node && m.node != remote.node).collect();
+        let pair = u64::from(self.node.0).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(remote.node.0);
+        let at = usize::try_from(pair % helpers.len().max(1) as u64).unwrap_or(0);
+        helpers.get(at).map(|m| **m)
     }
 
     fn start_localization(
@@ -852,5 +859,29 @@ impl Detector {
             }
         }
         self.check_localization(now, pid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_helpers_of_one_nodes_paths_are_spread_over_the_other_nodes() {
+        // 64 nodes: node 0's paths to the 63 others, as when one of its NICs is lost under an
+        // AlltoAll. Each helper is on neither end's node, and no helper gets more than a few.
+        let members: Vec<Member> = (0..64).map(|r| Member { rank: Rank(r), node: NodeId(r) }).collect();
+        let det = Detector::new(DetectConfig::default(), Rank(0), &members).unwrap_or_else(|e| panic!("{e}"));
+        let mut asked = BTreeMap::<Rank, usize>::new();
+        for remote in 1..64 {
+            let aux = det.aux_for(NicId::new(remote, 0)).unwrap_or_else(|| panic!("a helper for node {remote}"));
+            assert!(aux.node != NodeId(0) && aux.node != NodeId(remote), "{aux:?} for node {remote}");
+            *asked.entry(aux.rank).or_default() += 1;
+        }
+        let most = asked.values().max().copied().unwrap_or(0);
+        assert!(asked.len() >= 32 && most <= 4, "helpers asked: {asked:?}");
+        // Three nodes: the one left is the helper.
+        let det = Detector::new(DetectConfig::default(), Rank(0), &members[..3]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(det.aux_for(NicId::new(1, 0)).map(|m| m.rank), Some(Rank(2)));
     }
 }
