@@ -173,7 +173,7 @@ const REMEMBER: Duration = Duration::from_secs(10);
 /// two per path it localizes, and every rank asks the same helper (the first member on neither
 /// end's node): one NIC lost under an AlltoAll of 512 nodes asks it about 1,000 at once.
 pub const MAX_OPEN_REQUESTS: usize = 1024;
-/// The most probe requests of one rank remembered (over [`REMEMBER`]); more are rejected.
+/// The most probe requests of one rank remembered (for 10 s); more are rejected.
 pub const MAX_REMEMBERED_REQUESTS: usize = 16 * 1024;
 
 impl Detector {
