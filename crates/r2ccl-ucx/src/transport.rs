@@ -41,7 +41,7 @@ use crate::memory::{MemRegion, RegionSlice};
 use crate::netlink::{self, LinkMonitor};
 use crate::rail::{NicEndpointSet, PROBE_TAG_BIT};
 use crate::request::{Request, SendBuf};
-use crate::worker::WorkerAddress;
+use crate::worker::{Worker, WorkerAddress};
 use r2ccl_core::subsys::NET;
 use r2ccl_core::{NicId, NodeId, RailId, Rank};
 use r2ccl_transport::{
@@ -84,6 +84,11 @@ const PAYLOAD_TAG_LEN: usize = 8;
 const SETTLE_TAG: u64 = (1 << 61) | DATA_MASK;
 /// Rails a data tag can name (8 bits).
 const MAX_RAILS: usize = 256;
+
+/// Post a rail's probe responder: an 8-byte receive of every probe (not of replies).
+fn post_responder(worker: &Worker) -> Result<Request<Vec<u8>>, UcxError> {
+    worker.tag_recv(PROBE_TAG_BIT, PROBE_TAG_BIT | REPLY_BIT, Vec::with_capacity(PROBE_LEN))
+}
 /// Chunks of at least this many bytes are sent split (no copy on either side); smaller ones go as
 /// one message from a staging buffer, where the copy costs less than a second message.
 pub const SPLIT_MIN: usize = 64 << 10;
@@ -396,11 +401,7 @@ impl UcxTransport {
         let mut nics = Vec::with_capacity(devices.len());
         for (i, dev) in devices.iter().enumerate() {
             let rail = &set.rails()[i];
-            let responder = Some(rail.worker().tag_recv(
-                PROBE_TAG_BIT,
-                PROBE_TAG_BIT | REPLY_BIT,
-                Vec::with_capacity(PROBE_LEN),
-            )?);
+            let responder = Some(post_responder(rail.worker())?);
             let is_dead = dead.iter().any(|(r, _)| *r == i);
             nics.push(Nic {
                 ifindex: if is_dead { None } else { netlink::ifindex(dev) },

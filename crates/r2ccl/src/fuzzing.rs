@@ -6,9 +6,7 @@ use crate::bootstrap::rendezvous::{parse_hello, parse_table};
 use crate::oob::{decode_frames, Channel, FrameKey, OobEvent, OobStats};
 use std::collections::VecDeque;
 
-/// The engine's frame kinds on the OOB `Detect` channel.
-const FRAME_CTRL: u8 = 0xC0;
-const FRAME_DETECT: u8 = 0xD0;
+use crate::engine::{FRAME_CTRL, FRAME_DETECT};
 
 /// The key of [`oob_stream`]'s connection.
 const OOB_KEY: [u8; 32] = [0x33; 32];

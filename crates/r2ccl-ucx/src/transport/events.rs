@@ -150,12 +150,7 @@ impl UcxTransport {
     /// Post rail `rail`'s probe responder (an 8-byte receive of every probe), in place of the one
     /// there (which the caller has dealt with).
     pub(super) fn arm_responder(&mut self, rail: usize) {
-        let rearm = self.set.rails()[rail].worker().tag_recv(
-            PROBE_TAG_BIT,
-            PROBE_TAG_BIT | REPLY_BIT,
-            Vec::with_capacity(PROBE_LEN),
-        );
-        match rearm {
+        match post_responder(self.set.rails()[rail].worker()) {
             Ok(r) => self.nics[rail].responder = Some(r),
             Err(e) => {
                 tracing::warn!(target: NET, rail, error = %e, "cannot re-arm the probe responder");

@@ -45,9 +45,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 /// First byte of an engine control frame ([`Ctrl`]) on the OOB `Detect` channel.
-const FRAME_CTRL: u8 = 0xC0;
+pub(crate) const FRAME_CTRL: u8 = 0xC0;
 /// First byte of an r2ccl-detect protocol frame on the same channel.
-const FRAME_DETECT: u8 = 0xD0;
+pub(crate) const FRAME_DETECT: u8 = 0xD0;
 /// How often the kernel's evidence on a path is read while a probe on it is out (an engine
 /// suspect's, or a detector probe older than the stall time).
 const EVIDENCE_INTERVAL: Duration = Duration::from_millis(10);

@@ -4,12 +4,10 @@
 #![allow(clippy::unwrap_used, reason = "test code: a panic is a failure")]
 
 use crate::ctrl::{Ctrl, NicStatus};
-use crate::engine::{Engine, EngineConfig, EngineEvent};
+use crate::engine::{Engine, EngineConfig, EngineEvent, FRAME_CTRL};
 use r2ccl_core::{NicId, Rank};
 use r2ccl_transport::{FabricConfig, MemFabric, Topology, TransferKey};
 use std::time::Duration;
-
-const FRAME_CTRL: u8 = 0xC0;
 
 struct One {
     fabric: MemFabric,
