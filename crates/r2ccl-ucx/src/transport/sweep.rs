@@ -35,8 +35,11 @@
 //! at most [`SWEEP_MAX`] messages per rail; it passes over a rail that is down or an (injected)
 //! black hole, whose completions wait too. A split header is exactly a header and its payload's
 //! tag; anything else under a split tag is dropped, so every split header handed over is read
-//! at once and its payload noted before the sweep looks further. Unsolicited receives still in flight are at most [`UNSOLICITED_MAX`]; beyond that the
-//! sweep drops the message (a peer's early chunk dropped so costs a replay, under attack only).
+//! at once and its payload noted before the sweep looks further. Unsolicited receives still in
+//! flight are at most [`UNSOLICITED_MAX`]; at that many the sweep of the rail stops there and the
+//! message waits for a later sweep. It is never dropped: it may be a peer's early chunk (a burst of
+//! rendezvous chunks, each in flight until its data comes, is how a four-stage joiner's
+//! scatter-in arrives), and nothing would ask for a chunk the session never saw again.
 
 #[allow(clippy::wildcard_imports, reason = "UcxTransport split by concern: its types are the parent's")]
 use super::*;
@@ -45,7 +48,8 @@ use super::*;
 pub(super) const SWEEP_EVERY: Duration = Duration::from_millis(10);
 /// Most messages one sweep takes from one rail's queue.
 const SWEEP_MAX: usize = 4096;
-/// Most unsolicited receives in flight (a rendezvous message is received in the background).
+/// Most unsolicited receives in flight (a rendezvous message is received in the background);
+/// what waits beyond them waits for a later sweep.
 const UNSOLICITED_MAX: usize = 64;
 /// Most held probe responders set aside (UCX keeps each until its worker goes: ending the
 /// stranger's connection does not end it); past that a held responder stays, and probes on its
@@ -151,13 +155,17 @@ impl UcxTransport {
                         self.sweep.held_off += 1;
                         break;
                     }
-                    Verdict::Unsolicited(path) if self.unsolicited.len() < UNSOLICITED_MAX => {
-                        if !self.take_unsolicited(rail, path, m.tag, &mut announced) {
+                    Verdict::Unsolicited(path) => {
+                        // At the cap, the message waits for the next sweep (it is a peer's chunk
+                        // until its keyed header says otherwise: dropping it would lose it).
+                        if self.unsolicited.len() >= UNSOLICITED_MAX
+                            || !self.take_unsolicited(rail, path, m.tag, &mut announced)
+                        {
                             self.sweep.held_off += 1;
                             break;
                         }
                     }
-                    Verdict::Drop | Verdict::Unsolicited(_) => {
+                    Verdict::Drop => {
                         if !self.drop_unexpected(rail, m) {
                             break;
                         }
