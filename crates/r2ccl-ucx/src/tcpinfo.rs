@@ -21,6 +21,8 @@ pub(crate) struct TcpSample {
     pub unacked: u32,
     /// Time since the last ACK arrived (`tcpi_last_ack_recv`).
     pub since_ack: Duration,
+    /// Time since the last data arrived from the peer (`tcpi_last_data_recv`).
+    pub since_data: Duration,
     /// Smoothed round-trip time (`tcpi_rtt`).
     pub rtt: Duration,
     /// Its variation (`tcpi_rttvar`).
@@ -35,17 +37,25 @@ pub enum TcpVerdict {
     /// A connection on the path got an ACK within the quiet time, and none is stuck.
     Acking,
     /// At least one connection has bytes in flight with no ACK for `quiet` and several of its
-    /// round trips, and no connection on the path got an ACK within `quiet`.
+    /// round trips, no connection on the path got an ACK within `quiet`, and no data came from
+    /// the peer's NIC within `quiet` either.
     Silent,
 }
 
 /// Judge a path from the samples of its connections: [`TcpVerdict::Silent`] when one has bytes
 /// in flight and no ACK for at least `quiet` (and at least `3 rtt + 4 rttvar`, so that a long
-/// queue is never taken for a black hole) while none got an ACK within `quiet`.
+/// queue is never taken for a black hole) while none got an ACK or data within `quiet`.
+///
+/// Data from the peer's NIC within `quiet` means the path works, at least that way: bytes of
+/// ours stuck meanwhile are congestion (a tail-drop queue locking one connection out while
+/// others drain it, which is no reason for a migration), or a one-way loss that the peer, whose
+/// bytes then go unacknowledged and who hears nothing from us, sees as silence and reports.
 pub(crate) fn judge(samples: &[TcpSample], quiet: Duration) -> TcpVerdict {
     let fresh = samples.iter().any(|s| s.since_ack < quiet);
+    let hearing = samples.iter().any(|s| s.since_data < quiet);
     let stuck = samples.iter().any(|s| s.unacked > 0 && s.since_ack >= quiet.max(3 * s.rtt + 4 * s.rttvar));
     match (fresh, stuck) {
+        (false, true) if hearing => TcpVerdict::Unknown,
         (false, true) => TcpVerdict::Silent,
         (true, false) => TcpVerdict::Acking,
         _ => TcpVerdict::Unknown,
@@ -130,6 +140,7 @@ fn tcp_sample(fd: i32) -> Option<TcpSample> {
     Some(TcpSample {
         unacked: info.tcpi_unacked,
         since_ack: Duration::from_millis(u64::from(info.tcpi_last_ack_recv)),
+        since_data: Duration::from_millis(u64::from(info.tcpi_last_data_recv)),
         rtt: Duration::from_micros(u64::from(info.tcpi_rtt)),
         rttvar: Duration::from_micros(u64::from(info.tcpi_rttvar)),
     })
@@ -145,6 +156,7 @@ mod tests {
         TcpSample {
             unacked,
             since_ack: Duration::from_millis(since_ack_ms),
+            since_data: Duration::from_secs(60),
             rtt: Duration::from_millis(rtt_ms),
             rttvar: Duration::from_millis(rtt_ms / 4),
         }
@@ -171,6 +183,20 @@ mod tests {
         assert_eq!(judge(&[s(3, 2, 1)], q), TcpVerdict::Acking);
         assert_eq!(judge(&[s(0, 20, 1), s(0, 9000, 1)], q), TcpVerdict::Acking);
         assert_eq!(judge(&[s(3, 2, 1), s(5, 500, 1)], q), TcpVerdict::Unknown);
+    }
+
+    /// A tail-drop queue can lock one connection out for longer than the quiet time while the
+    /// peer's bytes keep arriving: congestion, not a black hole (4 x 4 testbed, direct levels).
+    #[test]
+    fn bytes_stuck_while_the_peers_data_arrives_are_not_silence() {
+        let q = Duration::from_millis(100);
+        let stuck = s(12, 180, 2);
+        let mut from_peer = s(0, 9000, 2);
+        from_peer.since_data = Duration::from_millis(3);
+        assert_eq!(judge(&[stuck, from_peer], q), TcpVerdict::Unknown);
+        // The peer's last data older than the quiet time proves nothing: silent again.
+        from_peer.since_data = Duration::from_millis(150);
+        assert_eq!(judge(&[stuck, from_peer], q), TcpVerdict::Silent);
     }
 
     #[test]
