@@ -100,6 +100,18 @@ fn a_stranger_holding_the_probe_responder_does_not_silence_a_peers_probes() {
     cc.extra.push(("RNDV_THRESH".into(), "inf".into()));
     let stranger = Worker::new(Context::new(cc).unwrap()).unwrap();
     let ep = stranger.connect(&addrs[0], "stranger").unwrap();
+    // First a small message under a tag rank 1 drops (rank 7's, not a member): once it has left,
+    // the connection is up and the big send's first fragment goes out at once. (A fixed 20 ms
+    // from connect was not always enough on a loaded CI machine: nothing held the responder then.)
+    let mut hello = ep.tag_send(7, vec![0u8; 64]).unwrap();
+    while !hello.is_done() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the stranger did not connect in 10 s");
+        stranger.progress();
+        b.progress(t0.elapsed());
+        a.progress(t0.elapsed());
+        while b.poll_event().is_some() {}
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let mut send = ep.tag_send(PROBE_TAG_BIT, vec![0xEE; 64 << 20]).unwrap();
     let (silent_at, quiet_at) =
         (Instant::now() + Duration::from_millis(20), Instant::now() + Duration::from_millis(300));
