@@ -88,7 +88,8 @@ pub(crate) fn library_alpha_us() -> String {
 /// The r2ccl curve of the `loopback` part that its ratios and targets use.
 const LOOPBACK_TARGET_CURVE: &str = "r2ccl -R 1 in place";
 /// The forced strategies of the `strategies` part (`auto` = the library's own choice).
-const STRATEGIES: [&str; 5] = ["auto", "single_backup", "balance", "r2ccl_allreduce", "four_stage"];
+const STRATEGIES: [&str; 6] =
+    ["auto", "single_backup", "balance", "r2ccl_allreduce", "four_stage", "four_stage_direct"];
 
 /// One benchmark part.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,7 +148,8 @@ parts: faultfree strategies pause loopback timeline memory scale (default: all);
 --reps N           repetitions per fault kind in the pause part (default 2 quick, 10 full)
 --loopback-nics K  NICs (lo) per r2ccl rank in the loopback part (default 1, like the peers' one TCP path)
 --strategies-size SIZE  AllReduce size per rank in the strategies part (default 64M, large as in the targets; 2M with --quick)
---strategies S[,S...]   run only these strategies there (auto single_backup balance r2ccl_allreduce four_stage)
+--strategies S[,S...]   run only these strategies there (auto single_backup balance r2ccl_allreduce four_stage
+                        four_stage_direct)
 --rank-env KEY=VALUE    set KEY in every testbed rank's environment (repeatable; after the bench's own)
 writes target/bench/report.json, report.md, *.png; logs in target/bench/logs/";
 

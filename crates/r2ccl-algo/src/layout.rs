@@ -447,6 +447,39 @@ impl Fabric {
 }
 
 impl Fabric {
+    /// The split of a transfer from `src` to `dst` when every pair of `nodes` exchanges data at
+    /// once (the direct four-stage levels): same-rail parts, rail `r` weighted by the share of
+    /// both NICs one connection gets when the NIC's bandwidth is divided evenly between its
+    /// connections, `min(usable(src, r) / c(src, r), usable(dst, r) / c(dst, r))`, where `c(x, r)`
+    /// counts the other nodes of `nodes` whose NIC on rail `r` is usable. Under fair sharing each
+    /// part then runs at the rate its bytes need, and the pair's parts finish together. Pairs with
+    /// no usable rail in common get [`Fabric::split`].
+    pub fn fair_split(
+        &self,
+        src: NodeId,
+        dst: NodeId,
+        nodes: &[NodeId],
+        mask: RailMask,
+    ) -> Result<RailSplit, AlgoError> {
+        let k = self.layout.nics_per_node();
+        let up = |node: NodeId, r: usize| mask.contains(r) && self.usable_mbps(node, RailId(r as u16)) > 0;
+        let conns = |node: NodeId, r: usize| nodes.iter().filter(|&&x| x != node && up(x, r)).count().max(1) as u64;
+        let parts: Vec<RailPart> = (0..k)
+            .filter(|&r| up(src, r) && up(dst, r))
+            .filter_map(|r| {
+                let rail = RailId(r as u16);
+                // Scaled so that a 1 Mbit/s NIC shared by 4,096 connections keeps a weight.
+                let share = |x: NodeId| self.usable_mbps(x, rail).saturating_mul(1 << 12) / conns(x, r);
+                let weight = share(src).min(share(dst));
+                (weight > 0).then_some(RailPart { src: rail, dst: rail, weight })
+            })
+            .collect();
+        if parts.is_empty() {
+            return self.split(src, dst, mask, RailPolicy::Spread);
+        }
+        Ok(RailSplit { parts })
+    }
+
     /// The split of a ring transfer from member `src` to member `dst` of a four-stage level
     /// of `members` members whose `joiners` scatter into and gather back from every member
     /// over `policy` splits (one segment, 1/`members` of the level, each way per joiner).

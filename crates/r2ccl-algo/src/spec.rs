@@ -162,6 +162,12 @@ pub enum Strategy {
     /// stragglers by water-filling over bandwidth classes; transfers use
     /// [`RailPolicy::Spread`]. AllReduce only.
     FourStage,
+    /// The four-stage AllReduce with direct exchanges per level instead of one ring: every
+    /// pair of a level's nodes exchanges its pieces at once, over same-rail splits weighted by
+    /// each NIC's fair share per connection ([`crate::Fabric::fair_split`]). Reaches the bound
+    /// where NICs share their bandwidth evenly between connections (queue-pair arbitration).
+    /// AllReduce only.
+    FourStageDirect,
 }
 
 impl Strategy {
@@ -173,6 +179,7 @@ impl Strategy {
             Strategy::R2cclAllReduce(_) => "r2ccl_allreduce",
             Strategy::Recursive { .. } => "recursive",
             Strategy::FourStage => "four_stage",
+            Strategy::FourStageDirect => "four_stage_direct",
         }
     }
 
@@ -180,7 +187,7 @@ impl Strategy {
     pub const fn rail_policy(&self) -> RailPolicy {
         match self {
             Strategy::SingleBackup => RailPolicy::SingleBackup,
-            Strategy::FourStage => RailPolicy::Spread,
+            Strategy::FourStage | Strategy::FourStageDirect => RailPolicy::Spread,
             _ => RailPolicy::Balance,
         }
     }

@@ -72,37 +72,46 @@ fn four_stage_fraction_matches_section7_balance_equation() {
     }
 }
 
-/// Built four-stage schedules: traffic time (perfectly pipelined) equals the lower bound
-/// within 1% for one and several stragglers; the event simulation with chunk pipelining is reported.
+/// Built four-stage schedules, with one ring per level and with direct levels: traffic time
+/// (perfectly pipelined) equals the lower bound within 1% for one and several stragglers, except
+/// where direct levels meet nodes lacking rails their peers have (same-rail parts cannot load
+/// every NIC in proportion then: the 5-node case, 1.109); the event simulation with chunk
+/// pipelining is reported.
 #[test]
 fn built_four_stage_reaches_lower_bound() {
-    type Case<'a> = (usize, usize, &'a [(u32, u16)]);
+    type Case<'a> = (usize, usize, &'a [(u32, u16)], f64);
     let cases: &[Case<'_>] = &[
-        (4, 4, &[(0, 1)]),
-        (4, 2, &[(2, 0)]),
-        (8, 8, &[(5, 3)]),
-        (8, 2, &[(1, 1)]),
-        (6, 4, &[(0, 0), (3, 1), (3, 2)]),
-        (5, 4, &[(1, 0), (2, 0), (2, 1), (4, 3)]),
-        (8, 4, &[(0, 0), (1, 0), (1, 1), (1, 2)]),
+        (4, 4, &[(0, 1)], 1.0),
+        (4, 2, &[(2, 0)], 1.0),
+        (8, 8, &[(5, 3)], 1.0),
+        (8, 2, &[(1, 1)], 1.0),
+        (6, 4, &[(0, 0), (3, 1), (3, 2)], 1.0),
+        (5, 4, &[(1, 0), (2, 0), (2, 1), (4, 3)], 1.109),
+        (8, 4, &[(0, 0), (1, 0), (1, 1), (1, 2)], 1.0),
     ];
-    for &(n, k, fail) in cases {
+    for &(n, k, fail, direct_want) in cases {
         let fab = fabric(n, 1, k, fail);
         let count = 1 << 16;
         let d = (count * 4) as f64;
         let bw = model::node_bandwidths(&fab);
         let lb = model::lower_bound(&bw, d).unwrap();
-        let scheds = build_all(&fab, &allreduce(count, Strategy::FourStage, 8)).unwrap();
-        let traffic = Traffic::of(fab.layout(), &scheds).unwrap();
-        let fluid = fluid_time(&fab, &traffic);
-        assert!((fluid / lb - 1.0).abs() < 0.01, "n={n} k={k} fail={fail:?}: fluid {fluid} vs bound {lb}");
-        let sim = simulate(&fab, &scheds, &SimParams::default()).unwrap();
-        println!(
-            "four-stage n={n} k={k} fail={fail:?}: fluid/LB {:.4}, event-sim/LB {:.4}",
-            fluid / lb,
-            sim.makespan / lb
-        );
-        assert!(sim.makespan >= lb * 0.999);
+        for (strategy, want) in [(Strategy::FourStage, 1.0), (Strategy::FourStageDirect, direct_want)] {
+            let scheds = build_all(&fab, &allreduce(count, strategy, 8)).unwrap();
+            let traffic = Traffic::of(fab.layout(), &scheds).unwrap();
+            let fluid = fluid_time(&fab, &traffic);
+            let what = strategy.name();
+            assert!(
+                (fluid / lb / want - 1.0).abs() < 0.01,
+                "{what} n={n} k={k} fail={fail:?}: fluid {fluid} vs bound {lb}"
+            );
+            let sim = simulate(&fab, &scheds, &SimParams::default()).unwrap();
+            println!(
+                "{what} n={n} k={k} fail={fail:?}: fluid/LB {:.4}, event-sim/LB {:.4}",
+                fluid / lb,
+                sim.makespan / lb
+            );
+            assert!(sim.makespan >= lb * 0.999);
+        }
     }
 }
 

@@ -45,7 +45,7 @@ fn case() -> impl Strategy<Value = Case> {
                 proptest::collection::vec((any::<u8>(), any::<u8>(), any::<bool>()), 0..6),
                 prop_oneof![Just(0u64), Just(1u64), 2u64..40],
                 (0usize..10, 0usize..5, 0usize..8, any::<u32>(), any::<u32>()),
-                (0usize..4, 0usize..5, any::<bool>(), 1u32..=4, 1u32..=3),
+                (0usize..4, 0usize..6, any::<bool>(), 1u32..=4, 1u32..=3),
                 (proptest::option::of(any::<u64>()), any::<u64>()),
             )
         })
@@ -128,7 +128,8 @@ fn request(c: &Case, fab: &Fabric) -> ScheduleRequest {
             pipeline_chunks: c.k,
         }),
         3 => Strat::Recursive { pipeline_chunks: c.k },
-        _ => Strat::FourStage,
+        4 => Strat::FourStage,
+        _ => Strat::FourStageDirect,
     };
     let algorithm = match (c.alg, coll) {
         (1, Collective::AllReduce { .. } | Collective::Broadcast { .. } | Collective::Reduce { .. }) => Algorithm::Tree,

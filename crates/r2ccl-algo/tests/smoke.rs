@@ -51,6 +51,7 @@ fn every_collective_and_strategy_is_exact() {
         Strategy::R2cclAllReduce(R2cclParams { degraded: NodeId(1), tail_fraction: 0.5, pipeline_chunks: 3 }),
         Strategy::Recursive { pipeline_chunks: 3 },
         Strategy::FourStage,
+        Strategy::FourStageDirect,
     ];
     for s in strategies {
         for n in [0u64, 1, 7, 33, 100] {

@@ -179,7 +179,7 @@ impl Default for PolicyConfig {
 
 /// Strategy names accepted by `policy.strategy`.
 pub(crate) const STRATEGIES: &[&str] =
-    &["auto", "ring", "single_backup", "balance", "r2ccl_allreduce", "recursive", "four_stage"];
+    &["auto", "ring", "single_backup", "balance", "r2ccl_allreduce", "recursive", "four_stage", "four_stage_direct"];
 
 /// `[topo]`: topology description files.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -60,7 +60,7 @@ mod topology;
 
 pub use plan::{
     plan, plan_payload, rerank, rerank_exact, rerank_heuristic, ring_score, schedule_fabric, Candidate, CandidateKind,
-    NicBytes, Plan, PlanError, StrategyParams, FOUR_STAGE_SHARED_RING,
+    NicBytes, Plan, PlanError, StrategyParams, DIRECT_PART_MIN_BYTES, FOUR_STAGE_SHARED_RING,
 };
 pub use planner::{
     communicator_topology, pipeline_ring, plan_bridging_splits, Choice, Planned, Planner, PlannerError,

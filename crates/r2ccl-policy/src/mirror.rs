@@ -107,6 +107,9 @@ pub(crate) struct Net<'a> {
     /// Edges of rings that joiners share (see [`Net::edge_joined`]): the plain key plus the
     /// level's member count and its joiners' types.
     joined: FastMap<JoinedKey, usize>,
+    /// Edges of the direct four-stage levels (see [`Net::direct_level`]), by sender and
+    /// receiver type and mask: r2ccl-algo's `fair_split` among every node.
+    fair: FastMap<(usize, usize, u64), usize>,
     edges: Vec<EdgeInfo>,
 }
 
@@ -129,6 +132,7 @@ impl<'a> Net<'a> {
             ty,
             cache: FastMap::default(),
             joined: FastMap::default(),
+            fair: FastMap::default(),
             edges: Vec::new(),
         }
     }
@@ -141,6 +145,20 @@ impl<'a> Net<'a> {
         let split = self.af.split(NodeId(a as u32), NodeId(b as u32), mask, pol)?;
         let e = self.edge_from(a, b, split);
         self.cache.insert(key, e);
+        Ok(e)
+    }
+
+    /// The edge of a direct four-stage transfer from node `a` to node `b`, when every pair of
+    /// nodes exchanges data at once (r2ccl-algo's `fair_split` among all nodes).
+    fn edge_fair(&mut self, a: usize, b: usize, mask: RailMask) -> Result<usize, PlanError> {
+        let key = (self.ty[a], self.ty[b], mask.0);
+        if let Some(&e) = self.fair.get(&key) {
+            return Ok(e);
+        }
+        let nodes: Vec<NodeId> = (0..self.f.node_count()).map(|i| NodeId(i as u32)).collect();
+        let split = self.af.fair_split(NodeId(a as u32), NodeId(b as u32), &nodes, mask)?;
+        let e = self.edge_from(a, b, split);
+        self.fair.insert(key, e);
         Ok(e)
     }
 
@@ -398,6 +416,11 @@ impl<'a> Net<'a> {
         pol: RailPolicy,
     ) -> Result<Shares, PlanError> {
         let e = self.edge(a, b, mask, pol)?;
+        Ok(self.part_bytes_on(e, msgs))
+    }
+
+    /// Bytes per part `(src rail, dst rail, bytes)` of messages `msgs` over edge `e`.
+    fn part_bytes_on(&mut self, e: usize, msgs: &[(u64, u64)]) -> Shares {
         let mut v = Vec::new();
         for &(l, t) in msgs {
             if l == 0 || t == 0 {
@@ -409,7 +432,53 @@ impl<'a> Net<'a> {
                 v.push((p.src.index(), p.dst.index(), t * bytes));
             }
         }
-        Ok(v)
+        v
+    }
+
+    /// One direct four-stage level (r2ccl-algo's `spread_direct`) over `len` elements cut into
+    /// one segment per member, each in `chunks` messages: every member sends each other member
+    /// that member's segment (reduce-scatter) and its own segment (all-gather), every excluded
+    /// node sends each member its segment (scatter-in) and gets it back (gather-back), all over
+    /// [`Net::edge_fair`] splits. Pairs of node types with equal segment lengths share one
+    /// computed list of part bytes.
+    pub(crate) fn direct_level(
+        &mut self,
+        acc: &mut Acc,
+        members: &[usize],
+        excluded: &[usize],
+        len: u64,
+        chunks: u32,
+        mask: RailMask,
+    ) -> Result<(), PlanError> {
+        let s = members.len() as u64;
+        let k = self.f.k;
+        let mut local: FastMap<(usize, usize, u64), Shares> = FastMap::default();
+        for (j, &m) in members.iter().enumerate() {
+            let seg = even_part(len, s, j as u64).1;
+            if seg == 0 {
+                continue;
+            }
+            let msgs = chunked(&[(seg, 1)], chunks);
+            // Member m's segment goes to m from every other member and every joiner, and from m
+            // to each of them.
+            for &x in members.iter().chain(excluded).filter(|&&x| x != m) {
+                for (a, b) in [(x, m), (m, x)] {
+                    let key = (self.ty[a], self.ty[b], seg);
+                    let v = match local.entry(key) {
+                        std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(slot) => {
+                            let e = self.edge_fair(a, b, mask)?;
+                            slot.insert(self.part_bytes_on(e, &msgs))
+                        }
+                    };
+                    for &(src, dst, bytes) in v.iter() {
+                        acc.tx[a * k + src] += bytes;
+                        acc.rx[b * k + dst] += bytes;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The four-stage scatter-in / gather-back of one level: every excluded node sends

@@ -25,8 +25,8 @@ use r2ccl_core::{DType, HealthEpoch, HealthView, NodeId, Rank};
 use serde::{Deserialize, Serialize};
 
 mod candidates;
-pub use candidates::FOUR_STAGE_SHARED_RING;
 use candidates::*;
+pub use candidates::{DIRECT_PART_MIN_BYTES, FOUR_STAGE_SHARED_RING};
 
 /// Why no plan (or no schedule request from a plan) could be made.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -121,19 +121,23 @@ pub enum CandidateKind {
     Recursive,
     /// The four-stage bound-reaching AllReduce, water-filled over bandwidth classes (section 7).
     FourStage,
+    /// The four-stage AllReduce with direct exchanges per level (every pair of a level's nodes
+    /// at once, over fair-share splits) instead of one ring per level.
+    FourStageDirect,
     /// Recursive doubling: the latency-optimal AllReduce for small messages.
     RecursiveDoubling,
 }
 
 impl CandidateKind {
     /// Every strategy, in tie-break order.
-    pub const ALL: [CandidateKind; 7] = [
+    pub const ALL: [CandidateKind; 8] = [
         CandidateKind::Ring,
         CandidateKind::Balance,
         CandidateKind::SingleBackup,
         CandidateKind::R2cclAllReduce,
         CandidateKind::Recursive,
         CandidateKind::FourStage,
+        CandidateKind::FourStageDirect,
         CandidateKind::RecursiveDoubling,
     ];
 
@@ -146,6 +150,7 @@ impl CandidateKind {
             CandidateKind::R2cclAllReduce => "r2ccl_allreduce",
             CandidateKind::Recursive => "recursive",
             CandidateKind::FourStage => "four_stage",
+            CandidateKind::FourStageDirect => "four_stage_direct",
             CandidateKind::RecursiveDoubling => "recursive_doubling",
         }
     }
@@ -309,6 +314,7 @@ impl Plan {
             }
             CandidateKind::Recursive => (Algorithm::Ring, r2ccl_algo::Strategy::Recursive { pipeline_chunks: k }, 1),
             CandidateKind::FourStage => (Algorithm::Ring, r2ccl_algo::Strategy::FourStage, k),
+            CandidateKind::FourStageDirect => (Algorithm::Ring, r2ccl_algo::Strategy::FourStageDirect, k),
         };
         let mut req = ScheduleRequest::new(self.collective, self.dtype, self.count)
             .with_algorithm(algorithm)
@@ -493,7 +499,8 @@ pub fn plan_payload(
         let distinct = f.node_bw.iter().any(|&b| b != f.node_bw[0]);
         if distinct {
             cands.push(recursive(&mut ctx, &order)?);
-            cands.push(four_stage(&mut ctx, &order)?);
+            cands.push(four_stage(&mut ctx, &order, false)?);
+            cands.push(four_stage(&mut ctx, &order, true)?);
         }
     }
     if is_allreduce && n >= 2 {
@@ -508,7 +515,8 @@ pub fn plan_payload(
             c.time_s = 0.0;
             c.model_total_bytes = 0.0;
         } else if is_allreduce && c.strategy != CandidateKind::RecursiveDoubling && !plain(c.strategy) {
-            let k = if c.strategy == CandidateKind::FourStage { c.params.chunks.unwrap_or(1) } else { 1 };
+            let four_stage = matches!(c.strategy, CandidateKind::FourStage | CandidateKind::FourStageDirect);
+            let k = if four_stage { c.params.chunks.unwrap_or(1) } else { 1 };
             c.time_s += intra(topology, block, k);
         }
     }

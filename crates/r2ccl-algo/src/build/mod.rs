@@ -4,6 +4,7 @@
 //! unconditionally), and emits only the calling rank's steps, so building one rank's
 //! schedule costs time and memory proportional to what that rank does.
 
+mod direct;
 mod group;
 mod nested;
 mod prims;
@@ -86,6 +87,28 @@ impl Cx<'_> {
         Ok(r)
     }
 
+    /// The split of a transfer from `src` to `dst` when every pair of `nodes` (ranks) exchanges
+    /// data at once ([`Fabric::fair_split`]).
+    pub(crate) fn fair_split_ref(
+        &mut self,
+        src: Rank,
+        dst: Rank,
+        nodes: &[Rank],
+        mask: RailMask,
+    ) -> Result<SplitRef, AlgoError> {
+        let Some((sn, dn, ids)) = self.nodes_of(src, dst, nodes) else { return Ok(SplitRef::INTRA) };
+        let split = self.fab.fair_split(sn, dn, &ids, mask)?;
+        Ok(self.b.intern_split(split))
+    }
+
+    /// The nodes of `src`, of `dst` and of each of `others`; `None` when `src` and `dst` share a
+    /// node (their transfer is intra-node).
+    fn nodes_of(&self, src: Rank, dst: Rank, others: &[Rank]) -> Option<(NodeId, NodeId, Vec<NodeId>)> {
+        let layout = self.fab.layout();
+        let node = |r: Rank| NodeId(layout.node_idx(r) as u32);
+        (node(src) != node(dst)).then(|| (node(src), node(dst), others.iter().map(|&r| node(r)).collect()))
+    }
+
     /// The split of a ring transfer from `src` to `dst`, members of a level of `members`
     /// whose `joiners` (ranks) also load the members' NICs ([`Fabric::joined_ring_split`]).
     pub(crate) fn joined_split_ref(
@@ -96,14 +119,8 @@ impl Cx<'_> {
         joiners: &[Rank],
         mask: RailMask,
     ) -> Result<SplitRef, AlgoError> {
-        let layout = self.fab.layout();
-        let (sn, dn) = (layout.node_idx(src), layout.node_idx(dst));
-        if sn == dn {
-            return Ok(SplitRef::INTRA);
-        }
-        let nodes: Vec<NodeId> = joiners.iter().map(|&r| NodeId(layout.node_idx(r) as u32)).collect();
-        let split =
-            self.fab.joined_ring_split(NodeId(sn as u32), NodeId(dn as u32), members, &nodes, mask, self.policy)?;
+        let Some((sn, dn, nodes)) = self.nodes_of(src, dst, joiners) else { return Ok(SplitRef::INTRA) };
+        let split = self.fab.joined_ring_split(sn, dn, members, &nodes, mask, self.policy)?;
         Ok(self.b.intern_split(split))
     }
 
@@ -221,6 +238,7 @@ pub fn build_rank_schedule(fabric: &Fabric, req: &ScheduleRequest, rank: Rank) -
             nested::recursive(&mut cx, &ring, n, pipeline_chunks)?;
         }
         (Collective::AllReduce { .. }, Strategy::FourStage) => nested::four_stage(&mut cx, &ring, n)?,
+        (Collective::AllReduce { .. }, Strategy::FourStageDirect) => direct::four_stage_direct(&mut cx, &ring, n)?,
         (Collective::AllReduce { .. }, _) => match req.algorithm {
             Algorithm::Ring => {
                 cx.b.reserve(2 * p * req.chunks as usize + 1);
@@ -329,7 +347,7 @@ fn validate(fabric: &Fabric, req: &ScheduleRequest) -> Result<(), AlgoError> {
                 why: "must be at least 1",
             });
         }
-        Strategy::Recursive { .. } | Strategy::FourStage => {}
+        Strategy::Recursive { .. } | Strategy::FourStage | Strategy::FourStageDirect => {}
     }
     match req.algorithm {
         Algorithm::Tree

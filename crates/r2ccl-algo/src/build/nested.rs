@@ -13,7 +13,7 @@ use r2ccl_core::{NodeId, RailId, Rank};
 /// Run `inner` among one leader per node (the node's first rank on the ring), wrapped
 /// in an intra-node chain reduce to the leader before and a chain broadcast after.
 /// `inner` is called on every rank (non-leaders get `None`) so phase ids stay aligned.
-pub(crate) fn hierarchical(
+pub(super) fn hierarchical(
     cx: &mut Cx<'_>,
     ring: &[Rank],
     n: u64,
@@ -104,10 +104,37 @@ pub fn rails_of_group(i: usize, g: usize, k: usize) -> RailMask {
 
 /// One level of a nested schedule: `members` (indices into the leader list, ring order)
 /// run a ring AllReduce of `range`; the other leaders join it.
-struct Level {
+pub(super) struct Level {
     members: Vec<usize>,
-    range: Elems,
+    pub(super) range: Elems,
     mask: RailMask,
+}
+
+/// Who is who in a level, as one rank (`me`, its index among the leaders) sees it.
+pub(super) struct Roles {
+    /// The members, in ring order.
+    pub(super) members: Vec<Rank>,
+    /// The other leaders (the joiners).
+    pub(super) excluded: Vec<Rank>,
+    /// This rank's position among the members.
+    pub(super) pos: Option<usize>,
+    /// This rank's index among the joiners.
+    pub(super) joiner: Option<usize>,
+}
+
+impl Level {
+    /// The level's members and joiners among `leaders`, and `me`'s place in them.
+    pub(super) fn roles(&self, leaders: &[Rank], me: Option<usize>) -> Roles {
+        let mut inside = vec![false; leaders.len()];
+        for &m in &self.members {
+            inside[m] = true;
+        }
+        let members: Vec<Rank> = self.members.iter().map(|&m| leaders[m]).collect();
+        let excluded: Vec<Rank> = (0..leaders.len()).filter(|&i| !inside[i]).map(|i| leaders[i]).collect();
+        let pos = me.and_then(|i| self.members.iter().position(|&m| m == i));
+        let joiner = me.and_then(|i| excluded.iter().position(|&r| r == leaders[i]));
+        Roles { members, excluded, pos, joiner }
+    }
 }
 
 /// Levels with the helper join (R2CCL-AllReduce, recursive AllReduce): every level runs
@@ -258,14 +285,7 @@ fn spread(cx: &mut Cx<'_>, leaders: &[Rank], me: Option<usize>, levels: &[Level]
     let mut lv = Vec::with_capacity(levels.len());
     for level in levels {
         let ph = [cx.phase(), cx.phase(), cx.phase(), cx.phase()];
-        let mut inside = vec![false; leaders.len()];
-        for &m in &level.members {
-            inside[m] = true;
-        }
-        let members: Vec<Rank> = level.members.iter().map(|&m| leaders[m]).collect();
-        let excluded: Vec<Rank> = (0..leaders.len()).filter(|&i| !inside[i]).map(|i| leaders[i]).collect();
-        let pos = me.and_then(|i| level.members.iter().position(|&m| m == i));
-        let joiner = me.and_then(|i| excluded.iter().position(|&r| r == leaders[i]));
+        let Roles { members, excluded, pos, joiner } = level.roles(leaders, me);
         let s = members.len();
         let ring_splits = match pos {
             Some(p) if s >= 2 => {
@@ -419,16 +439,22 @@ pub(crate) fn recursive(cx: &mut Cx<'_>, ring: &[Rank], n: u64, k: u32) -> Resul
     })
 }
 
-/// The four-stage bound-reaching AllReduce (section 7), water-filled over bandwidth classes.
+/// The four-stage levels of `leaders` for `n` elements: water-filled over bandwidth classes.
+pub(super) fn four_stage_levels(cx: &Cx<'_>, leaders: &[Rank], n: u64) -> Result<Vec<Level>, AlgoError> {
+    let bw = leader_bandwidths(cx, leaders);
+    let plan = if leaders.len() < 2 {
+        LevelPlan { thresholds: vec![0.0], fractions: vec![1.0] }
+    } else {
+        model::four_stage_plan(&bw)?
+    };
+    Ok(plan_levels(leaders.len(), &bw, &plan, n))
+}
+
+/// The four-stage bound-reaching AllReduce (section 7), water-filled over bandwidth classes,
+/// one ring per level.
 pub(crate) fn four_stage(cx: &mut Cx<'_>, ring: &[Rank], n: u64) -> Result<(), AlgoError> {
     hierarchical(cx, ring, n, |cx, leaders, me| {
-        let bw = leader_bandwidths(cx, leaders);
-        let plan = if leaders.len() < 2 {
-            LevelPlan { thresholds: vec![0.0], fractions: vec![1.0] }
-        } else {
-            model::four_stage_plan(&bw)?
-        };
-        let levels = plan_levels(leaders.len(), &bw, &plan, n);
+        let levels = four_stage_levels(cx, leaders, n)?;
         spread(cx, leaders, me, &levels)
     })
 }

@@ -505,22 +505,48 @@ pub(super) fn rings_shared_time(bw: &[f64], plan: &model::LevelPlan, d: f64) -> 
     t
 }
 
-/// The four-stage AllReduce (section 7) with `r2ccl_algo::model::four_stage_plan`.
-pub(super) fn four_stage(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, PlanError> {
+/// The smallest message of a direct four-stage level the planner pipelines into: no more
+/// pipeline chunks than leave each of a member's messages this many bytes.
+///
+/// A direct level keeps every pair of its nodes busy at once with `K` messages each, so the
+/// number of messages in flight grows with the level's size as well as with `K`, and each one
+/// pays a rendezvous handshake. On the shaped TCP testbed (4 x 4 NICs at 50mbit, one lost, 64 MiB
+/// in 16 MiB segments) the time over the bound went 1.24-1.31 at K = 8 (512 KiB messages),
+/// 1.46 at K = 32 and 2.06 at K = 64 (docs/benchmarks.md); NCCL's network chunks are of the same
+/// order. At 1 GiB it still allows K = 128 for 16 nodes (a pipeline fill under 1%).
+pub const DIRECT_PART_MIN_BYTES: f64 = (512 << 10) as f64;
+
+/// The four-stage AllReduce (section 7) with `r2ccl_algo::model::four_stage_plan`: one ring per
+/// level ([`CandidateKind::FourStage`]) or direct exchanges per level over fair-share splits
+/// ([`CandidateKind::FourStageDirect`], `direct`).
+pub(super) fn four_stage(c: &mut Ctx<'_>, order: &[usize], direct: bool) -> Result<Candidate, PlanError> {
     let n = c.n as f64;
     let bw = order_mbps(c.net.f, order);
     let plan = model::four_stage_plan(&bw)?;
     let bytes_bw: Vec<f64> = bw.iter().map(|b| b * BYTES_PER_MBPS).collect();
-    // The bandwidth model reaches the bound; the built schedule does not when the slowest
-    // class keeps a share of the full ring (see FOUR_STAGE_SHARED_RING).
-    let shared_ring = plan.thresholds.len() > 1 && plan.fractions.first().is_some_and(|&f| f > 1e-9);
-    let t_bw = model::four_stage_time(&bytes_bw, c.block)? * if shared_ring { FOUR_STAGE_SHARED_RING } else { 1.0 };
+    let t_bw = if direct {
+        // Node-level, the plan reaches the bound, and so does the built schedule under fair
+        // sharing of NICs between connections where its same-rail parts load every NIC in
+        // proportion to its bandwidth; where rails the nodes do not share leave a NIC more than
+        // its share, that NIC's bytes set the time.
+        let mut whole = c.acc();
+        for l in levels(order, &bw, &plan, c.count) {
+            c.net.direct_level(&mut whole, &l.members, &l.excluded, l.len, 1, RailMask::ALL)?;
+        }
+        model::four_stage_time(&bytes_bw, c.block)?.max(c.busiest(&whole))
+    } else {
+        // The bandwidth model reaches the bound; the built schedule does not when the slowest
+        // class keeps a share of the full ring (see FOUR_STAGE_SHARED_RING).
+        let shared_ring = plan.thresholds.len() > 1 && plan.fractions.first().is_some_and(|&f| f > 1e-9);
+        model::four_stage_time(&bytes_bw, c.block)? * if shared_ring { FOUR_STAGE_SHARED_RING } else { 1.0 }
+    };
     let mut best = (f64::INFINITY, 1u32);
     for k in CHUNK_CHOICES {
-        if u64::from(k) > c.count.max(1) {
+        let kf = f64::from(k);
+        let small = direct && c.block / (n * kf) < DIRECT_PART_MIN_BYTES;
+        if k > 1 && (u64::from(k) > c.count.max(1) || small) {
             break;
         }
-        let kf = f64::from(k);
         let t = t_bw * (1.0 + 1.0 / kf) + (2.0 * (n - 1.0) + 2.0 + kf - 1.0) * c.alpha;
         if t < best.0 {
             best = (t, k);
@@ -529,8 +555,12 @@ pub(super) fn four_stage(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, 
     let (t, k) = best;
     let mut acc = c.acc();
     for l in levels(order, &bw, &plan, c.count) {
-        c.net.spread_join(&mut acc, &l.members, &l.excluded, l.len, k)?;
-        c.net.ring(&mut acc, &l.members, &l.excluded, l.len, k, RailMask::ALL, RailPolicy::Spread, true, true)?;
+        if direct {
+            c.net.direct_level(&mut acc, &l.members, &l.excluded, l.len, k, RailMask::ALL)?;
+        } else {
+            c.net.spread_join(&mut acc, &l.members, &l.excluded, l.len, k)?;
+            c.net.ring(&mut acc, &l.members, &l.excluded, l.len, k, RailMask::ALL, RailPolicy::Spread, true, true)?;
+        }
     }
     let params = StrategyParams {
         chunks: Some(k),
@@ -540,7 +570,8 @@ pub(super) fn four_stage(c: &mut Ctx<'_>, order: &[usize]) -> Result<Candidate, 
         reranked: true,
         ..StrategyParams::default()
     };
-    Ok(c.candidate(CandidateKind::FourStage, t, params, acc, 2.0 * (n - 1.0) * c.block))
+    let kind = if direct { CandidateKind::FourStageDirect } else { CandidateKind::FourStage };
+    Ok(c.candidate(kind, t, params, acc, 2.0 * (n - 1.0) * c.block))
 }
 
 /// Recursive doubling over all ranks along the flat ring (r2ccl-algo's tree AllReduce).
