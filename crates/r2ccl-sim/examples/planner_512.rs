@@ -1,8 +1,8 @@
 //! The planner's candidates on the 512-GPU table's AllReduce (docs/reproduction.md, 512-GPU notes): 64 x 8 NICs of
 //! 400 Gb/s, 6.5e9 bytes, one rank per node, `F` NICs failed as `reproduce` places them (node `(7i + 5) % 64`, rail
 //! `(3i + 2) % 8`). For each failure count it prints the prediction of Balance, R2CCL-AllReduce (one failure only),
-//! recursive and four-stage beside their r2ccl-algo schedule's simulated time. Four-stage takes about 20 s to
-//! simulate at ten failures. Run with
+//! recursive and the two four-stage schedules (rings, direct levels) beside their r2ccl-algo schedule's simulated
+//! time; at 0 failures, the ring's. Four-stage takes about 20 s to simulate at ten failures. Run with
 //! `cargo run --release -p r2ccl-sim --example planner_512 [F...]` (default: 1 9 10).
 #![allow(clippy::print_stdout, reason = "an example that prints its measurements")]
 
@@ -30,7 +30,9 @@ fn main() -> Result<(), SimError> {
             })
             .collect();
         let health = plan_health(&fab, &fails);
-        for s in [P::Balance, P::R2cclAllReduce, P::Recursive, P::FourStage] {
+        let all = [P::Balance, P::R2cclAllReduce, P::Recursive, P::FourStage, P::FourStageDirect];
+        let strategies: &[P] = if f == 0 { &[P::Ring] } else { &all };
+        for &s in strategies {
             if p_skip(s, f) {
                 continue;
             }

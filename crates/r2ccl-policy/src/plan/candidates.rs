@@ -547,7 +547,10 @@ pub(super) fn four_stage(c: &mut Ctx<'_>, order: &[usize], direct: bool) -> Resu
         if k > 1 && (u64::from(k) > c.count.max(1) || small) {
             break;
         }
-        let t = t_bw * (1.0 + 1.0 / kf) + (2.0 * (n - 1.0) + 2.0 + kf - 1.0) * c.alpha;
+        // Hops on a chunk's path: a ring's 2 (n - 1) plus scatter-in and gather-back; a direct
+        // level's two (its reduce-scatter, scatter-in included, and its all-gather).
+        let hops = if direct { 2.0 } else { 2.0 * (n - 1.0) + 2.0 };
+        let t = t_bw * (1.0 + 1.0 / kf) + (hops + kf - 1.0) * c.alpha;
         if t < best.0 {
             best = (t, k);
         }
