@@ -10,7 +10,8 @@
 //!   AlltoAll and Send/Recv, with ring, latency-optimal (recursive doubling / binomial
 //!   tree) and hierarchical algorithms, any ring order (from logical re-ranking), and the
 //!   failure strategies of MECHANISMS.md: Balance, single backup NIC, R2CCL-AllReduce,
-//!   recursive AllReduce and the four-stage bound-reaching AllReduce; and grouped
+//!   recursive AllReduce and the four-stage bound-reaching AllReduce (one ring per level, or
+//!   direct exchanges per level); and grouped
 //!   point-to-point sends and receives to arbitrary peers ([`build_p2p_group`]).
 //! - Runs schedules on in-memory buffers with a single-threaded reference executor
 //!   ([`execute`]) that detects deadlocks instead of hanging.

@@ -4,7 +4,8 @@
 //! per-hop latency, intra-node bandwidth, spine share) and an agreed
 //! [`r2ccl_core::HealthView`], it predicts with an alpha-beta cost model the time and the
 //! exact bytes per NIC of every applicable strategy (plain ring, single backup NIC,
-//! Balance, R2CCL-AllReduce, recursive AllReduce, the four-stage bound-reaching AllReduce,
+//! Balance, R2CCL-AllReduce, recursive AllReduce, the four-stage bound-reaching AllReduce (rings
+//! or direct exchanges per level),
 //! recursive doubling for small messages), the fault-free time and the lower bound,
 //! re-ranks the ring order of nodes around failed rails, and picks the fastest strategy
 //! ([`plan`], [`plan_payload`]). Plans are deterministic: equal inputs give bit-identical

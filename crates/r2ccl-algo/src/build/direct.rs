@@ -56,14 +56,14 @@ impl DirectLevel {
 ///
 /// Every transfer between two nodes goes over their [`crate::Fabric::fair_split`] among all
 /// leaders. Each node's bytes are those of the water-filled plan (as a ring per level would
-/// move them); what direct exchanges change is how they spread over connections. NICs share
-/// their bandwidth evenly between connections (round-robin between queue pairs, TCP's fairness
-/// between flows), and the plan's per-pair bytes are in the ratio of those fair shares, so every
-/// connection runs at the rate its bytes need and all of them finish together: the time is the
-/// lower bound's (r2ccl-sim, max-min sharing: 1.000 of it for 4 to 16 nodes of 4 or 8 NICs, one
-/// or two NICs lost, and for one NIC per node at 75% or 87.5%). In one ring per level, a slower
-/// member sends its whole share to its one successor, whose NICs give that connection only
-/// their fair part: 1.15-1.24x the bound.
+/// move them); what direct exchanges change is how they spread over connections. Where NICs
+/// share their bandwidth evenly between connections (round-robin between queue pairs; TCP flows
+/// through a tail-drop queue only roughly, docs/benchmarks.md), the plan's per-pair bytes are in
+/// the ratio of those fair shares, so every connection runs at the rate its bytes need and all
+/// of them finish together: the time is the lower bound's (r2ccl-sim, max-min sharing: 1.000-1.001
+/// of it for 4 x 4, 4 x 8 and 8 x 8 nodes with one NIC lost or two on different nodes, and for
+/// one NIC per node at 75%). In one ring per level, a slower member sends its whole share to its
+/// one successor, whose NICs give that connection only their fair part: 1.15-1.24x the bound.
 fn spread_direct(cx: &mut Cx<'_>, leaders: &[Rank], me: Option<usize>, levels: &[Level]) -> Result<(), AlgoError> {
     let k = u64::from(cx.chunks);
     let mut lv = Vec::with_capacity(levels.len());
