@@ -95,8 +95,7 @@ fn zero_bytes_is_accepted() {
 fn communicator_plans_as_a_communicator_does() {
     // 3 nodes x 2 rails, rail-only: nodes 1 and 2 share no usable rail. A communicator plans
     // with their failed NICs (its engine steers around them): the plain ring. The default
-    // topology has a spine, so the four-stage schedule (direct levels: two hops a chunk, where
-    // the rings take six) crosses rails between them instead.
+    // topology has a spine, so the four-stage schedule crosses rails instead.
     let args = ["--nodes", "3", "--nics", "2", "--fail", "1:0,2:1", "--bytes", "16M", "--json"];
     let chosen = |extra: &[&str]| {
         let (code, out, err) = run(&[&args[..], extra].concat());
@@ -105,7 +104,7 @@ fn communicator_plans_as_a_communicator_does() {
         v["chosen"].as_str().unwrap().to_owned()
     };
     assert_eq!(chosen(&["--communicator"]), "ring");
-    assert_eq!(chosen(&[]), "four_stage_direct");
+    assert_eq!(chosen(&[]), "four_stage");
     // With one NIC lost the communicator's plan is the default topology's.
     let one = ["--nodes", "4", "--nics", "2", "--fail", "1:0", "--bytes", "64M", "--json", "--alpha-us", "20"];
     let (_, a, _) = run(&one);

@@ -547,9 +547,13 @@ pub(super) fn four_stage(c: &mut Ctx<'_>, order: &[usize], direct: bool) -> Resu
         if k > 1 && (u64::from(k) > c.count.max(1) || small) {
             break;
         }
-        // Hops on a chunk's path: a ring's 2 (n - 1) plus scatter-in and gather-back; a direct
-        // level's two (its reduce-scatter, scatter-in included, and its all-gather).
-        let hops = if direct { 2.0 } else { 2.0 * (n - 1.0) + 2.0 };
+        // Hops on a chunk's path: a ring's 2 (n - 1) plus scatter-in and gather-back. A direct
+        // level has two (its reduce-scatter, scatter-in included, and its all-gather), but is
+        // charged the rings' count: with two, it became the choice for every size from 4 KiB on
+        // 4 x 2 nodes with a NIC lost, in place of recursive doubling and Balance, whose results
+        // are bit-identical to the fault-free run's (the DDP example checks that); its own
+        // reduction order is not. Where its bandwidth wins (4 and more NICs) it is chosen anyway.
+        let hops = 2.0 * (n - 1.0) + 2.0;
         let t = t_bw * (1.0 + 1.0 / kf) + (hops + kf - 1.0) * c.alpha;
         if t < best.0 {
             best = (t, k);
