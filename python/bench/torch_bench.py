@@ -27,9 +27,9 @@ def worker(backend: str, rank: int, store: str) -> None:
         import r2ccl.torch  # noqa: F401
     torch.set_num_threads(1)
     dist.init_process_group(backend, store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
-    out = {"busbw": {}, "ddp_step_ms": None}
-    for mib in SIZES_MIB:
-        t = torch.ones(mib * (1 << 20) // 4, dtype=torch.float32)
+    out = {"busbw": {}, "busbw_registered": {}, "ddp_step_ms": None}
+
+    def busbw(t: "torch.Tensor", mib: int) -> float:
         iters = max(3, 48 // mib)
         for _ in range(2):
             dist.all_reduce(t)
@@ -38,8 +38,17 @@ def worker(backend: str, rank: int, store: str) -> None:
         for _ in range(iters):
             dist.all_reduce(t)
         dt = (time.perf_counter() - t0) / iters
-        nbytes = t.numel() * 4
-        out["busbw"][mib] = nbytes * 2 * (WORLD - 1) / WORLD / dt / 1e9
+        return t.numel() * 4 * 2 * (WORLD - 1) / WORLD / dt / 1e9
+
+    for mib in SIZES_MIB:
+        n = mib * (1 << 20) // 4
+        out["busbw"][mib] = busbw(torch.ones(n, dtype=torch.float32), mib)
+        if backend == "r2ccl":
+            # The same on a tensor in registered memory (r2ccl.torch.empty): no copy in or out.
+            reg = r2ccl.torch.empty(n, dtype=torch.float32)
+            reg.fill_(1.0)
+            out["busbw_registered"][mib] = busbw(reg, mib)
+            del reg
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
                                 torch.nn.ReLU(), torch.nn.Linear(2048, 512))
@@ -102,10 +111,12 @@ def main() -> None:
     nics = os.environ.get("R2CCL_NICS", "lo,lo")
     print(f"torch.distributed, {WORLD} processes on one host (r2ccl: each a node, NICs {nics}); "
           f"best of {args.rounds} alternating rounds")
-    print(f"{'all_reduce float32':>20} {'gloo GB/s':>10} {'r2ccl GB/s':>11} {'r2ccl/gloo':>11}")
+    print(f"{'all_reduce float32':>20} {'gloo GB/s':>10} {'r2ccl GB/s':>11} {'r2ccl/gloo':>11}"
+          f" {'registered':>11} {'reg/gloo':>9}")
     for mib in SIZES_MIB:
         g, r = best("gloo", "busbw", mib), best("r2ccl", "busbw", mib)
-        print(f"{str(mib) + ' MiB':>20} {g:>10.3f} {r:>11.3f} {r / g:>10.2f}x")
+        rr = best("r2ccl", "busbw_registered", mib)
+        print(f"{str(mib) + ' MiB':>20} {g:>10.3f} {r:>11.3f} {r / g:>10.2f}x {rr:>11.3f} {rr / g:>8.2f}x")
     g, r = best("gloo", "ddp_step_ms"), best("r2ccl", "ddp_step_ms")
     print(f"{'DDP step (5.2M params)':>20} {g:>8.1f} ms {r:>8.1f} ms {r / g:>10.2f}x (time: lower is better)")
 

@@ -22,6 +22,7 @@ root and gives ``uid`` to rank 1)::
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, List, Optional, Sequence, Tuple
 
 from ._load import load_ucx as _load_ucx
@@ -276,6 +277,19 @@ class Communicator:
     def nodes(self) -> List[int]:
         """The node of every rank, by rank."""
         return self._c.nodes()
+
+    def alloc(self, nbytes: int) -> memoryview:
+        """``nbytes`` zeroed bytes registered with every NIC of this rank (NCCL's
+        ``ncclMemAlloc``), as a writable byte ``memoryview``: make arrays or tensors over it
+        (``numpy.frombuffer``, ``torch.frombuffer``). A call whose buffers each start at such
+        memory of this communicator, and fit in it, reads and writes it where it is, with no copy
+        into the library or out of it; any other memory is copied. The memory is freed when the
+        last object over it goes."""
+        reg = self._c.alloc(nbytes)
+        arr = (ctypes.c_char * nbytes).from_address(reg.addr)
+        # The array, and so every view and tensor made over it, keeps the registration alive.
+        arr._r2ccl_registration = reg
+        return memoryview(arr).cast("B")
 
     def check_async_error(self) -> None:
         """Raise the communicator's asynchronous error (a lost peer, an abort), if any."""

@@ -40,6 +40,11 @@ class Work:
     def wait(self) -> CollReport: ...
     def is_done(self) -> bool: ...
 
+class RegisteredBuffer:
+    addr: int
+    nbytes: int
+    def free(self) -> None: ...
+
 class Communicator:
     def __init__(
         self,
@@ -60,6 +65,7 @@ class Communicator:
     @property
     def collective_timeout(self) -> float: ...
     def nodes(self) -> List[int]: ...
+    def alloc(self, nbytes: int) -> RegisteredBuffer: ...
     def start(
         self,
         coll: str,

@@ -642,6 +642,20 @@ def get_backend(group: Any = None) -> R2cclBackend:
     return b
 
 
+def empty(*size: int, dtype: torch.dtype = torch.float32, group: Any = None) -> torch.Tensor:
+    """A CPU tensor of ``size`` (zeroed) in memory registered with ``group``'s communicator
+    (the default group when None): collectives of that group on the whole tensor read and write
+    it where it is, with no copy into the library or out of it (``Communicator.alloc``). Views of
+    part of it, and other groups, copy as for any tensor."""
+    shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+    numel = 1
+    for n in shape:
+        numel *= int(n)
+    nbytes = max(numel, 1) * torch.empty((), dtype=dtype).element_size()
+    mem = get_backend(group).comm.alloc(nbytes)
+    return torch.frombuffer(mem, dtype=torch.uint8).view(dtype)[:numel].view(shape)
+
+
 @atexit.register
 def _stop_at_exit() -> None:
     """Threads of backends never shut down are stopped before the interpreter tears down (one

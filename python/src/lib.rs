@@ -303,6 +303,37 @@ fn start_cuda(
     )))
 }
 
+/// Memory registered with every NIC of one communicator (`Communicator.alloc`): a call whose
+/// buffers each start at one of these (as a tensor over all of it does) reads and writes it in
+/// place, with no copy into the library or out of it. Freed by `free()` or when the last
+/// reference goes (a tensor made over it holds one).
+#[pyclass(module = "r2ccl._r2ccl", frozen)]
+struct RegisteredBuffer {
+    buf: Mutex<Option<r2ccl::CommBuf<'static, u8>>>,
+    addr: usize,
+    nbytes: usize,
+}
+
+#[pymethods]
+impl RegisteredBuffer {
+    /// The address of its first byte.
+    #[getter]
+    fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// Its length in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+
+    /// Free it now (later frees do nothing). Nothing may use its memory afterwards.
+    fn free(&self) {
+        drop(lock(&self.buf).take());
+    }
+}
+
 /// One rank's communicator.
 #[pyclass(module = "r2ccl._r2ccl", frozen)]
 struct Communicator {
@@ -436,6 +467,19 @@ impl Communicator {
     #[getter]
     fn collective_timeout(&self) -> PyResult<f64> {
         Ok(self.get()?.collective_timeout().as_secs_f64())
+    }
+
+    /// `nbytes` zeroed bytes registered with every NIC of this rank (page-aligned). A call whose
+    /// buffers each start at such a buffer of this communicator and fit in it runs there in
+    /// place; other memory is copied into the library and out of it.
+    fn alloc(&self, py: Python<'_>, nbytes: usize) -> PyResult<RegisteredBuffer> {
+        if nbytes == 0 {
+            return Err(to_py(CommError::Invalid("a registered buffer needs at least one byte".into())));
+        }
+        let comm = self.get()?;
+        let buf = py.allow_threads(|| comm.alloc_owned::<u8>(nbytes)).map_err(to_py)?;
+        let addr = buf.as_ptr() as usize;
+        Ok(RegisteredBuffer { buf: Mutex::new(Some(buf)), addr, nbytes })
     }
 
     /// The node of every rank, by rank.
@@ -632,6 +676,7 @@ fn _r2ccl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     init_logging();
     m.add_class::<Root>()?;
     m.add_class::<Communicator>()?;
+    m.add_class::<RegisteredBuffer>()?;
     m.add_class::<Work>()?;
     m.add_class::<CollReport>()?;
     m.add_function(wrap_pyfunction!(install_prometheus, m)?)?;

@@ -51,6 +51,11 @@ def test_every_operation_exact():
     check_ok(run_ranks("ops"), 4)
 
 
+def test_registered_tensors_are_exact_in_place():
+    # 64 KiB slots: the 1 MiB AllReduces run in segments, in place on the registered tensor.
+    check_ok(run_ranks("registered", env={"R2CCL_TRANSPORT__HOST_SEGMENT_BYTES": "65536"}), 4)
+
+
 def test_mismatched_collectives_raise_on_every_rank():
     check_ok(run_ranks("mismatch", world=3), 3)
 

@@ -60,7 +60,9 @@ impl<T: Element> std::ops::DerefMut for CommBuf<'_, T> {
 
 impl<T: Element> Drop for CommBuf<'_, T> {
     fn drop(&mut self) {
-        // The region leaves the transport; its memory goes with the last `Arc`.
+        // Raw-pointer calls stop finding it; the region leaves the transport; its memory goes
+        // with the last `Arc`.
+        self.owner.unregistered(self.ptr as usize);
         let _ = self.tx.send(Req::Free(self.handle));
         self.waker.wake();
     }
@@ -81,6 +83,20 @@ impl Communicator {
     /// Register `count` zeroed elements of `T` with every NIC of this rank, for calls that read
     /// and write them in place.
     pub fn alloc<T: Element>(&self, count: usize) -> Result<CommBuf<'_, T>, CommError> {
+        self.alloc_any(count)
+    }
+
+    /// As [`Communicator::alloc`], for a binding that keeps the buffer beside its communicator
+    /// instead of borrowing it (the Python package's `Communicator.alloc`). The memory stays valid
+    /// until the buffer drops; once the communicator is gone, calls on the buffer fail with an
+    /// error. A raw-pointer call ([`Communicator::start_raw`]) whose buffers each start at a live
+    /// registered buffer of this communicator, as long as the call needs or longer, runs on it
+    /// in place too.
+    pub fn alloc_owned<T: Element>(&self, count: usize) -> Result<CommBuf<'static, T>, CommError> {
+        self.alloc_any(count)
+    }
+
+    fn alloc_any<'a, T: Element>(&self, count: usize) -> Result<CommBuf<'a, T>, CommError> {
         let len = count
             .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| CommError::Invalid(format!("{count} elements of {} overflow", T::DTYPE)))?;
@@ -105,6 +121,7 @@ impl Communicator {
         if ptr % std::mem::align_of::<T>() != 0 {
             return Err(CommError::Invalid(format!("registered memory at {ptr:#x} is not aligned for {}", T::DTYPE)));
         }
+        self.shared.registered(ptr, len, handle);
         Ok(buf)
     }
 }

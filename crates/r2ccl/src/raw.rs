@@ -7,7 +7,7 @@
 
 use crate::buffers::CommBuf;
 use crate::call::{Access, Handle};
-use crate::comm::{Bufs, Call, Communicator, Work};
+use crate::comm::{Bufs, Call, Communicator, Shared, Work};
 use crate::error::CommError;
 use crate::report::CollReport;
 use r2ccl_algo::{Collective, P2pOp};
@@ -65,6 +65,11 @@ impl Communicator {
     /// communicator's [`Communicator::collective_timeout`] when `None`); [`Handle::wait`]
     /// returns an empty output and the report.
     ///
+    /// Buffers that each start at a live registered buffer of this communicator
+    /// ([`Communicator::alloc`], [`Communicator::alloc_owned`]) and fit in it are read and
+    /// written where they are, as [`Communicator::run_registered`] does (no copy in or out); any
+    /// other memory is copied into the library and out of it.
+    ///
     /// # Safety
     ///
     /// `send` must be valid for reads and `recv` for writes of those sizes, and neither may be
@@ -86,12 +91,8 @@ impl Communicator {
         let (Ok(in_len), Ok(out_len)) = (in_len, out_len) else {
             return Err(CommError::Invalid(format!("{} of {count} elements does not fit in memory", coll.name())));
         };
-        let bufs = if std::ptr::eq(send, recv) {
-            Bufs::InPlace { buf: recv, len: in_len.max(out_len) }
-        } else {
-            Bufs::Borrowed { input: send, in_len, output: recv, out_len }
-        };
-        let call = Call { work: Work::Coll(coll), dtype, count, bufs, access: Some(Access::new()) };
+        let (bufs, access) = raw_bufs(&self.shared, send, recv, in_len, out_len);
+        let call = Call { work: Work::Coll(coll), dtype, count, bufs, access };
         self.submit(call, timeout).map(Handle::new)
     }
 
@@ -277,5 +278,81 @@ impl Communicator {
             }
         }
         Ok(report)
+    }
+}
+
+/// What a raw-pointer call of `in_len` input and `out_len` output bytes runs on: the registered
+/// buffers of this communicator its pointers start (each long enough; in place when they are
+/// equal), read and written where they are; otherwise the caller's memory, copied in and out
+/// under an [`Access`].
+pub(crate) fn raw_bufs(
+    shared: &Shared,
+    send: *const u8,
+    recv: *mut u8,
+    in_len: usize,
+    out_len: usize,
+) -> (Bufs, Option<Access>) {
+    let in_place = std::ptr::eq(send, recv);
+    let registered = if in_place {
+        shared.registration_at(recv as usize, in_len.max(out_len)).map(|(buf, len)| Bufs::RegisteredInPlace {
+            buf,
+            len,
+            mem: Some(recv),
+        })
+    } else {
+        let input = shared.registration_at(send as usize, in_len);
+        let output = shared.registration_at(recv as usize, out_len);
+        input.zip(output).map(|(input, output)| Bufs::Registered { input, output, mem: Some((send, recv)) })
+    };
+    match registered {
+        Some(bufs) => (bufs, None),
+        None if in_place => (Bufs::InPlace { buf: recv, len: in_len.max(out_len) }, Some(Access::new())),
+        None => (Bufs::Borrowed { input: send, in_len, output: recv, out_len }, Some(Access::new())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use r2ccl_transport::MemHandle;
+
+    fn kind(b: &Bufs) -> String {
+        match b {
+            Bufs::RegisteredInPlace { buf, len, .. } => format!("registered in place {} {len}", buf.0),
+            Bufs::Registered { input, output, .. } => {
+                format!("registered {} {} -> {} {}", input.0 .0, input.1, output.0 .0, output.1)
+            }
+            Bufs::InPlace { len, .. } => format!("copied in place {len}"),
+            Bufs::Borrowed { in_len, out_len, .. } => format!("copied {in_len} -> {out_len}"),
+            Bufs::Owned { .. } | Bufs::RegisteredAt { .. } => "other".into(),
+        }
+    }
+
+    #[test]
+    fn raw_pointers_that_start_registered_buffers_run_on_them_in_place() {
+        let shared = Shared::default();
+        let (a, b, c) = (vec![0u8; 64], vec![0u8; 256], vec![0u8; 64]);
+        let (pa, pb, pc) = (a.as_ptr().cast_mut(), b.as_ptr().cast_mut(), c.as_ptr().cast_mut());
+        shared.registered(pa as usize, 64, MemHandle(1));
+        shared.registered(pb as usize, 256, MemHandle(2));
+        let cases = [
+            // (send, recv, in_len, out_len, what runs)
+            (pa, pa, 64, 64, "registered in place 1 64"),
+            (pa, pa, 32, 32, "registered in place 1 64"),
+            (pa, pa, 16, 128, "copied in place 128"), // AllGather in place larger than the buffer
+            (pa, pb, 64, 256, "registered 1 64 -> 2 256"),
+            (pa, pc, 64, 64, "copied 64 -> 64"), // one side plain memory
+            (pc, pb, 64, 64, "copied 64 -> 64"),
+            (pa.wrapping_add(8), pa.wrapping_add(8), 8, 8, "copied in place 8"), // inside, not at the start
+            (pc, pc, 64, 64, "copied in place 64"),
+        ];
+        for (send, recv, i, o, want) in cases {
+            let (bufs, access) = raw_bufs(&shared, send, recv, i, o);
+            assert_eq!(kind(&bufs), want, "{i} -> {o}");
+            assert_eq!(access.is_some(), want.starts_with("copied"), "{want}");
+        }
+        // A freed buffer is caller memory again.
+        shared.unregistered(pa as usize);
+        assert_eq!(kind(&raw_bufs(&shared, pa, pa, 64, 64).0), "copied in place 64");
     }
 }

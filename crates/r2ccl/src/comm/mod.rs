@@ -28,7 +28,7 @@ use r2ccl_transport::{ArgDigest, MemHandle, SessionConfig, Topology, Transport a
 use r2ccl_ucx::{ContextConfig, EndpointAuth, UcxTransport, UcxTransportConfig};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How to start a communicator (made by [`crate::CommBuilder`]).
@@ -316,12 +316,32 @@ pub(crate) struct Shared {
     /// OOB messages this rank sent, by channel (`oob::Channel::ALL`'s order), as of the latest
     /// finished collective.
     pub(crate) oob_sent: [std::sync::atomic::AtomicU64; 5],
+    /// The live registered buffers ([`crate::CommBuf`]): first byte's address -> (length in
+    /// bytes, registration), so that a call on raw pointers that name one runs on it in place.
+    registered: Mutex<BTreeMap<usize, (usize, MemHandle)>>,
 }
 
 impl Shared {
     /// The error that ended the communicator, if one has.
     pub(crate) fn async_error(&self) -> Option<CommError> {
         self.error.lock().ok().and_then(|e| e.clone())
+    }
+
+    /// Note a registered buffer of `len` bytes at `addr` (it lives until [`Shared::unregistered`]).
+    pub(crate) fn registered(&self, addr: usize, len: usize, handle: MemHandle) {
+        self.registered.lock().unwrap_or_else(PoisonError::into_inner).insert(addr, (len, handle));
+    }
+
+    /// The registered buffer at `addr` is being freed.
+    pub(crate) fn unregistered(&self, addr: usize) {
+        self.registered.lock().unwrap_or_else(PoisonError::into_inner).remove(&addr);
+    }
+
+    /// The registration and length of the live registered buffer whose first byte is at `addr`
+    /// and that holds at least `len` bytes.
+    pub(crate) fn registration_at(&self, addr: usize, len: usize) -> Option<(MemHandle, usize)> {
+        let map = self.registered.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get(&addr).filter(|(l, _)| *l >= len).map(|&(l, h)| (h, l))
     }
 }
 
