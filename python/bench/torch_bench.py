@@ -3,7 +3,9 @@
 4 processes on this machine, each a node of its own (r2ccl: 2 NICs on loopback; gloo: its TCP
 pairs over loopback), both backends in the same run, alternating, so that the ratio compares
 like with like on a noisy machine. Prints one table and the ratios r2ccl / gloo.
-Usage: python bench/torch_bench.py [--rounds N]
+With ``--ddp-hook N`` it instead times r2ccl's DDP step with and without
+``r2ccl.torch.registered_allreduce_hook``, a fresh launch per measurement, alternating, N each.
+Usage: python bench/torch_bench.py [--rounds N] [--ddp-hook N]
 """
 
 import argparse
@@ -23,10 +25,13 @@ def worker(backend: str, rank: int, store: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    if backend == "r2ccl":
+    # "ddp_plain" and "ddp_hook": r2ccl's DDP step only, without and with the registered hook.
+    ddp_only = backend.startswith("ddp_")
+    if backend == "r2ccl" or ddp_only:
         import r2ccl.torch  # noqa: F401
     torch.set_num_threads(1)
-    dist.init_process_group(backend, store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
+    dist.init_process_group("r2ccl" if ddp_only else backend, store=dist.FileStore(store, WORLD), rank=rank,
+                            world_size=WORLD)
     out = {"busbw": {}, "busbw_registered": {}, "ddp_step_ms": None}
 
     def busbw(t: "torch.Tensor", mib: int) -> float:
@@ -40,7 +45,7 @@ def worker(backend: str, rank: int, store: str) -> None:
         dt = (time.perf_counter() - t0) / iters
         return t.numel() * 4 * 2 * (WORLD - 1) / WORLD / dt / 1e9
 
-    for mib in SIZES_MIB:
+    for mib in [] if ddp_only else SIZES_MIB:
         n = mib * (1 << 20) // 4
         out["busbw"][mib] = busbw(torch.ones(n, dtype=torch.float32), mib)
         if backend == "r2ccl":
@@ -49,22 +54,31 @@ def worker(backend: str, rank: int, store: str) -> None:
             reg.fill_(1.0)
             out["busbw_registered"][mib] = busbw(reg, mib)
             del reg
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
-                                torch.nn.ReLU(), torch.nn.Linear(2048, 512))
-    ddp = DDP(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    x = torch.randn(32, 512)
-    steps = []
-    for i in range(12):
-        dist.barrier()
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        ddp(x).square().mean().backward()
-        opt.step()
-        steps.append(time.perf_counter() - t0)
-    steps = sorted(steps[2:])
-    out["ddp_step_ms"] = steps[len(steps) // 2] * 1e3
+
+    def ddp_step_ms(hook: bool) -> float:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
+                                    torch.nn.ReLU(), torch.nn.Linear(2048, 512))
+        ddp = DDP(model)
+        if hook:
+            ddp.register_comm_hook(None, r2ccl.torch.registered_allreduce_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        x = torch.randn(32, 512)
+        steps = []
+        for i in range(12):
+            dist.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            ddp(x).square().mean().backward()
+            opt.step()
+            steps.append(time.perf_counter() - t0)
+        steps = sorted(steps[2:])
+        return steps[len(steps) // 2] * 1e3
+
+    out["ddp_step_ms"] = ddp_step_ms(backend == "ddp_hook")
+    if backend == "r2ccl":
+        # The same with r2ccl.torch.registered_allreduce_hook: buckets through registered tensors.
+        out["ddp_step_ms_hook"] = ddp_step_ms(True)
     if rank == 0:
         print("RESULT " + json.dumps(out), flush=True)
     dist.destroy_process_group()
@@ -91,10 +105,17 @@ def main() -> None:
     ap.add_argument("--worker", nargs=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--backends", default="gloo,r2ccl", help="comma-separated, run in this order each round")
+    ap.add_argument("--ddp-hook", type=int, default=0, metavar="N",
+                    help="time r2ccl's DDP step with and without the registered hook instead, N launches each")
     args = ap.parse_args()
     if args.worker:
         backend, rank, store = args.worker
         return worker(backend, int(rank), store)
+    for _ in range(args.ddp_hook):
+        for mode in ("ddp_plain", "ddp_hook"):
+            print(f"{mode:>9}: DDP step {launch(mode)['ddp_step_ms']:.1f} ms", flush=True)
+    if args.ddp_hook:
+        return
     backends = args.backends.split(",")
     runs = {b: [] for b in backends}
     for _ in range(args.rounds):
@@ -118,7 +139,9 @@ def main() -> None:
         rr = best("r2ccl", "busbw_registered", mib)
         print(f"{str(mib) + ' MiB':>20} {g:>10.3f} {r:>11.3f} {r / g:>10.2f}x {rr:>11.3f} {rr / g:>8.2f}x")
     g, r = best("gloo", "ddp_step_ms"), best("r2ccl", "ddp_step_ms")
-    print(f"{'DDP step (5.2M params)':>20} {g:>8.1f} ms {r:>8.1f} ms {r / g:>10.2f}x (time: lower is better)")
+    h = best("r2ccl", "ddp_step_ms_hook")
+    print(f"{'DDP step (5.2M params)':>20} {g:>8.1f} ms {r:>8.1f} ms {r / g:>10.2f}x {h:>8.1f} ms {h / g:>7.2f}x"
+          " (time: lower is better; registered: r2ccl.torch.registered_allreduce_hook)")
 
 
 if __name__ == "__main__":

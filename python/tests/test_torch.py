@@ -56,6 +56,10 @@ def test_registered_tensors_are_exact_in_place():
     check_ok(run_ranks("registered", env={"R2CCL_TRANSPORT__HOST_SEGMENT_BYTES": "65536"}), 4)
 
 
+def test_ddp_with_the_registered_hook_trains_bit_identically():
+    check_ok(run_ranks("ddp_hook"), 4)
+
+
 def test_mismatched_collectives_raise_on_every_rank():
     check_ok(run_ranks("mismatch", world=3), 3)
 
