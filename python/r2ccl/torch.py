@@ -257,7 +257,7 @@ class R2cclBackend(_C10dBackend):
         self._comm: Optional[r2ccl.Communicator] = None
         self._directions: dict = {}
         self._waiters: set = set()  # threads completing futures
-        self._hook_buffers: dict = {}  # registered_allreduce_hook's tensors, by DDP bucket index
+        self._hook_buffers: dict = {}  # registered_allreduce_hook's tensors, by bucket buffer
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return "r2ccl"
@@ -661,19 +661,24 @@ def registered_allreduce_hook(state: Any, bucket: Any) -> torch.futures.Future:
     """A DDP communication hook: ``ddp.register_comm_hook(group, r2ccl.torch.registered_allreduce_hook)``
     (``group`` None for the default group). It computes what torch's ``allreduce_hook`` does (each
     bucket divided by the group's size, then summed over the group), through a tensor in registered
-    memory kept per bucket (:func:`empty`): the bucket is copied into it once, fused with the
+    memory kept per bucket buffer (:func:`empty`): the bucket is copied into it once, fused with the
     division, and the library copies nothing in or out, where a plain bucket costs a copy in and a
-    copy out. CUDA buckets take the plain path."""
+    copy out. The registered memory is as large as the gradients of the models using the hook, and
+    as much again for the first iteration's buckets, which DDP rebuilds after it (their tensors stay
+    until the group goes). CUDA buckets take the plain path."""
     buf = bucket.buffer()
     size = dist.get_world_size(state)
     if buf.is_cuda:
         buf.div_(size)
         return dist.all_reduce(buf, group=state, async_op=True).get_future().then(lambda f: f.value()[0])
     b = get_backend(state)
-    reg = b._hook_buffers.get(bucket.index())
-    if reg is None or reg.numel() != buf.numel() or reg.dtype != buf.dtype:
+    # One registered tensor per bucket buffer, by its address (bucket indices repeat across DDP
+    # models that share a group, and both may be in flight at once).
+    key = (buf.data_ptr(), buf.numel(), buf.dtype)
+    reg = b._hook_buffers.get(key)
+    if reg is None:
         reg = empty(buf.numel(), dtype=buf.dtype, group=state)
-        b._hook_buffers[bucket.index()] = reg
+        b._hook_buffers[key] = reg
     torch.div(buf, size, out=reg)
     return dist.all_reduce(reg, group=state, async_op=True).get_future().then(lambda f: f.value()[0])
 

@@ -288,28 +288,33 @@ def case_registered():
 
 
 def case_ddp_hook():
-    """DDP with r2ccl.torch.registered_allreduce_hook: the same losses, bit for bit, as plain DDP."""
+    """DDP with r2ccl.torch.registered_allreduce_hook: the same losses and parameters, bit for bit,
+    as plain DDP; two hooked models in one backward (their buckets in flight at once, with the same
+    bucket indices) each keep registered tensors of their own."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    def model(seed):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                   torch.nn.ReLU(), torch.nn.Linear(256, 8))
+
     def train(hook):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                                    torch.nn.ReLU(), torch.nn.Linear(256, 8))
         # Small buckets: several per step, each through its own registered tensor.
-        ddp = DDP(model, bucket_cap_mb=0.1)
+        ddps = [DDP(model(seed), bucket_cap_mb=0.1) for seed in (0, 1)]
         if hook:
-            ddp.register_comm_hook(None, r2ccl.torch.registered_allreduce_hook)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+            for d in ddps:
+                d.register_comm_hook(None, r2ccl.torch.registered_allreduce_hook)
+        opt = torch.optim.SGD([p for d in ddps for p in d.parameters()], lr=0.05)
         torch.manual_seed(1 + RANK)
         x, y = torch.randn(16, 64), torch.randn(16, 8)
         losses = []
         for _ in range(6):
             opt.zero_grad()
-            loss = (ddp(x) - y).square().mean()
+            loss = sum((d(x) - y).square().mean() for d in ddps)
             loss.backward()
             opt.step()
             losses.append(loss.item())
-        return losses, [p.detach().clone() for p in model.parameters()]
+        return losses, [p.detach().clone() for d in ddps for p in d.module.parameters()]
 
     plain, hooked = train(False), train(True)
     if plain[0] != hooked[0]:
@@ -317,9 +322,9 @@ def case_ddp_hook():
     for a, b in zip(plain[1], hooked[1]):
         same(b, a, "parameters after training")
     used = len(r2ccl.torch.get_backend()._hook_buffers)
-    if used < 2:
-        raise AssertionError(f"the hook kept {used} registered bucket tensors; expected one per bucket, >= 2")
-    print(f"OK ddp_hook: 6 steps, losses and parameters identical, {used} registered buckets", flush=True)
+    if used < 4:
+        raise AssertionError(f"the hook kept {used} registered bucket tensors; expected one per bucket of each model")
+    print(f"OK ddp_hook: 2 models, 6 steps, losses and parameters identical, {used} registered buckets", flush=True)
 
 
 def case_cuda():
