@@ -4,7 +4,7 @@
 //! Model: every NIC has one egress queue served at its bandwidth (times a slow-down factor);
 //! a message arrives after its transmission ends plus the base latency, both NICs' added delay
 //! and a seeded jitter. A send completes when its message arrives at the peer's NIC (a remote
-//! completion); arrived messages wait in the receiving path's inbox until a receive is posted.
+//! completion), or with [`FabricConfig::local_completion`] when it is posted; arrived messages wait in the receiving path's inbox until a receive is posted.
 //! Probes use separate endpoints: they skip the egress queue.
 //!
 //! Faults, applied at scheduled times or at once:
@@ -41,6 +41,11 @@ pub struct FabricConfig {
     pub seed: u64,
     /// Per mille of cancelled sends whose message still arrives (as on a real wire).
     pub cancel_race_permille: u16,
+    /// A data send completes when it is posted (its bytes are copied out at once), as over TCP
+    /// where the kernel takes them, instead of when it arrives: a black hole or a link down
+    /// then loses bytes whose sends completed, and only the receiver's receipt says they
+    /// arrived.
+    pub local_completion: bool,
 }
 
 impl Default for FabricConfig {
@@ -54,6 +59,7 @@ impl Default for FabricConfig {
             jitter: Duration::from_micros(2),
             seed: 1,
             cancel_race_permille: 0,
+            local_completion: false,
         }
     }
 }
@@ -602,16 +608,21 @@ impl Transport for FabricPort<'_> {
         nic.busy_until = start + Duration::from_nanos(ns);
         let arrival = nic.busy_until + f.wire_delay(path.local, path.remote);
         let slot = (arrival, f.next_seq());
+        let local = f.cfg.local_completion;
         let msg = Msg {
             src: self.rank,
             dst: path.peer,
             src_nic: path.local,
             dst_nic: path.remote,
-            req: Some(req),
+            req: (!local).then_some(req),
             body: Body::Data(bytes),
         };
         f.pending.insert(slot, msg);
-        f.sends.insert(req, (self.rank, path, slot));
+        if local {
+            f.complete(self.rank, req, path, CompletionKind::Sent);
+        } else {
+            f.sends.insert(req, (self.rank, path, slot));
+        }
         Ok(req)
     }
 

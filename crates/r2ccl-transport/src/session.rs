@@ -537,6 +537,9 @@ pub struct Session {
     striper: Striper,
     events: VecDeque<SessionEvent>,
     stats: SessionStats,
+    /// Per communicator and peer, the highest collective sequence number an authentic chunk
+    /// from that peer carried ([`Session::peer_seq`]).
+    peer_seqs: BTreeMap<(CommId, Rank), u64>,
 }
 
 impl Session {
@@ -563,6 +566,7 @@ impl Session {
             recvs: BTreeMap::new(),
             retired: VecDeque::new(),
             retired_set: BTreeSet::new(),
+            peer_seqs: BTreeMap::new(),
             early: BTreeMap::new(),
             early_bytes: 0,
             early_chunks: 0,
@@ -817,6 +821,24 @@ impl Session {
             }
             _ => true,
         });
+    }
+
+    /// The highest collective sequence number of communicator `comm` that an authentic chunk
+    /// from `peer` carried (early chunks and refused ones included; replays carry their own,
+    /// older number). A peer runs one collective at a time and sends its chunks of collective `s`
+    /// only once it has finished every collective before `s`, so every transfer of an earlier
+    /// collective from this rank to `peer` has arrived whole: an implied receipt.
+    pub fn peer_seq(&self, comm: CommId, peer: Rank) -> Option<u64> {
+        self.peer_seqs.get(&(comm, peer)).copied()
+    }
+
+    /// Notes an authentic chunk of `key` that `path` carried (see [`Session::peer_seq`]).
+    pub(crate) fn note_peer_seq(&mut self, path: PathId, key: TransferKey) {
+        if key.src != path.peer || key.dst != self.rank || !self.comms.contains(&key.comm) {
+            return;
+        }
+        let seen = self.peer_seqs.entry((key.comm, key.src)).or_insert(key.seq);
+        *seen = (*seen).max(key.seq);
     }
 
     /// Whether send `key` has issued every chunk and has no send request outstanding (true for a

@@ -24,6 +24,7 @@ fn fabric() -> MemFabric {
         jitter: Duration::ZERO,
         seed: 1,
         cancel_race_permille: 0,
+        local_completion: false,
     })
 }
 

@@ -47,6 +47,7 @@ fn harness_bw(nodes: u32, nics: u16, groups: u16, seed: u64, nic_bytes_per_sec: 
         jitter: us(3),
         seed,
         cancel_race_permille: 200,
+        local_completion: false,
     };
     let cfg = HarnessConfig {
         session: SessionConfig { chunk_size: CS, window: 8, ..SessionConfig::default() },

@@ -138,6 +138,7 @@ impl Session {
             self.bad(path, ChunkProblem::UnknownCollective(key.comm));
             return None;
         }
+        self.note_peer_seq(path, key);
         if !self.args_agree(path, &h) {
             return None;
         }
@@ -173,7 +174,11 @@ impl Session {
         header: Vec<u8>,
         payload: PayloadId,
     ) {
-        let (into, dest) = match ChunkHeader::decode_split(&header, &self.mac) {
+        let decoded = ChunkHeader::decode_split(&header, &self.mac);
+        if let Ok(h) = &decoded {
+            self.note_peer_seq(path, h.transfer());
+        }
+        let (into, dest) = match decoded {
             Err(e) => {
                 // No receive is posted for the payload it announces: a forged header must not make
                 // this rank hold a buffer for a message that may never come.

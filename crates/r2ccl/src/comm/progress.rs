@@ -272,6 +272,10 @@ impl Progress {
         // Bounded: a black-holed path never settles. Leaving at once (`destroy`) waits less.
         let settle = Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.min(if linger { 2000 } else { 200 }));
         self.transport.leave(settle);
+        // Receipts held back (small transfers, engine/linger.rs) go before the goodbye.
+        let now = self.now();
+        self.engine.flush_receipts(now);
+        self.flush_engine();
         self.broadcast(&Msg::Depart { last_done: self.last_done });
         self.departed.insert(self.rank);
         for &peer in self.departed.iter().filter(|&&r| r != self.rank) {
@@ -711,6 +715,11 @@ impl Progress {
                     self.transport.forget_peer(Rank(from));
                 }
                 self.departed_after.insert(from, last_done);
+                // Its receipts of this rank's lingering sends will not come: it left.
+                let now = self.now();
+                if let Err(e) = self.engine.peer_left(now, Rank(from)) {
+                    tracing::warn!(target: subsys::COLL, rank = %self.rank, peer = from, error = %e, "releasing sends to a rank that left");
+                }
             }
             Msg::Mismatch { seq, detail } => {
                 let e = CommError::Mismatch { seq, detail };

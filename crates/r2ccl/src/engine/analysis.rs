@@ -71,17 +71,24 @@ pub(super) fn overwritten_sends(sched: &RankSchedule) -> Vec<Vec<u32>> {
     out
 }
 
-/// Per step: a send whose bytes a receive from the same peer overwrites. Those go out of a
+/// Per step: a send whose bytes a receive from the same peer overwrites, or a small send
+/// ([`super::linger::LINGER_MAX_BYTES`]) whose bytes any later step overwrites. Those go out of a
 /// private copy from the start: in an exchange (recursive doubling, a tree's way down) each
-/// side's receive would otherwise wait for the other side's receipt, which waits for it.
+/// side's receive would otherwise wait for the other side's receipt, which waits for it; and a
+/// small transfer's receiver holds its receipt back (`linger.rs`), which no write may wait for.
 pub(super) fn sends_copied_at_once(sched: &RankSchedule, blockers: &[Vec<u32>]) -> Vec<bool> {
     let steps = sched.steps();
     let mut eager = vec![false; steps.len()];
     for (w, bs) in blockers.iter().enumerate() {
-        let StepKind::Recv { peer: from, .. } = steps[w].kind else { continue };
+        let from = match steps[w].kind {
+            StepKind::Recv { peer, .. } => Some(peer),
+            _ => None,
+        };
         for &j in bs {
-            if matches!(steps[j as usize].kind, StepKind::Send { peer, .. } if peer == from) {
-                eager[j as usize] = true;
+            if let StepKind::Send { peer, src, .. } = steps[j as usize].kind {
+                if Some(peer) == from || super::Engine::small(src.len) {
+                    eager[j as usize] = true;
+                }
             }
         }
     }

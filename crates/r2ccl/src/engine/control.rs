@@ -134,6 +134,9 @@ impl Engine {
         }
         let session = &self.session;
         self.migrations.handle_timeout(now, |req| session.choose_path(req.lane))?;
+        // Between collectives too: a peer's early chunk implies receipts for lingering sends.
+        self.release_implied(now)?;
+        self.send_owed_receipts(now, false);
         if let Some(x) = &mut self.exec {
             let deferred = std::mem::take(&mut x.deferred);
             x.ready.extend(deferred);
@@ -435,7 +438,10 @@ impl Engine {
             .flat_map(|x| x.deferred_since.values().copied())
             .min()
             .map(|since| since + self.cfg.no_path_timeout + Duration::from_millis(1));
-        [stall, probe, evidence, retry, give_up, hard, self.detector.poll_timeout()].into_iter().flatten().min()
+        [stall, probe, evidence, retry, give_up, hard, self.detector.poll_timeout(), self.receipt_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The session stopped `req.lane` at `stopped_at`: the migration machine takes it, with the
@@ -525,7 +531,7 @@ impl Engine {
         while let Some(ev) = self.session.poll_event() {
             match ev {
                 SessionEvent::SendComplete(_) => {}
-                SessionEvent::RecvComplete(key) => self.on_recv_complete(key),
+                SessionEvent::RecvComplete(key) => self.on_recv_complete(now, key),
                 SessionEvent::PathFailed { path, fault } => {
                     self.detect_failure(now, path, fault);
                     self.events.push_back(EngineEvent::PathFailed { path, fault, at: now });
@@ -564,7 +570,11 @@ impl Engine {
                 }
                 SessionEvent::MigrationNeeded(req) => {
                     // Only a send still waiting for its receipt: an acknowledged one needs no path.
-                    if self.exec.as_ref().is_some_and(|x| x.unacked.contains(&req.lane.transfer)) {
+                    let key = req.lane.transfer;
+                    if self.is_lingering(&key) {
+                        self.linger.migrated += 1;
+                        self.begin_migration(now, req, now)?;
+                    } else if self.exec.as_ref().is_some_and(|x| x.unacked.contains(&key)) {
                         self.begin_migration(now, req, now)?;
                     }
                 }
@@ -672,12 +682,16 @@ impl Engine {
     }
 
     /// Every chunk of `key` landed (reducing receives reduced each chunk as it came).
-    pub(super) fn on_recv_complete(&mut self, key: TransferKey) {
+    pub(super) fn on_recv_complete(&mut self, now: Duration, key: TransferKey) {
         let Some(x) = &self.exec else { return };
         let Some(&i) = x.by_recv.get(&key) else { return };
+        let len = match x.sched.steps()[i].kind {
+            StepKind::Recv { dst, .. } => dst.len,
+            _ => u64::MAX,
+        };
         self.session.release_recv(key);
         self.migrate_rx.release(key);
-        self.send_ctrl(key.src, Ctrl::RecvDone { key });
+        self.owe_receipt(now, key, len);
         self.complete_step(i);
     }
 
@@ -797,7 +811,7 @@ impl Engine {
                 }
             }
             Ctrl::Nack { key, index } => {
-                let pending = self.exec.as_ref().is_some_and(|x| x.unacked.contains(&key));
+                let pending = self.exec.as_ref().is_some_and(|x| x.unacked.contains(&key)) || self.is_lingering(&key);
                 if key.src == self.rank && pending {
                     let lane = self.session.lanes(key).into_iter().find(|l| l.start <= index && index < l.end);
                     if let Some(l) = lane.filter(|l| !l.quiesced) {
@@ -812,11 +826,7 @@ impl Engine {
                 if key.src != self.rank {
                     return Ok(());
                 }
-                self.session.release_send(key);
-                // Its lanes need no path any more: a stale no-path entry would fail a later
-                // collective when its timeout ran out (choose_path finds nothing for a released send).
-                self.migrations.handle_released(now, key)?;
-                let known = self.exec.as_mut().is_some_and(|x| x.unacked.remove(&key));
+                let known = self.on_receipt(now, key)?;
                 let current = self.exec.as_ref().map_or(self.finished.unwrap_or(0), |x| x.seq);
                 if !known && key.seq >= current {
                     // Kept for a send not started yet: of a collective at most RECEIPTS_AHEAD

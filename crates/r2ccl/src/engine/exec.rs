@@ -48,6 +48,7 @@ impl Engine {
             detect_reqs: BTreeMap::new(),
             blamed: BTreeSet::new(),
             verdicts: BTreeMap::new(),
+            linger: Linger::default(),
         })
     }
 
@@ -457,6 +458,8 @@ impl Engine {
         }
         self.migrations.clear();
         self.migrate_rx.clear();
+        self.drop_lingering();
+        self.send_owed_receipts(now, true);
     }
 
     pub(super) fn complete_step(&mut self, i: usize) {
@@ -595,6 +598,9 @@ impl Engine {
                             } else {
                                 x.unacked.insert(key);
                             }
+                            if src.len > 0 {
+                                self.linger.imply(key);
+                            }
                         }
                         Err(SessionError::NoPath(_) | SessionError::NoUsableNic(_)) => {
                             // Paths may be down only for now (a stall); a node whose NICs are all
@@ -641,6 +647,8 @@ impl Engine {
             }
         }
         self.process_session_events(now, t)?;
+        self.release_implied(now)?;
+        self.linger_sends(t)?;
         let finished = self.exec.as_ref().is_some_and(|x| x.done == x.state.len() && x.unacked.is_empty());
         if finished {
             if let Some(x) = self.exec.take() {

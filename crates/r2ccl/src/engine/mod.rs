@@ -13,8 +13,9 @@
 //! replays from that boundary. That exchange is `r2ccl_transport::migrate` (a declared
 //! transition table per lane, epochs, resends, the no-path deadline); the engine carries its
 //! messages as [`Ctrl`] frames and applies its decisions to the session. Sends from buffers that later steps overwrite go out of a
-//! private copy, and a collective finishes only when every receiver confirmed its bytes, so a
-//! replay always finds the bytes first sent.
+//! private copy, and a collective finishes only when every receiver confirmed its bytes or (a
+//! small send, `linger.rs`) its bytes wait in the linger pool for the receipt, so a replay
+//! always finds the bytes first sent.
 //!
 //! Health (MECHANISMS.md sections 2.1 and 2.3): an [`r2ccl_detect::Detector`] watches every
 //! same-rail path to each peer this rank exchanges data with. The engine feeds it what it sees
@@ -334,6 +335,8 @@ pub struct Engine {
     blamed: BTreeSet<NicId>,
     /// The last verdict per failed path (the failover metric's label).
     verdicts: BTreeMap<PathId, Verdict>,
+    /// Small sends lingering past their collective, and receipts held back (`linger.rs`).
+    linger: Linger,
 }
 
 /// What a transport probe posted for the detector answers.
@@ -446,5 +449,7 @@ fn is_blocked(x: &Exec, i: usize) -> bool {
 mod analysis;
 mod control;
 mod exec;
+mod linger;
 
 use analysis::*;
+use linger::Linger;

@@ -28,16 +28,25 @@ struct Cluster {
     ctrl_delay: Duration,
     /// Control messages on their way: (delivery time, from, to, bytes).
     ctrl_in_flight: Vec<(Duration, Rank, Rank, Vec<u8>)>,
+    /// Explicit receipts (`Ctrl::RecvDone`) delivered so far.
+    receipts: usize,
 }
 
 impl Cluster {
     fn new(nodes: u32, rpn: u32, nics: u16, seed: u64) -> Self {
+        Self::new_with(nodes, rpn, nics, seed, false)
+    }
+
+    /// As [`Cluster::new`]; with `local_completion` a send completes when posted, as over TCP
+    /// (a black hole then loses bytes whose sends completed).
+    fn new_with(nodes: u32, rpn: u32, nics: u16, seed: u64, local_completion: bool) -> Self {
         let fabric = MemFabric::new(FabricConfig {
             nodes,
             ranks_per_node: rpn,
             nics_per_node: nics,
             nic_bytes_per_sec: 1_000_000_000,
             seed,
+            local_completion,
             ..FabricConfig::default()
         });
         let world = nodes * rpn;
@@ -60,6 +69,7 @@ impl Cluster {
             events: Vec::new(),
             ctrl_delay: Duration::ZERO,
             ctrl_in_flight: Vec::new(),
+            receipts: 0,
         }
     }
 
@@ -80,6 +90,7 @@ impl Cluster {
             };
             for (_, from, to, bytes) in due {
                 any = true;
+                self.receipts += usize::from(is_receipt(&bytes));
                 let mut port = self.fabric.port(to).unwrap();
                 self.engines[to.index()].handle_ctrl(now, &mut port, from, &bytes).unwrap();
             }
@@ -90,6 +101,7 @@ impl Cluster {
                         continue;
                     }
                     any = true;
+                    self.receipts += usize::from(is_receipt(&bytes));
                     let mut port = self.fabric.port(to).unwrap();
                     self.engines[to.index()].handle_ctrl(now, &mut port, Rank(r as u32), &bytes).unwrap();
                 }
@@ -165,6 +177,14 @@ impl Cluster {
                 }
             }
         }
+        // Small sends may linger past the collective, migrating if they must, until their
+        // receipts come (held back by the receivers, at most RECEIPT_DELAY when no later chunk
+        // implies them).
+        assert!(
+            self.run_until(Duration::from_secs(2), |c| c.engines.iter().all(|e| e.lingering() == 0)),
+            "collective {seq}: sends still lingering: {:?}",
+            self.engines.iter().map(Engine::lingering).collect::<Vec<_>>()
+        );
         // Every send is acknowledged: no lane may still look for a path (a stale one would fail a
         // later collective when its no-path timeout ran out).
         self.step();
@@ -225,9 +245,56 @@ impl Cluster {
         done(self)
     }
 
+    /// Run float32 AllReduces `1..=n` of `count` elements (recursive doubling) back to back, as
+    /// callers in a loop do:
+    /// each rank starts the next collective as soon as it finished the last (its small sends may
+    /// still linger). Whether each rank's output of each was exact.
+    fn run_back_to_back(&mut self, n: u64, count: usize) -> Vec<bool> {
+        let world = self.engines.len();
+        let layout = Layout::uniform(self.nodes, self.rpn, self.nics).unwrap();
+        let af = AlgoFabric::new(layout, HealthView::uniform(self.nodes, self.nics, 100_000)).unwrap();
+        let req = ScheduleRequest::new(Collective::AllReduce { op: ReduceOp::Sum }, DType::F32, count as u64)
+            .with_algorithm(r2ccl_algo::Algorithm::Tree);
+        let inputs: Vec<Vec<Vec<u8>>> = (1..=n).map(|seq| inputs_f32(world, count, seq as u32)).collect();
+        let start = |c: &mut Self, r: usize, seq: u64| {
+            let sched = build_rank_schedule(&af, &req, Rank(r as u32)).unwrap();
+            let out = vec![0u8; sched.output_len as usize];
+            let mut port = c.fabric.port(Rank(r as u32)).unwrap();
+            c.engines[r].start(c.now, &mut port, seq, sched, &inputs[seq as usize - 1][r], &out).unwrap();
+        };
+        let mut at = vec![1u64; world];
+        for r in 0..world {
+            start(self, r, 1);
+        }
+        let mut exact = Vec::new();
+        let deadline = self.now + Duration::from_secs(10);
+        while at.iter().any(|&s| s <= n) {
+            assert!(self.now < deadline, "collectives did not finish: at {at:?}");
+            self.step();
+            for r in 0..world {
+                if at[r] <= n && self.engines[r].take_finished() == Some(at[r]) {
+                    let port = self.fabric.port(Rank(r as u32)).unwrap();
+                    let out = self.engines[r].output(&port, count * 4).unwrap();
+                    exact.push(out == allreduce_expected(&inputs[at[r] as usize - 1]));
+                    at[r] += 1;
+                    if at[r] <= n {
+                        start(self, r, at[r]);
+                    }
+                }
+            }
+        }
+        exact
+    }
+
     fn migrations(&self) -> usize {
         self.events.iter().filter(|(_, e)| matches!(e, EngineEvent::Migrated { .. })).count()
     }
+}
+
+/// Whether a control frame is an explicit receipt.
+fn is_receipt(bytes: &[u8]) -> bool {
+    matches!(bytes.split_first(), Some((&crate::engine::FRAME_CTRL, body))
+        if matches!(crate::ctrl::Ctrl::decode(body), Ok(crate::ctrl::Ctrl::RecvDone { .. })))
 }
 
 /// Small integers as f32 so every association order gives the same sum.
@@ -276,6 +343,66 @@ fn a_ring_allreduce_sends_without_private_copies_when_receipts_are_prompt() {
     assert!(out.iter().all(|o| o == &allreduce_expected(&inputs)));
     // The all-gather overwrites what the reduce-scatter sent, but only after its receipt came.
     assert_eq!(c.engines.iter().map(Engine::moved_sends).sum::<u64>(), 0);
+}
+
+/// Small collectives back to back: each finishes without waiting for its receipts (its sends
+/// linger in the pool), the next collective's chunks imply them, and only the last collective's
+/// receipts are sent, after the receivers held them back. A NIC that goes down in the middle
+/// migrates lingering sends like any other; every result is exact either way.
+#[test]
+fn small_collectives_back_to_back_linger_and_send_almost_no_receipts() {
+    for fail in [false, true] {
+        let mut c = Cluster::new(4, 1, 2, 21);
+        if fail {
+            c.fabric.schedule(Duration::from_micros(300), FaultAction::NicDown(NicId::new(1, 0)));
+        }
+        let n = 40;
+        let exact = c.run_back_to_back(n, 64);
+        assert_eq!(exact.len(), 4 * n as usize);
+        assert!(exact.iter().all(|&e| e), "fail {fail}: every result exact: {exact:?}");
+        let (lingered, implied, _) = linger_totals(&c);
+        // Recursive doubling on 4 ranks: 2 sends per rank and collective.
+        let sends = 4 * 2 * n;
+        let explicit = c.receipts;
+        assert!(lingered > sends / 2, "fail {fail}: {lingered} of {sends} sends lingered");
+        assert!(c.run_until(Duration::from_secs(2), |c| c.engines.iter().all(|e| e.lingering() == 0)));
+        let explicit_after = c.receipts;
+        let figures = format!(
+            "fail {fail}: sends {sends}, lingered {lingered}, implied {implied}, explicit receipts {explicit} during and {explicit_after} in all, migrations {}",
+            c.migrations()
+        );
+        if fail {
+            assert!(c.migrations() > 0, "the NIC failure caused migrations: {figures}");
+        } else {
+            // Only the last collective's receipts go out, after the receivers held them back.
+            assert_eq!(implied, sends - 8, "every receipt but the last collective's was implied: {figures}");
+            assert_eq!(explicit_after, 8, "explicit receipts: the last collective's only: {figures}");
+        }
+        assert!(c.engines.iter().all(|e| e.pending_lanes() == 0), "no lane left looking for a path");
+    }
+}
+
+/// Every engine's linger counters, summed.
+fn linger_totals(c: &Cluster) -> (u64, u64, u64) {
+    c.engines.iter().map(Engine::linger_counts).fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
+}
+
+/// A black hole that swallows the chunks of sends whose collective already finished at the
+/// sender (lingering, unconfirmed; sends complete when posted, as over TCP): they are replayed
+/// from the linger pool on the other rail and every result stays exact. The fault time sweeps
+/// across the run, so some lands in that window.
+#[test]
+fn lingering_sends_lost_to_a_black_hole_are_replayed_from_the_pool() {
+    let mut lingering_migrated = 0;
+    for at_us in (20..400).step_by(20) {
+        let mut c = Cluster::new_with(4, 1, 2, 5 + at_us, true);
+        c.fabric.schedule(Duration::from_micros(at_us), FaultAction::BlackHole(NicId::new(2, 0), true));
+        let exact = c.run_back_to_back(12, 16);
+        assert!(exact.iter().all(|&e| e), "black hole at {at_us} us: every result exact: {exact:?}");
+        assert!(c.run_until(Duration::from_secs(2), |c| c.engines.iter().all(|e| e.lingering() == 0)));
+        lingering_migrated += linger_totals(&c).2;
+    }
+    assert!(lingering_migrated > 0, "no lingering send had to migrate: the sweep missed the window");
 }
 
 #[test]
@@ -567,7 +694,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(36))]
     /// Every collective, with a NIC failure at a random time, matches the reference executor,
     /// with an instant control plane or one whose receipts come late (sends then move to their
-    /// private copies while a replay may still need their bytes), on the caller's buffers or on
+    /// private copies while a replay may still need their bytes), sends completing on arrival or
+    /// when posted (`tcp`: only receipts say the bytes arrived), on the caller's buffers or on
     /// registered regions read and written where they are (`buffers` 1: out of place, 2: in place).
     #[test]
     fn collectives_under_a_random_failure_match_the_reference(
@@ -579,8 +707,9 @@ proptest! {
         seed in 0u64..1000,
         slow_ctrl in any::<bool>(),
         buffers in 0u8..3,
+        tcp in any::<bool>(),
     ) {
-        let mut c = Cluster::new(4, 1, 2, seed);
+        let mut c = Cluster::new_with(4, 1, 2, seed, tcp);
         if slow_ctrl {
             c.ctrl_delay = crate::engine::PRIVATE_COPY_AFTER * 4;
         }
