@@ -919,6 +919,11 @@ impl Session {
         Err(SessionError::UnknownTransfer(key))
     }
 
+    /// Whether receive `key` is expected and not yet released ([`Session::release_recv`]).
+    pub fn receiving(&self, key: TransferKey) -> bool {
+        self.recvs.contains_key(&key)
+    }
+
     /// Whether this session holds chunk `index` of receive `key`.
     pub fn holds_chunk(&self, key: TransferKey, index: u32) -> bool {
         self.recvs.get(&key).is_some_and(|rt| rt.have.contains(index))

@@ -168,8 +168,17 @@ impl Progress {
             }
             let now = self.now();
             if let Err(e) = self.engine.drive(now, &mut self.transport) {
-                let seq = current.as_ref().map_or(0, |c| c.seq);
-                self.fail(&mut current, CommError::from_engine(seq, &e));
+                match current.as_ref().map(|c| c.seq) {
+                    Some(seq) => self.fail(&mut current, CommError::from_engine(seq, &e)),
+                    // Between collectives (a lingering send that found no path, engine/linger.rs):
+                    // a peer still in the last one waits for those bytes, so everyone is told.
+                    None if self.broken.is_none() => {
+                        let e = CommError::from_engine(self.last_done, &e);
+                        self.broadcast(&Msg::Abort { reason: format!("rank {}: {e}", self.rank) });
+                        self.set_broken(CommError::Aborted(format!("rank {}: {e}", self.rank)));
+                    }
+                    None => {}
+                }
             }
             self.flush_engine();
             self.count_strangers();
@@ -271,11 +280,22 @@ impl Progress {
         // destroys its listeners (see `UcxTransport::leave`).
         // Bounded: a black-holed path never settles. Leaving at once (`destroy`) waits less.
         let settle = Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms.min(if linger { 2000 } else { 200 }));
-        self.transport.leave(settle);
-        // Receipts held back (small transfers, engine/linger.rs) go before the goodbye.
+        // Receipts held back (small transfers, engine/linger.rs) go first; then, leaving
+        // gracefully, this rank's own small sends that ended their collective unconfirmed get
+        // their receipts (or are replayed) while every path still works, within `settle`.
         let now = self.now();
         self.engine.flush_receipts(now);
         self.flush_engine();
+        let until = Instant::now() + settle;
+        while linger && self.broken.is_none() && self.engine.lingering() > 0 && Instant::now() < until {
+            while let Some(ev) = self.mesh.recv_deadline(Instant::now() + Duration::from_millis(1)) {
+                self.on_oob(ev, current);
+            }
+            let now = self.now();
+            let _ = self.engine.drive(now, &mut self.transport);
+            self.flush_engine();
+        }
+        self.transport.leave(settle);
         self.broadcast(&Msg::Depart { last_done: self.last_done });
         self.departed.insert(self.rank);
         for &peer in self.departed.iter().filter(|&&r| r != self.rank) {
@@ -717,7 +737,7 @@ impl Progress {
                 self.departed_after.insert(from, last_done);
                 // Its receipts of this rank's lingering sends will not come: it left.
                 let now = self.now();
-                if let Err(e) = self.engine.peer_left(now, Rank(from)) {
+                if let Err(e) = self.engine.peer_left(now, Rank(from), last_done) {
                     tracing::warn!(target: subsys::COLL, rank = %self.rank, peer = from, error = %e, "releasing sends to a rank that left");
                 }
             }

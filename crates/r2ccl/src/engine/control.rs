@@ -787,6 +787,12 @@ impl Engine {
                             tracing::warn!(target: subsys::NET, rank = %self.rank, %key, %e, "peer migration refused");
                         }
                         self.send_ctrl(from, Ctrl::MigrateAck(ack));
+                        // A receive already whole (the sender's lane lingered past its
+                        // collective, linger.rs) keeps no epoch here: a repeat is applied again,
+                        // harmlessly (nothing is missing), and nothing accumulates.
+                        if held.is_some_and(|h| h >= req.end) && !self.session.receiving(key) {
+                            self.migrate_rx.release(key);
+                        }
                     }
                     ReqOutcome::AckOnly(ack) => self.send_ctrl(from, Ctrl::MigrateAck(ack)),
                     ReqOutcome::Stale => {}
@@ -827,8 +833,14 @@ impl Engine {
                     return Ok(());
                 }
                 let known = self.on_receipt(now, key)?;
-                let current = self.exec.as_ref().map_or(self.finished.unwrap_or(0), |x| x.seq);
-                if !known && key.seq >= current {
+                // Not a send this rank waits for: one not started yet (kept), or one an implied
+                // receipt released already, whose explicit receipt came late (dropped).
+                let (current, ahead) = match (&self.exec, self.begun) {
+                    (Some(x), _) => (x.seq, key.seq >= x.seq),
+                    (None, Some(b)) => (b, key.seq > b),
+                    (None, None) => (0, true),
+                };
+                if !known && ahead {
                     // Kept for a send not started yet: of a collective at most RECEIPTS_AHEAD
                     // ahead, and at most MAX_EARLY_RECEIPTS in all (a peer cannot grow them).
                     if key.seq > current.saturating_add(RECEIPTS_AHEAD)

@@ -26,6 +26,7 @@ impl Engine {
             work: None,
             exec: None,
             finished: None,
+            begun: None,
             outbox: VecDeque::new(),
             events: VecDeque::new(),
             migrations: Migrations::new(migrate),
@@ -364,6 +365,8 @@ impl Engine {
         }
         let ready: VecDeque<usize> = (0..n).filter(|&i| remaining[i] == 0 && !is_direct(i)).collect();
         self.early_receipts.retain(|k| k.seq >= seq);
+        self.begun = Some(seq);
+        self.linger.begin();
         self.exec = Some(Exec {
             seq,
             sched,

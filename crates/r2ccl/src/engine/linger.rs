@@ -20,6 +20,11 @@
 //!   then not sent at all. Back-to-back small collectives between the same peers send none.
 //! - Small sends that a later step overwrites go out of their private copy from the start
 //!   (`sends_copied_at_once`), so no write inside a collective waits for a held-back receipt.
+//! - A rank whose call was refused before it started (invalid arguments: every rank refuses the
+//!   same call, and the communicator goes on) uses its sequence number up without receiving
+//!   anything; its later chunks then confirm sends to it of that collective. Only a peer that
+//!   called it differently sends any, and that peer's call completes while this rank's caller
+//!   has the error, as an `ncclSend` completes once its buffer may be reused.
 
 use super::*;
 
@@ -32,6 +37,9 @@ pub const RECEIPT_DELAY: Duration = Duration::from_millis(10);
 /// The linger pool's size (registered on first use; a send that finds no room waits for its
 /// receipt, as a large one does).
 const POOL_BYTES: u64 = 1 << 20;
+/// A receiver holds receipts back only in collectives where it sends to at most this many peers
+/// (their small sends fit the sender's pool several collectives over).
+const HOLD_BACK_MAX_PEERS: usize = 16;
 /// Alignment of the pool's slots.
 const SLOT_ALIGN: u64 = 64;
 
@@ -40,10 +48,15 @@ const SLOT_ALIGN: u64 = 64;
 pub(super) struct Linger {
     /// The pool lingering sends replay from, once registered.
     pool: Option<MemHandle>,
+    /// The backend refused the pool: nothing lingers.
+    no_pool: bool,
     /// Lingering sends: their slot in the pool (offset, length).
     sends: BTreeMap<TransferKey, (u64, u64)>,
     /// Receipts held back, with the time each is sent by.
     owed: BTreeMap<TransferKey, Duration>,
+    /// Receipts the running collective's sends implied (not sent): sent after all if it is
+    /// abandoned, since its chunks may never have left.
+    implied_now: Vec<TransferKey>,
     /// Sends that ended their collective unconfirmed (since start).
     lingered: u64,
     /// Receipts never sent because a later chunk implied them (since start).
@@ -56,9 +69,21 @@ impl Linger {
     /// This rank starts a non-empty send of `key`: the peer learns from its chunks that every
     /// transfer from it of an earlier collective arrived here, so those receipts are not sent.
     pub(super) fn imply(&mut self, key: TransferKey) {
-        let before = self.owed.len();
-        self.owed.retain(|k, _| !(k.src == key.dst && k.seq < key.seq));
-        self.implied += (before - self.owed.len()) as u64;
+        let implied_now = &mut self.implied_now;
+        self.owed.retain(|k, _| {
+            let implied = k.src == key.dst && k.seq < key.seq;
+            if implied {
+                implied_now.push(*k);
+            }
+            !implied
+        });
+    }
+
+    /// A collective begins: the one before finished, every chunk of it posted, so the receipts
+    /// its sends implied stand.
+    pub(super) fn begin(&mut self) {
+        self.implied += self.implied_now.len() as u64;
+        self.implied_now.clear();
     }
 
     /// A free slot of `len` bytes (first fit), or `None` when the pool is full.
@@ -137,11 +162,19 @@ impl Engine {
         }
         let pool = match self.linger.pool {
             Some(h) => h,
-            None => {
-                let h = t.register(POOL_BYTES as usize)?;
-                self.linger.pool = Some(h);
-                h
-            }
+            None if self.linger.no_pool => return Ok(()),
+            None => match t.register(POOL_BYTES as usize) {
+                Ok(h) => {
+                    self.linger.pool = Some(h);
+                    h
+                }
+                Err(e) => {
+                    // Not fatal: collectives wait for their receipts, as large ones do.
+                    tracing::warn!(target: subsys::COLL, rank = %self.rank, error = %e, "no linger pool: small collectives wait for their receipts");
+                    self.linger.no_pool = true;
+                    return Ok(());
+                }
+            },
         };
         for (key, region, at, src) in moves {
             let Some(off) = self.linger.alloc(src.len) else { break };
@@ -160,8 +193,13 @@ impl Engine {
     /// peer this rank also sends to in this collective, as in recursive doubling, so likely in
     /// the next one too) by [`RECEIPT_DELAY`] unless a send of this rank's implies it first.
     pub(super) fn owe_receipt(&mut self, now: Duration, key: TransferKey, len: u64) {
-        let exchange = self.exec.as_ref().is_some_and(|x| x.by_send.keys().any(|k| k.dst == key.src));
-        if Self::small(len) && exchange {
+        let exchange = self.exec.as_ref().is_some_and(|x| {
+            // Few peers (recursive doubling has log2 W): a sender with many small sends (an
+            // AlltoAll) may not fit them all in its pool, and would wait for what is held back.
+            let peers: BTreeSet<Rank> = x.by_send.keys().map(|k| k.dst).collect();
+            peers.len() <= HOLD_BACK_MAX_PEERS && peers.contains(&key.src)
+        });
+        if Self::small(len) && len > 0 && exchange {
             self.linger.owed.insert(key, now + RECEIPT_DELAY);
         } else {
             self.send_ctrl(key.src, Ctrl::RecvDone { key });
@@ -188,10 +226,15 @@ impl Engine {
         self.send_owed_receipts(now, true);
     }
 
-    /// `peer` left the communicator: it receives nothing more, so the sends lingering for its
-    /// receipt are released, and the receipts held back for it are dropped.
-    pub fn peer_left(&mut self, now: Duration, peer: Rank) -> Result<(), EngineError> {
-        let gone: Vec<TransferKey> = self.linger.sends.keys().copied().filter(|k| k.dst == peer).collect();
+    /// `peer` left the communicator after finishing collective `last_done`: it receives nothing
+    /// more, so the sends lingering for its receipt are released (and the running collective's
+    /// sends to it up to `last_done`, which it received), and the receipts held back for it are
+    /// dropped.
+    pub fn peer_left(&mut self, now: Duration, peer: Rank, last_done: u64) -> Result<(), EngineError> {
+        let mut gone: Vec<TransferKey> = self.linger.sends.keys().copied().filter(|k| k.dst == peer).collect();
+        if let Some(x) = &self.exec {
+            gone.extend(x.unacked.iter().copied().filter(|k| k.dst == peer && k.seq <= last_done));
+        }
         for key in gone {
             self.on_receipt(now, key)?;
         }
@@ -209,23 +252,26 @@ impl Engine {
         self.linger.sends.contains_key(key)
     }
 
-    /// Gives up every lingering send (a collective was abandoned: the communicator is broken, and
-    /// the lanes' migrations are cleared with it).
+    /// A collective was abandoned (the communicator is broken, and the lanes' migrations are
+    /// cleared with it): every lingering send is given up, and the receipts its sends were to
+    /// imply are sent after all (its chunks may never have left).
     pub(super) fn drop_lingering(&mut self) {
         for key in std::mem::take(&mut self.linger.sends).into_keys() {
             self.session.release_send(key);
+        }
+        for key in std::mem::take(&mut self.linger.implied_now) {
+            self.send_ctrl(key.src, Ctrl::RecvDone { key });
         }
     }
 
     /// (sends that ended their collective unconfirmed, receipts a later chunk implied, lanes of
     /// lingering sends that migrated), since start.
     #[cfg(test)]
-    pub const fn linger_counts(&self) -> (u64, u64, u64) {
-        (self.linger.lingered, self.linger.implied, self.linger.migrated)
+    pub fn linger_counts(&self) -> (u64, u64, u64) {
+        (self.linger.lingered, self.linger.implied + self.linger.implied_now.len() as u64, self.linger.migrated)
     }
 
     /// Sends lingering past their collective, unconfirmed.
-    #[cfg(test)]
     pub fn lingering(&self) -> usize {
         self.linger.sends.len()
     }

@@ -294,6 +294,8 @@ pub struct Engine {
     work: Option<(MemHandle, usize)>,
     exec: Option<Exec>,
     finished: Option<u64>,
+    /// The collective begun last.
+    begun: Option<u64>,
     outbox: VecDeque<(Rank, Vec<u8>)>,
     events: VecDeque<EngineEvent>,
     /// The lane migration protocol, sender side: one machine per stopped lane.
@@ -453,3 +455,5 @@ mod linger;
 
 use analysis::*;
 use linger::Linger;
+#[cfg(test)]
+pub(crate) use linger::RECEIPT_DELAY;

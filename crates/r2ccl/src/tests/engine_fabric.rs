@@ -379,6 +379,8 @@ fn small_collectives_back_to_back_linger_and_send_almost_no_receipts() {
             assert_eq!(explicit_after, 8, "explicit receipts: the last collective's only: {figures}");
         }
         assert!(c.engines.iter().all(|e| e.pending_lanes() == 0), "no lane left looking for a path");
+        let refused: Vec<_> = c.events.iter().filter(|(_, e)| matches!(e, EngineEvent::BadInput { .. })).collect();
+        assert!(refused.is_empty(), "late or implied receipts are not refused input: {refused:?}");
     }
 }
 
@@ -403,6 +405,56 @@ fn lingering_sends_lost_to_a_black_hole_are_replayed_from_the_pool() {
         lingering_migrated += linger_totals(&c).2;
     }
     assert!(lingering_migrated > 0, "no lingering send had to migrate: the sweep missed the window");
+}
+
+/// An AlltoAll of small blocks among 20 ranks: each sends to 19 peers, more than a receiver
+/// holds receipts back for (a sender's pool might not hold that many small sends), so receipts
+/// go at once and no collective waits out the hold-back delay; results exact.
+#[test]
+fn small_alltoall_among_many_peers_does_not_wait_for_held_back_receipts() {
+    let world = 20u32;
+    let mut c = Cluster::new(world, 1, 1, 9);
+    let layout = Layout::uniform(world as usize, 1, 1).unwrap();
+    let af = AlgoFabric::new(layout, HealthView::uniform(world as usize, 1, 100_000)).unwrap();
+    let req = ScheduleRequest::new(Collective::AlltoAll, DType::I32, 16 * u64::from(world));
+    for seq in 1..=3u64 {
+        let scheds: Vec<_> = (0..world).map(|r| build_rank_schedule(&af, &req, Rank(r)).unwrap()).collect();
+        let inputs: Vec<Vec<u8>> = scheds
+            .iter()
+            .enumerate()
+            .map(|(r, s)| {
+                (0..s.input_len / 4).flat_map(|i| (i as i32 * 7 + r as i32 * 1000 + seq as i32).to_le_bytes()).collect()
+            })
+            .collect();
+        let want = r2ccl_algo::execute(&scheds, &inputs, r2ccl_algo::ExecOrder::Program).unwrap();
+        let start = c.now;
+        let mut finished_at = vec![None; world as usize];
+        for r in 0..world as usize {
+            let out = vec![0u8; scheds[r].output_len as usize];
+            let mut port = c.fabric.port(Rank(r as u32)).unwrap();
+            c.engines[r].start(c.now, &mut port, seq, scheds[r].clone(), &inputs[r], &out).unwrap();
+        }
+        while finished_at.iter().any(Option::is_none) {
+            assert!(c.now < start + Duration::from_secs(5), "collective {seq} did not finish");
+            c.step();
+            for r in 0..world as usize {
+                if finished_at[r].is_none() && c.engines[r].take_finished() == Some(seq) {
+                    finished_at[r] = Some(c.now);
+                    let port = c.fabric.port(Rank(r as u32)).unwrap();
+                    let got = c.engines[r].output(&port, scheds[r].output_len as usize).unwrap();
+                    assert_eq!(got, want[r], "rank {r}, collective {seq}");
+                }
+            }
+        }
+        let took = finished_at.iter().flatten().max().unwrap().saturating_sub(start);
+        assert!(
+            took < crate::engine::RECEIPT_DELAY,
+            "collective {seq} took {took:?}: it waited for held-back receipts"
+        );
+        // Every transfer's receipt went at once (none held back).
+        let transfers = (seq * u64::from(world) * u64::from(world - 1)) as usize;
+        assert_eq!(c.receipts, transfers, "collective {seq}: explicit receipts, one per transfer");
+    }
 }
 
 #[test]
