@@ -13,11 +13,12 @@
 //!   collective before `s` (one at a time, each ending when every receive is whole). So an
 //!   authentic chunk of `s` from a peer ([`Session::peer_seq`]) confirms every transfer of an
 //!   earlier collective from this rank to it.
-//! - A receiver holds the receipt of a small transfer back for [`RECEIPT_DELAY`] when it also
-//!   sends to that peer in the same collective (an exchange, as in recursive doubling; a ring's
-//!   receipts go at once): a non-empty send of a later collective to the same peer implies it
-//!   (that chunk reaches the peer, or is replayed until it does), and the explicit receipt is
-//!   then not sent at all. Back-to-back small collectives between the same peers send none.
+//! - A receiver holds the receipt of a small, non-empty transfer back for [`RECEIPT_DELAY`] when
+//!   it also sends to that peer in the same collective, to at most 16 peers in all (an exchange,
+//!   as in recursive doubling; a ring's receipts, and an AlltoAll's among many ranks, go at
+//!   once): a non-empty send of a later collective to the same peer implies it (that chunk
+//!   reaches the peer, or is replayed until it does), and the explicit receipt is then not sent
+//!   at all. Back-to-back small collectives between the same peers send none.
 //! - Small sends that a later step overwrites go out of their private copy from the start
 //!   (`sends_copied_at_once`), so no write inside a collective waits for a held-back receipt.
 //! - A rank whose call was refused before it started (invalid arguments: every rank refuses the
