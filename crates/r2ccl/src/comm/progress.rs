@@ -170,12 +170,23 @@ impl Progress {
             if let Err(e) = self.engine.drive(now, &mut self.transport) {
                 match current.as_ref().map(|c| c.seq) {
                     Some(seq) => self.fail(&mut current, CommError::from_engine(seq, &e)),
-                    // Between collectives (a lingering send that found no path, engine/linger.rs):
-                    // a peer still in the last one waits for those bytes, so everyone is told.
+                    // Between collectives, a send lingering past its collective (engine/linger.rs)
+                    // that can no longer reach its peer: the peer, still in that collective, waits
+                    // for those bytes, so everyone is told. Anything else is logged, as before.
                     None if self.broken.is_none() => {
-                        let e = CommError::from_engine(self.last_done, &e);
-                        self.broadcast(&Msg::Abort { reason: format!("rank {}: {e}", self.rank) });
-                        self.set_broken(CommError::Aborted(format!("rank {}: {e}", self.rank)));
+                        let undeliverable = matches!(
+                            e,
+                            crate::engine::EngineError::NoPathLeft { .. }
+                                | crate::engine::EngineError::NoCommonRail { .. }
+                                | crate::engine::EngineError::NodeIsolated(_)
+                        );
+                        if undeliverable && self.engine.lingering() > 0 {
+                            let e = CommError::from_engine(self.last_done, &e);
+                            self.broadcast(&Msg::Abort { reason: format!("rank {}: {e}", self.rank) });
+                            self.set_broken(CommError::Aborted(format!("rank {}: {e}", self.rank)));
+                        } else {
+                            tracing::debug!(target: subsys::COLL, rank = self.rank, error = %e, "engine error between collectives");
+                        }
                     }
                     None => {}
                 }
