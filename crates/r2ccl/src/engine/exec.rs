@@ -340,6 +340,7 @@ impl Engine {
             }
             remaining[i] = sched.deps(i).len() as u32;
         }
+        let send_peers: BTreeSet<Rank> = send_tags.keys().copied().collect();
         let peers: BTreeSet<Rank> = send_tags.keys().chain(recv_tags.keys()).copied().collect();
         for peer in peers {
             self.watch_peer(now, peer);
@@ -388,6 +389,7 @@ impl Engine {
             deferred_since: BTreeMap::new(),
             done: 0,
             unacked: BTreeSet::new(),
+            send_peers,
         });
         for i in (0..n).filter(|&i| is_direct(i)) {
             self.complete_step(i);

@@ -194,13 +194,10 @@ impl Engine {
     /// peer this rank also sends to in this collective, as in recursive doubling, so likely in
     /// the next one too) by [`RECEIPT_DELAY`] unless a send of this rank's implies it first.
     pub(super) fn owe_receipt(&mut self, now: Duration, key: TransferKey, len: u64) {
-        let exchange = self.exec.as_ref().is_some_and(|x| {
-            // Few peers (recursive doubling has log2 W): a sender with many small sends (an
-            // AlltoAll) may not fit them all in its pool, and would wait for what is held back.
-            let peers: BTreeSet<Rank> = x.by_send.keys().map(|k| k.dst).collect();
-            peers.len() <= HOLD_BACK_MAX_PEERS && peers.contains(&key.src)
-        });
-        if Self::small(len) && len > 0 && exchange {
+        // Few peers (recursive doubling has log2 W): a sender with many small sends (an AlltoAll)
+        // may not fit them all in its pool, and would wait for what is held back.
+        let exchange = |x: &Exec| x.send_peers.len() <= HOLD_BACK_MAX_PEERS && x.send_peers.contains(&key.src);
+        if Self::small(len) && len > 0 && self.exec.as_ref().is_some_and(exchange) {
             self.linger.owed.insert(key, now + RECEIPT_DELAY);
         } else {
             self.send_ctrl(key.src, Ctrl::RecvDone { key });

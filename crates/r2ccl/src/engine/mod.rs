@@ -282,6 +282,8 @@ struct Exec {
     deferred_since: BTreeMap<usize, Duration>,
     done: usize,
     unacked: BTreeSet<TransferKey>,
+    /// The ranks this rank sends to in this collective.
+    send_peers: BTreeSet<Rank>,
 }
 
 /// One rank's engine.
