@@ -299,12 +299,7 @@ impl Progress {
         self.flush_engine();
         let until = Instant::now() + settle;
         while linger && self.broken.is_none() && self.engine.lingering() > 0 && Instant::now() < until {
-            while let Some(ev) = self.mesh.recv_deadline(Instant::now() + Duration::from_millis(1)) {
-                self.on_oob(ev, current);
-            }
-            let now = self.now();
-            let _ = self.engine.drive(now, &mut self.transport);
-            self.flush_engine();
+            self.serve_peers(current);
         }
         self.transport.leave(settle);
         self.broadcast(&Msg::Depart { last_done: self.last_done });
@@ -314,15 +309,21 @@ impl Progress {
         }
         let deadline = Instant::now() + Duration::from_millis(self.cfg.bootstrap.peer_timeout_ms);
         while linger && (self.departed.len() as u32) < self.world && Instant::now() < deadline {
-            while let Some(ev) = self.mesh.recv_deadline(Instant::now() + Duration::from_millis(1)) {
-                self.on_oob(ev, current);
-            }
-            let now = self.now();
-            let _ = self.engine.drive(now, &mut self.transport);
-            self.flush_engine();
+            self.serve_peers(current);
         }
         self.transport.drain_settles();
         (0..self.world).filter(|r| !self.departed.contains(r)).collect()
+    }
+
+    /// One round of serving peers while leaving: OOB messages for up to 1 ms, then the engine
+    /// (receipts, replays) and its outbox.
+    fn serve_peers(&mut self, current: &mut Option<Current>) {
+        while let Some(ev) = self.mesh.recv_deadline(Instant::now() + Duration::from_millis(1)) {
+            self.on_oob(ev, current);
+        }
+        let now = self.now();
+        let _ = self.engine.drive(now, &mut self.transport);
+        self.flush_engine();
     }
 
     /// Why the next collective (queued at `queued`) can never start, if it cannot: a rank whose
